@@ -1,0 +1,27 @@
+# rlchain developer commands. `make train` and `make test` each install what
+# they need first; `.ci/run` runs `make test`.
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+
+.PHONY: install train test bench help
+
+help:
+	@echo "make train   install, then train GRPO on push_cube (the main job)"
+	@echo "make test    install, then run the test suite"
+	@echo "make bench   install, then run the speed benchmarks under benchmarks/"
+
+# torch first: on a machine without it, `pip install torch==2.13.0` takes the
+# local CPU wheel. A torch that is already installed (CPU or CUDA) is left alone,
+# and the package's own `torch>=2.1` requirement is then already satisfied.
+install:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet --disable-pip-version-check -e ".[dev]"
+
+train: install
+	$(PYTHON) -m rlchain.train algorithm=grpo env=push_cube
+
+test: install
+	$(PYTHON) -m pytest
+
+bench: install
+	$(PYTHON) benchmarks/env_throughput.py

@@ -1,0 +1,94 @@
+"""Small validation and device helpers shared by every rlchain component.
+
+Every check raises :class:`ValueError` with a message that names the field,
+the value it got and what is allowed, so a bad config fails before any work
+is done.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+__all__ = [
+    "check_positive",
+    "check_non_negative",
+    "check_in_range",
+    "check_choice",
+    "resolve_device",
+]
+
+
+def check_positive(name: str, value: Any, *, integer: bool = False) -> None:
+    """Raise unless ``value`` is a finite number > 0 (an ``int`` when ``integer``).
+
+    Raises:
+        ValueError: naming ``name``, the value and the allowed range.
+    """
+    kind = "an integer" if integer else "a number"
+    if integer and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"{name}={value!r} is not allowed: expected {kind} > 0")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={value!r} is not allowed: expected {kind} > 0")
+
+
+def check_non_negative(name: str, value: Any) -> None:
+    """Raise unless ``value`` is a finite number >= 0.
+
+    Raises:
+        ValueError: naming ``name``, the value and the allowed range.
+    """
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}={value!r} is not allowed: expected a number >= 0")
+
+
+def check_in_range(name: str, value: Any, low: float, high: float, *, low_open: bool = False) -> None:
+    """Raise unless ``low <= value <= high`` (``low < value`` when ``low_open``).
+
+    Raises:
+        ValueError: naming ``name``, the value and the allowed interval.
+    """
+    bracket = "(" if low_open else "["
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        raise ValueError(f"{name}={value!r} is not allowed: expected a number in {bracket}{low}, {high}]")
+
+
+def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
+    """Raise unless ``value`` is one of ``choices``.
+
+    Raises:
+        ValueError: naming ``name``, the value and the allowed choices.
+    """
+    if value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name}={value!r} is not allowed: expected one of {allowed}")
+
+
+def resolve_device(device: str | torch.device, name: str = "device") -> torch.device:
+    """Turn a device spec into a :class:`torch.device` that exists on this machine.
+
+    ``"auto"`` means ``cuda`` when a CUDA device is visible, else ``cpu``.
+
+    Raises:
+        ValueError: for an unparsable spec, or a CUDA device when CUDA is not
+            available or the index is out of range.
+    """
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"{name}={device!r} is not a torch device: expected 'auto', 'cpu', 'cuda' or 'cuda:N'") from err
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name}={device!r} is not available: this machine has no CUDA device; use 'cpu' or 'auto'")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"{name}={device!r} is not available: visible CUDA devices are cuda:0..cuda:{count - 1}")
+    elif dev.type != "cpu":
+        raise ValueError(f"{name}={device!r} is not supported: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    return dev
