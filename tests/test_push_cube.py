@@ -227,16 +227,33 @@ def test_time_limit_truncates_and_bootstraps_final_obs():
     assert (env.elapsed_steps == 0).all()
 
 
-def test_reward_terms_sum_to_the_reward_and_have_the_documented_weights():
+def test_reward_terms_sum_to_the_reward_and_follow_their_potentials():
     env = PushCubeEnv(num_envs=256, seed=0)
-    obs, _ = env.reset()
-    _, reward, _, _, info = env.step(torch.rand(256, 2) * 2 - 1)
+    env.reset()
+    place_before = torch.exp(-(env.goal_pos - env.cube_pos).norm(dim=-1).square() / (2 * 0.12**2))
+    _, reward, term, _, info = env.step(torch.rand(256, 2) * 2 - 1)
     terms = info["rewards"]
     assert set(terms) == {"reach", "place", "smoothness", "success"}
     assert torch.allclose(sum(terms.values()), reward)
-    assert (terms["reach"] <= 0.03).all() and (terms["place"] <= 0.8).all() and (terms["smoothness"] <= 0).all()
-    d = info["metrics"]["distance_to_goal"]
-    assert torch.allclose(terms["place"], 0.8 * torch.exp(-(d**2) / (2 * 0.12**2)))
+    assert (terms["smoothness"] <= 0).all() and (terms["smoothness"] < 0).any()
+    # Potential-based shaping: weight * shaping_scale * (Phi(s') - Phi(s)).
+    fin = info["final_obs"]
+    place_after = torch.exp(-fin[:, 13:15].norm(dim=-1).square() / (2 * 0.12**2))
+    expected = 0.8 * 30.0 * (place_after - place_before)
+    assert torch.allclose(terms["place"], expected, atol=1e-6)
+
+
+def test_shaping_pays_nothing_for_hovering_and_the_success_bonus_once():
+    # A cube held still just outside the success radius earns no shaping reward.
+    env = PushCubeEnv(num_envs=2, seed=0)
+    place(env, cube_x=0.0, cube_y=0.0, goal_x=0.12, goal_y=0.0, pusher_x=-0.4, pusher_y=0.4)
+    _, reward, term, trunc, info = env.step(torch.zeros(2, 2))
+    assert torch.equal(reward, torch.zeros(2)) and not term.any()
+    # Pushing it in: success bonus 10 on the step the goal is reached.
+    place(env, cube_x=0.0, cube_y=0.0, goal_x=0.13, goal_y=0.0, pusher_x=-0.075, pusher_y=0.0)
+    _, reward, term, _, info = env.step(torch.tensor([[1.0, 0.0]] * 2))
+    assert term.all() and info["success"].all()
+    assert torch.allclose(info["rewards"]["success"], torch.full((2,), 10.0))
 
 
 # --------------------------------------------------------------- gymnasium

@@ -66,12 +66,21 @@ Action: ``Box(-1, 1, (2,))``, the commanded pusher displacement; clipped to
 ``[-1, 1]`` and scaled by ``action_scale`` metres.
 
 Reward (EmbodiChain's terms and weights), each weighted term reported in
-``info["rewards"]``:
+``info["rewards"]``. The two shaping terms are potential-based (Ng, Harada &
+Russell 1999): with EmbodiChain's term as the potential ``Phi`` they pay
+``weight * shaping_scale * (Phi(s_{t+1}) - Phi(s_t))``, i.e. progress, so
+hovering pays nothing and the success bonus is the only way to gain once the
+cube is close. (Paid as a level every step, a positive shaping term would make
+hovering just outside the success radius worth more than the success bonus that
+ends the episode.) ``shaping_scale`` converts EmbodiChain's per-step weights
+into potential weights: a level reward ``w * Phi`` held for ``H`` steps is worth
+``w * H * Phi``; the default ``H = 30`` steps.
 
-* ``reach``: ``reach_weight * (1 - tanh(|pusher - p_behind| / reach_scale))``
-  with ``p_behind`` the point behind the cube on the goal line, at distance
-  ``cube_size / 2 + pusher_radius`` from the cube centre;
-* ``place``: ``place_weight * exp(-|cube - goal|**2 / (2 place_sigma**2))``;
+* ``reach``: potential ``1 - tanh(|pusher - p_behind| / reach_scale)``,
+  ``p_behind`` the point behind the cube on the goal line at distance
+  ``cube_size / 2 + pusher_radius`` from the cube centre; weight ``reach_weight``;
+* ``place``: potential ``exp(-|cube - goal|**2 / (2 place_sigma**2))``; weight
+  ``place_weight``;
 * ``smoothness``: ``-smoothness_weight * |a_t - a_{t-1}|**2`` (clipped actions);
 * ``success``: ``success_weight`` on the step the goal is reached.
 """
@@ -149,6 +158,8 @@ class PushCubeConfig:
     """Distance scale of the reach term's tanh, m."""
     place_weight: float = 0.8
     """Weight of the cube-to-goal exp shaping term."""
+    shaping_scale: float = 30.0
+    """Multiplies both potential-based terms: a horizon in steps (see the module docstring)."""
     place_sigma: float = 0.12
     """Width of the cube-to-goal Gaussian shaping, m."""
     smoothness_weight: float = 0.01
@@ -235,6 +246,7 @@ class PushCubeEnv(VecEnv):
         reach_weight: float = _D.reach_weight,
         reach_scale: float = _D.reach_scale,
         place_weight: float = _D.place_weight,
+        shaping_scale: float = _D.shaping_scale,
         place_sigma: float = _D.place_sigma,
         smoothness_weight: float = _D.smoothness_weight,
         success_weight: float = _D.success_weight,
@@ -262,6 +274,7 @@ class PushCubeEnv(VecEnv):
             ("place_weight", place_weight),
             ("smoothness_weight", smoothness_weight),
             ("success_weight", success_weight),
+            ("shaping_scale", shaping_scale),
         ]:
             check_non_negative(name, value)
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -304,6 +317,7 @@ class PushCubeEnv(VecEnv):
             "smoothness": float(smoothness_weight),
             "success": float(success_weight),
         }
+        self.shaping_scale = float(shaping_scale)
         self.reach_scale = float(reach_scale)
         self.place_sigma = float(place_sigma)
 
@@ -336,6 +350,7 @@ class PushCubeEnv(VecEnv):
         self.elapsed_steps = torch.zeros(n, device=dev, dtype=torch.int32)
         self._pending_action_check: tuple[torch.Tensor, Any] | None = None
         self._sample_and_set(torch.ones(n, dtype=torch.bool, device=dev), group_size=1)
+        self._reach_potential, self._place_potential, _ = self._potentials()
 
     # ----------------------------------------------------------- state views
     @property
@@ -376,6 +391,21 @@ class PushCubeEnv(VecEnv):
             if value.shape != current.shape:
                 raise ValueError(f"state[{name!r}] has shape {tuple(value.shape)}: expected {tuple(current.shape)}")
             setattr(self, name, value.clone())
+        self._reach_potential, self._place_potential, _ = self._potentials()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """State tensors (copies) and the generator state: everything to continue exactly."""
+        return {**{k: v.clone() for k, v in self.get_state().items()}, "generator": self._generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore :meth:`state_dict` output.
+
+        Raises:
+            ValueError: an unknown key or a tensor of the wrong shape.
+        """
+        state = dict(state)
+        self._generator.set_state(state.pop("generator").cpu() if self.device.type == "cpu" else state.pop("generator"))
+        self.set_state(state)
 
     _STATE = (
         "pusher_x", "pusher_y", "cube_x", "cube_y", "cube_yaw", "cube_vx", "cube_vy",
@@ -456,6 +486,7 @@ class PushCubeEnv(VecEnv):
         if seed is not None:
             self._generator.manual_seed(int(seed))
         self._sample_and_set(torch.ones(self.num_envs, dtype=torch.bool, device=self.device), group_size)
+        self._reach_potential, self._place_potential, _ = self._potentials()
         return self._observe(), {}
 
     # ------------------------------------------------------------------- step
@@ -530,6 +561,16 @@ class PushCubeEnv(VecEnv):
         self.cube_x, self.cube_y, self.cube_yaw = cx, cy, yaw
         self.pusher_x, self.pusher_y = px, py
 
+    def _potentials(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(reach, place, distance_to_goal)`` of the current state, each ``[N]``."""
+        tgx, tgy = self.goal_x - self.cube_x, self.goal_y - self.cube_y
+        distance = torch.hypot(tgx, tgy)
+        back = (self._half + self.pusher_radius) / distance.clamp_min(1e-6)
+        reach_dist = torch.hypot(self.pusher_x - (self.cube_x - tgx * back), self.pusher_y - (self.cube_y - tgy * back))
+        reach = 1.0 - torch.tanh(reach_dist / self.reach_scale)
+        place = torch.exp(distance.square() * (-0.5 / self.place_sigma**2))
+        return reach, place, distance
+
     def _observe(self) -> torch.Tensor:
         return torch.stack(
             (
@@ -565,18 +606,14 @@ class PushCubeEnv(VecEnv):
             self._substep(dx, dy)
         self.elapsed_steps = self.elapsed_steps + 1
 
-        tgx, tgy = self.goal_x - self.cube_x, self.goal_y - self.cube_y
-        distance = torch.hypot(tgx, tgy)
+        reach, place, distance = self._potentials()
         success = distance < self.success_threshold
         lim = self.table_half_extent
         off_table = (self.cube_x.abs() > lim) | (self.cube_y.abs() > lim)
-
         w = self.reward_weights
-        back = (self._half + self.pusher_radius) / distance.clamp_min(1e-6)
-        reach_dist = torch.hypot(self.pusher_x - (self.cube_x - tgx * back), self.pusher_y - (self.cube_y - tgy * back))
         rewards = {
-            "reach": w["reach"] * (1.0 - torch.tanh(reach_dist / self.reach_scale)),
-            "place": w["place"] * torch.exp(distance.square() * (-0.5 / self.place_sigma**2)),
+            "reach": w["reach"] * self.shaping_scale * (reach - self._reach_potential),
+            "place": w["place"] * self.shaping_scale * (place - self._place_potential),
             "smoothness": -w["smoothness"] * (action - self.prev_action).square().sum(dim=-1),
             "success": w["success"] * success.float(),
         }
@@ -588,6 +625,7 @@ class PushCubeEnv(VecEnv):
         final_obs = self._observe()
         self.prev_action = action
         self._sample_and_set(done, group_size=1)
+        self._reach_potential, self._place_potential, _ = self._potentials()
         info = {
             "final_obs": final_obs,
             "rewards": rewards,

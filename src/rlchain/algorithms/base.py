@@ -1,0 +1,135 @@
+"""The algorithm contract and what PPO and GRPO share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from rlchain.policies import Policy
+from rlchain.utils import check_choice, check_in_range, check_positive
+
+__all__ = ["Algorithm", "LR_SCHEDULES"]
+
+LR_SCHEDULES = ("constant", "linear", "adaptive")
+
+
+class Algorithm:
+    """Owns the optimiser of a policy and turns rollouts into updates.
+
+    Subclasses implement :meth:`update` (a ``[T, N]`` rollout TensorDict from
+    :class:`rlchain.collector.SyncCollector` in, a ``dict[str, float]`` of
+    training statistics out). Shared here: Adam, the learning-rate schedule
+    (``constant``, ``linear`` decay to 0 over ``total_iterations``, or
+    ``adaptive``: divided by 1.5 when the KL of an update exceeds
+    ``2 * target_kl``, multiplied by 1.5 when it is below ``target_kl / 2``,
+    clamped to [1e-5, 1e-2], as in rsl_rl), the seeded minibatch generator, a
+    non-finite loss check and ``state_dict`` / ``load_state_dict`` covering
+    optimiser, schedule and generator.
+
+    Raises:
+        ValueError: out-of-range hyperparameters, an unknown schedule,
+            ``linear`` without ``total_iterations``, ``adaptive`` without
+            ``target_kl``.
+    """
+
+    #: ``env.reset`` options to apply before every rollout (GRPO's group reset), or None.
+    reset_options: dict[str, Any] | None = None
+
+    def __init__(
+        self,
+        policy: Policy,
+        learning_rate: float,
+        n_epochs: int,
+        batch_size: int,
+        max_grad_norm: float,
+        lr_schedule: str,
+        target_kl: float | None,
+        total_iterations: int | None,
+        seed: int,
+    ) -> None:
+        check_positive("learning_rate", learning_rate)
+        check_positive("n_epochs", n_epochs, integer=True)
+        check_positive("batch_size", batch_size, integer=True)
+        check_positive("max_grad_norm", max_grad_norm)
+        check_choice("lr_schedule", lr_schedule, LR_SCHEDULES)
+        if target_kl is not None:
+            check_positive("target_kl", target_kl)
+        if lr_schedule == "adaptive" and target_kl is None:
+            raise ValueError("target_kl=None is not allowed with lr_schedule='adaptive': expected a number > 0")
+        if lr_schedule == "linear":
+            if total_iterations is None:
+                raise ValueError("total_iterations=None is not allowed with lr_schedule='linear': expected an integer > 0")
+            check_positive("total_iterations", total_iterations, integer=True)
+        self.policy = policy
+        self.learning_rate = float(learning_rate)
+        self.n_epochs, self.batch_size = int(n_epochs), int(batch_size)
+        self.max_grad_norm = float(max_grad_norm)
+        self.lr_schedule, self.target_kl, self.total_iterations = lr_schedule, target_kl, total_iterations
+        self.optimizer = torch.optim.Adam(policy.parameters(), lr=self.learning_rate, eps=1e-5)
+        device = next(policy.parameters()).device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(int(seed))
+        self.iteration = 0
+
+    @property
+    def current_lr(self) -> float:
+        """The learning rate in use."""
+        return self.optimizer.param_groups[0]["lr"]
+
+    def _set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _schedule_before_update(self) -> None:
+        if self.lr_schedule == "linear":
+            self._set_lr(self.learning_rate * max(0.0, 1.0 - self.iteration / self.total_iterations))
+
+    def _schedule_after_minibatch(self, approx_kl: float) -> None:
+        if self.lr_schedule == "adaptive":
+            lr = self.current_lr
+            if approx_kl > 2.0 * self.target_kl:
+                lr = max(1e-5, lr / 1.5)
+            elif approx_kl < self.target_kl / 2.0:
+                lr = min(1e-2, lr * 1.5)
+            self._set_lr(lr)
+
+    def _step(self, loss: torch.Tensor, what: str) -> float:
+        """Backpropagate ``loss``, clip gradients, step; return the pre-clip gradient norm.
+
+        Raises:
+            FloatingPointError: ``loss`` is NaN or infinite (parameters untouched).
+        """
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"{what} is {loss.item()} (non-finite) at update {self.iteration + 1}")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        self.optimizer.step()
+        return grad_norm
+
+    def check_env(self, env: Any) -> None:
+        """Raise ``ValueError`` if this algorithm cannot train on ``env`` (before any step)."""
+
+    def update(self, rollout: TensorDict) -> dict[str, float]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimiser, schedule and minibatch generator state."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "iteration": self.iteration,
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.iteration = state["iteration"]
+        self.generator.set_state(state["generator"])
+
+
+def check_probability(name: str, value: float) -> None:
+    """Raise unless ``0 <= value <= 1``."""
+    check_in_range(name, value, 0.0, 1.0)

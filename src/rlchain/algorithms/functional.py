@@ -1,0 +1,96 @@
+"""Pure functions for advantages and returns; every tensor is ``[T, N]`` (time, env)."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["compute_gae", "discounted_returns", "first_done_mask", "group_relative_advantages"]
+
+
+def compute_gae(
+    reward: torch.Tensor,
+    value: torch.Tensor,
+    next_value: torch.Tensor,
+    terminated: torch.Tensor,
+    done: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016) with correct episode ends.
+
+    ``delta_t = r_t + gamma * (1 - terminated_t) * V(s'_t) - V(s_t)`` where
+    ``s'_t`` is the state transition ``t`` ended in, so a time-limit truncation
+    bootstraps from the value of its final observation and a true termination
+    does not; ``A_t = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}`` so no
+    advantage leaks across an auto-reset.
+
+    Args:
+        reward, value, next_value: float ``[T, N]``; ``next_value[t]`` is
+            ``V(s'_t)`` (the collector's ``next_value``).
+        terminated, done: bool ``[T, N]``.
+        gamma: discount in [0, 1]; gae_lambda: GAE lambda in [0, 1].
+
+    Returns:
+        ``(advantages, returns)``, float ``[T, N]``, ``returns = advantages + value``.
+    """
+    not_terminal = (~terminated).to(reward.dtype)
+    not_done = (~done).to(reward.dtype)
+    delta = reward + gamma * not_terminal * next_value - value
+    decay = gamma * gae_lambda * not_done
+    advantages = torch.empty_like(reward)
+    last = torch.zeros_like(reward[0])
+    for t in range(reward.shape[0] - 1, -1, -1):
+        last = delta[t] + decay[t] * last
+        advantages[t] = last
+    return advantages, advantages + value
+
+
+def discounted_returns(reward: torch.Tensor, done: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Step-wise discounted returns ``R_t = r_t + gamma * (1 - done_t) * R_{t+1}`` within the rollout.
+
+    No bootstrap at the end of the rollout (``R_T = 0``): used by critic-free
+    GRPO. Shapes: ``reward`` float ``[T, N]``, ``done`` bool ``[T, N]`` -> ``[T, N]``.
+    """
+    keep = gamma * (~done).to(reward.dtype)
+    returns = torch.empty_like(reward)
+    last = torch.zeros_like(reward[0])
+    for t in range(reward.shape[0] - 1, -1, -1):
+        last = reward[t] + keep[t] * last
+        returns[t] = last
+    return returns
+
+
+def first_done_mask(done: torch.Tensor) -> torch.Tensor:
+    """Bool ``[T, N]``: true up to and including each env's first done, false after it."""
+    before = torch.cumsum(done.to(torch.int32), dim=0) - done.to(torch.int32)
+    return before == 0
+
+
+def group_relative_advantages(
+    returns: torch.Tensor, mask: torch.Tensor, group_size: int, eps: float = 1e-8
+) -> torch.Tensor:
+    """Group-relative advantages (GRPO, Shao et al. 2024), per time step.
+
+    Envs ``[g * group_size, (g + 1) * group_size)`` form group ``g``. At each
+    step the returns of a group's members that are still in ``mask`` are
+    normalised by their mean and (population) standard deviation:
+    ``A = (R - mean) / (std + eps)``; masked entries get 0. A step with a single
+    live member in its group gives 0.
+
+    Args:
+        returns: float ``[T, N]``; mask: bool ``[T, N]``; group_size divides ``N``.
+
+    Returns:
+        float ``[T, N]`` advantages.
+    """
+    t, n = returns.shape
+    r = returns.view(t, n // group_size, group_size)
+    m = mask.view(t, n // group_size, group_size).to(returns.dtype)
+    count = m.sum(-1, keepdim=True).clamp_min(1.0)
+    mean = (r * m).sum(-1, keepdim=True) / count
+    var = ((r - mean).square() * m).sum(-1, keepdim=True) / count
+    centred = (r - mean) * m
+    std = var.sqrt()
+    # A group whose live members share one return (e.g. a single live member) carries no signal.
+    adv = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
+    return adv.view(t, n)

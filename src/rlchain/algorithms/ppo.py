@@ -1,0 +1,203 @@
+"""Proximal Policy Optimization (Schulman et al. 2017) with GAE (Schulman et al. 2016)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import torch
+from tensordict import TensorDict
+
+from rlchain.algorithms.base import Algorithm, check_probability
+from rlchain.algorithms.functional import compute_gae
+from rlchain.buffer import minibatches
+from rlchain.policies import Policy
+from rlchain.utils import check_non_negative, check_positive
+
+__all__ = ["PPO", "PPOConfig", "ppo_loss"]
+
+
+@dataclass
+class PPOConfig:
+    """PPO hyperparameters and their defaults (the single home of them)."""
+
+    _target_: str = "rlchain.algorithms.PPO"
+    learning_rate: float = 3e-4
+    """Adam step size (initial value under a schedule)."""
+    n_epochs: int = 5
+    """Passes over each rollout."""
+    batch_size: int = 8192
+    """Samples (env transitions) per minibatch."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    clip_coef: float = 0.2
+    """Surrogate clipping range epsilon."""
+    clip_vloss: bool = True
+    """Clip the value update to +-clip_coef around the old value."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    max_grad_norm: float = 1.0
+    """Global gradient-norm clip."""
+    norm_adv: bool = True
+    """Normalise advantages over the rollout to zero mean and unit std."""
+    lr_schedule: str = "constant"
+    """constant, linear (decay to 0 over total_iterations) or adaptive (on target_kl)."""
+    target_kl: float | None = None
+    """KL target of the adaptive schedule and of stop_at_target_kl."""
+    stop_at_target_kl: bool = False
+    """Stop the epochs of an update once approx_kl exceeds target_kl."""
+    total_iterations: int | None = None
+    """Length of the linear schedule in updates (the trainer's iterations)."""
+    seed: int = 0
+    """Seed of the minibatch permutation."""
+
+
+_D = PPOConfig()
+
+
+def ppo_loss(
+    new: TensorDict,
+    batch: TensorDict,
+    clip_coef: float,
+    clip_vloss: bool,
+    vf_coef: float,
+    ent_coef: float,
+) -> dict[str, torch.Tensor]:
+    """The PPO objective on one minibatch (Schulman et al. 2017, eq. 7 and 9).
+
+    Args:
+        new: ``sample_log_prob``, ``entropy``, ``value`` ``[B]`` of the current policy.
+        batch: ``sample_log_prob``, ``value`` (at collection), ``advantages``, ``returns`` ``[B]``.
+
+    Returns:
+        scalar tensors ``loss`` (to minimise), ``policy_loss``, ``value_loss``,
+        ``entropy``, ``approx_kl`` (the ``(r - 1) - log r`` estimator) and
+        ``clip_fraction``.
+    """
+    log_ratio = new["sample_log_prob"] - batch["sample_log_prob"]
+    ratio = log_ratio.exp()
+    adv = batch["advantages"]
+    policy_loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    value, old_value, returns = new["value"], batch["value"], batch["returns"]
+    value_loss = (value - returns).square()
+    if clip_vloss:
+        clipped = old_value + (value - old_value).clamp(-clip_coef, clip_coef)
+        value_loss = torch.maximum(value_loss, (clipped - returns).square())
+    value_loss = 0.5 * value_loss.mean()
+    entropy = new["entropy"].mean()
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - log_ratio).mean()
+        clip_fraction = ((ratio - 1).abs() > clip_coef).float().mean()
+    return {
+        "loss": policy_loss + vf_coef * value_loss - ent_coef * entropy,
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy": entropy,
+        "approx_kl": approx_kl,
+        "clip_fraction": clip_fraction,
+    }
+
+
+class PPO(Algorithm):
+    """PPO-clip with GAE, value clipping, entropy bonus and gradient clipping.
+
+    Args:
+        policy: an actor-critic policy (``value`` must come from a critic).
+        Others: see :class:`PPOConfig`.
+
+    ``update(rollout)`` reads the collector's ``[T, N]`` TensorDict and returns
+    ``policy_loss``, ``value_loss``, ``entropy``, ``approx_kl``,
+    ``clip_fraction`` (means over the minibatches run), ``explained_variance``
+    (of the returns by the old values), ``grad_norm`` (mean, before clipping),
+    ``learning_rate`` and ``epochs`` (run, < n_epochs after a KL stop).
+
+    Raises:
+        ValueError: out-of-range hyperparameters (see :class:`Algorithm`),
+            ``gamma``/``gae_lambda`` outside [0, 1], negative coefficients.
+        FloatingPointError: from ``update`` on a non-finite loss.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        learning_rate: float = _D.learning_rate,
+        n_epochs: int = _D.n_epochs,
+        batch_size: int = _D.batch_size,
+        gamma: float = _D.gamma,
+        gae_lambda: float = _D.gae_lambda,
+        clip_coef: float = _D.clip_coef,
+        clip_vloss: bool = _D.clip_vloss,
+        vf_coef: float = _D.vf_coef,
+        ent_coef: float = _D.ent_coef,
+        max_grad_norm: float = _D.max_grad_norm,
+        norm_adv: bool = _D.norm_adv,
+        lr_schedule: str = _D.lr_schedule,
+        target_kl: float | None = _D.target_kl,
+        stop_at_target_kl: bool = _D.stop_at_target_kl,
+        total_iterations: int | None = _D.total_iterations,
+        seed: int = _D.seed,
+    ) -> None:
+        check_probability("gamma", gamma)
+        check_probability("gae_lambda", gae_lambda)
+        check_positive("clip_coef", clip_coef)
+        check_non_negative("vf_coef", vf_coef)
+        check_non_negative("ent_coef", ent_coef)
+        if stop_at_target_kl and target_kl is None:
+            raise ValueError("target_kl=None is not allowed with stop_at_target_kl=True: expected a number > 0")
+        if not getattr(policy, "has_critic", True):
+            raise ValueError(
+                f"policy={type(policy).__name__} has no critic: PPO needs one (use policy=actor_critic)"
+            )
+        super().__init__(
+            policy, learning_rate, n_epochs, batch_size, max_grad_norm, lr_schedule, target_kl, total_iterations, seed
+        )
+        self.gamma, self.gae_lambda = float(gamma), float(gae_lambda)
+        self.clip_coef, self.clip_vloss = float(clip_coef), bool(clip_vloss)
+        self.vf_coef, self.ent_coef = float(vf_coef), float(ent_coef)
+        self.norm_adv, self.stop_at_target_kl = bool(norm_adv), bool(stop_at_target_kl)
+
+    def update(self, rollout: TensorDict) -> dict[str, float]:
+        """One PPO update on a ``[T, N]`` rollout; see the class docstring for the returned keys."""
+        self._schedule_before_update()
+        advantages, returns = compute_gae(
+            rollout["reward"], rollout["value"], rollout["next_value"],
+            rollout["terminated"], rollout["done"], self.gamma, self.gae_lambda,
+        )  # fmt: skip
+        var_returns = returns.var()
+        explained_variance = 1 - (returns - rollout["value"]).var() / var_returns.clamp_min(1e-12)
+        if self.norm_adv:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        data = rollout.select("obs", "action", "sample_log_prob", "value").clone(False)
+        data.set("advantages", advantages)
+        data.set("returns", returns)
+
+        totals: dict[str, torch.Tensor] = {}
+        count, epochs = 0, 0
+        for _ in range(self.n_epochs):
+            epoch_kl = []
+            for batch in minibatches(data, self.batch_size, self.generator):
+                terms = ppo_loss(
+                    self.policy.evaluate_actions(batch), batch,
+                    self.clip_coef, self.clip_vloss, self.vf_coef, self.ent_coef,
+                )  # fmt: skip
+                grad_norm = self._step(terms["loss"], "PPO loss")
+                terms["grad_norm"] = grad_norm
+                for key, value in terms.items():
+                    totals[key] = totals.get(key, 0.0) + value.detach()
+                count += 1
+                epoch_kl.append(terms["approx_kl"])
+                if self.lr_schedule == "adaptive":
+                    self._schedule_after_minibatch(terms["approx_kl"].item())
+            epochs += 1
+            if self.stop_at_target_kl and torch.stack(epoch_kl).mean().item() > self.target_kl:
+                break
+        self.iteration += 1
+        stats = {k: (v / count).item() for k, v in totals.items() if k != "loss"}
+        stats.update(
+            explained_variance=float(explained_variance),
+            learning_rate=self.current_lr,
+            epochs=float(epochs),
+        )
+        return stats

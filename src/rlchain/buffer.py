@@ -1,0 +1,111 @@
+"""Preallocated on-device storage of one rollout, and minibatch iteration."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import gymnasium as gym
+import torch
+from tensordict import TensorDict
+
+from rlchain.utils import check_positive
+
+__all__ = ["RolloutBuffer", "minibatches"]
+
+
+class RolloutBuffer:
+    """One rollout of ``T = rollout_steps`` steps of ``N = num_envs`` envs, allocated once.
+
+    ``data`` is a TensorDict of batch size ``[T, N]`` on ``device`` holding, for
+    step ``t`` of env ``n``:
+
+    ==================  ==================  =============================================
+    key                 dtype, shape        meaning
+    ==================  ==================  =============================================
+    obs                 f32 [T,N,*obs]      observation the action was taken in
+    action              f32 [T,N,*act] /    action as sampled (unclipped), int64 [T,N]
+                        i64 [T,N]           for Discrete spaces
+    sample_log_prob     f32 [T,N]           log-probability of ``action`` when sampled
+    value               f32 [T,N]           critic value of ``obs`` (0 without a critic)
+    reward              f32 [T,N]           reward of the transition
+    terminated          bool [T,N]          episode ended in a terminal state
+    truncated           bool [T,N]          episode cut by the time limit
+    done                bool [T,N]          ``terminated | truncated``
+    final_obs           f32 [T,N,*obs]      observation the transition ended in
+                                            (before any auto-reset)
+    next_value          f32 [T,N]           value of ``final_obs``: the bootstrap target;
+                                            filled after the rollout by the collector
+    episode_return      f32 [T,N]           undiscounted return so far, incl. this step
+    episode_length      i64 [T,N]           steps so far, incl. this step
+    success             bool [T,N]          the env reported success on this step
+    ==================  ==================  =============================================
+
+    Args:
+        rollout_steps: ``T`` (> 0).
+        num_envs: ``N`` (> 0).
+        observation_space / action_space: gymnasium spaces of one env.
+        device: torch device of every tensor.
+
+    Raises:
+        ValueError: non-positive sizes.
+    """
+
+    def __init__(
+        self,
+        rollout_steps: int,
+        num_envs: int,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        device: torch.device | str,
+    ) -> None:
+        check_positive("rollout_steps", rollout_steps, integer=True)
+        check_positive("num_envs", num_envs, integer=True)
+        self.rollout_steps, self.num_envs = rollout_steps, num_envs
+        t, n = rollout_steps, num_envs
+        obs_shape = tuple(observation_space.shape)
+        if isinstance(action_space, gym.spaces.Discrete):
+            action = torch.zeros(t, n, dtype=torch.int64, device=device)
+        else:
+            action = torch.zeros(t, n, *action_space.shape, dtype=torch.float32, device=device)
+        f32 = lambda *shape: torch.zeros(t, n, *shape, dtype=torch.float32, device=device)  # noqa: E731
+        b = lambda: torch.zeros(t, n, dtype=torch.bool, device=device)  # noqa: E731
+        self.data = TensorDict(
+            {
+                "obs": f32(*obs_shape),
+                "action": action,
+                "sample_log_prob": f32(),
+                "value": f32(),
+                "reward": f32(),
+                "terminated": b(),
+                "truncated": b(),
+                "done": b(),
+                "final_obs": f32(*obs_shape),
+                "next_value": f32(),
+                "episode_return": f32(),
+                "episode_length": torch.zeros(t, n, dtype=torch.int64, device=device),
+                "success": b(),
+            },
+            batch_size=[t, n],
+            device=device,
+        )
+
+    def __len__(self) -> int:
+        return self.rollout_steps * self.num_envs
+
+
+def minibatches(data: TensorDict, batch_size: int, generator: torch.Generator) -> Iterator[TensorDict]:
+    """Yield random minibatches covering every sample of ``data`` once.
+
+    Args:
+        data: TensorDict of any batch shape; it is flattened to ``[B]``.
+        batch_size: samples per minibatch (> 0); the last one may be smaller.
+        generator: seeds the permutation (on ``data``'s device).
+
+    Raises:
+        ValueError: a non-positive ``batch_size``.
+    """
+    check_positive("batch_size", batch_size, integer=True)
+    flat = data.reshape(-1)
+    perm = torch.randperm(flat.batch_size[0], generator=generator, device=generator.device)
+    for start in range(0, perm.numel(), batch_size):
+        yield flat[perm[start : start + batch_size].to(flat.device)]

@@ -1,0 +1,319 @@
+"""Policies: ``torch.nn.Module`` s with a TensorDict interface.
+
+Every policy reads ``td["obs"]`` (float32 ``[B, obs_dim]``) and writes:
+
+* :meth:`Policy.get_action` -> ``action`` (``[B, act_dim]`` float32 for Box,
+  ``[B]`` int64 for Discrete), ``sample_log_prob`` ``[B]``, ``value`` ``[B]``;
+* :meth:`Policy.get_value` -> ``value`` ``[B]``;
+* :meth:`Policy.evaluate_actions` (reads ``action`` too) -> ``sample_log_prob``,
+  ``entropy`` and ``value``, each ``[B]``, differentiable.
+
+Box actions use a diagonal Gaussian with a learnable, state-independent
+log-std (as in PPO, Schulman et al. 2017); the sampled action is stored
+unclipped so its log-probability is exact, and the env clips it. Discrete
+actions use a Categorical over logits.
+
+Running observation normalisation (``obs_normalization=True``) keeps a mean
+and variance of the observations in buffers, so they travel with the
+``state_dict`` and every checkpoint; they change only through
+:meth:`Policy.update_obs_normalizer`, which the trainer calls with the
+observations of each collected rollout.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import gymnasium as gym
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from rlchain.utils import check_choice, check_positive
+
+__all__ = [
+    "ActorCritic",
+    "ActorCriticConfig",
+    "ActorOnly",
+    "ActorOnlyConfig",
+    "MLP",
+    "Policy",
+    "RunningMeanStd",
+]
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "relu": nn.ReLU,
+    "elu": nn.ELU,
+    "tanh": nn.Tanh,
+    "gelu": nn.GELU,
+    "silu": nn.SiLU,
+    "leaky_relu": nn.LeakyReLU,
+}
+
+
+@dataclass
+class ActorCriticConfig:
+    """Settings of :class:`ActorCritic` and their defaults (the single home of them)."""
+
+    _target_: str = "rlchain.policies.ActorCritic"
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+    """Hidden layer widths of the actor and of the critic MLP."""
+    activation: str = "elu"
+    """One of relu, elu, tanh, gelu, silu, leaky_relu."""
+    layer_norm: bool = False
+    """LayerNorm after every hidden linear layer."""
+    init_log_std: float = 0.0
+    """Initial log standard deviation of the Gaussian (Box actions)."""
+    log_std_min: float = -5.0
+    """Lower clamp of the log-std."""
+    log_std_max: float = 2.0
+    """Upper clamp of the log-std."""
+    obs_normalization: bool = False
+    """Normalise observations with running mean and variance."""
+
+
+@dataclass
+class ActorOnlyConfig(ActorCriticConfig):
+    """Settings of :class:`ActorOnly` (same as the actor part of :class:`ActorCritic`)."""
+
+    _target_: str = "rlchain.policies.ActorOnly"
+
+
+_D = ActorCriticConfig()
+
+
+class MLP(nn.Sequential):
+    """Multi-layer perceptron with orthogonal initialisation.
+
+    Hidden layers get orthogonal weights with gain sqrt(2) and zero biases; the
+    output layer gets gain ``output_gain`` (0.01 for policy heads, 1 for value
+    heads, as in CleanRL's PPO).
+
+    Args:
+        in_dim: input features.
+        hidden_sizes: widths of the hidden layers (may be empty).
+        out_dim: output features.
+        activation: name in :data:`ACTIVATIONS`.
+        layer_norm: LayerNorm after every hidden linear layer.
+        output_gain: orthogonal gain of the last layer.
+
+    Shapes: ``[B, in_dim] -> [B, out_dim]``.
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        hidden_sizes: Sequence[int],
+        out_dim: int,
+        activation: str = "elu",
+        layer_norm: bool = False,
+        output_gain: float = 1.0,
+    ) -> None:
+        layers: list[nn.Module] = []
+        last = in_dim
+        for width in hidden_sizes:
+            linear = nn.Linear(last, width)
+            nn.init.orthogonal_(linear.weight, math.sqrt(2))
+            nn.init.zeros_(linear.bias)
+            layers.append(linear)
+            if layer_norm:
+                layers.append(nn.LayerNorm(width))
+            layers.append(ACTIVATIONS[activation]())
+            last = width
+        head = nn.Linear(last, out_dim)
+        nn.init.orthogonal_(head.weight, output_gain)
+        nn.init.zeros_(head.bias)
+        layers.append(head)
+        super().__init__(*layers)
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean and variance of a stream of batches (Chan et al. 1979 parallel update).
+
+    Buffers ``mean`` / ``var`` (float32 ``[dim]``) and ``count`` (float64 scalar)
+    are part of the ``state_dict``. :meth:`update` runs on the device with no
+    host sync; :meth:`normalize` returns ``clamp((x - mean) / sqrt(var + eps), ±clip)``.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-8, clip: float = 10.0) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("var", torch.ones(dim))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self.eps, self.clip = eps, clip
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Fold a batch ``x`` of shape ``[..., dim]`` into the statistics."""
+        x = x.reshape(-1, x.shape[-1]).float()
+        batch_count = x.shape[0]
+        batch_mean = x.mean(0)
+        batch_var = x.var(0, unbiased=False)
+        total = self.count + batch_count
+        w = (batch_count / total).float()
+        delta = batch_mean - self.mean
+        self.mean += delta * w
+        self.var.copy_(self.var * (1 - w) + batch_var * w + delta.square() * w * (1 - w))
+        self.count.copy_(total)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalised ``x``, same shape."""
+        return ((x - self.mean) / torch.sqrt(self.var + self.eps)).clamp(-self.clip, self.clip)
+
+
+class Policy(nn.Module):
+    """Base class of rlchain policies; see the module docstring for the interface.
+
+    Attributes:
+        observation_space: gymnasium Box of one env's observation (flat).
+        action_space: gymnasium Box or Discrete of one env's action.
+    """
+
+    observation_space: gym.spaces.Box
+    action_space: gym.spaces.Box | gym.spaces.Discrete
+
+    def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
+        """Sample (or, if ``deterministic``, take the mode of) an action; see the module docstring."""
+        raise NotImplementedError
+
+    def get_value(self, td: TensorDict) -> TensorDict:
+        """Write ``value`` ``[B]`` for ``td["obs"]``."""
+        raise NotImplementedError
+
+    def evaluate_actions(self, td: TensorDict) -> TensorDict:
+        """Return ``sample_log_prob``, ``entropy`` and ``value`` (each ``[B]``) for stored actions."""
+        raise NotImplementedError
+
+    def update_obs_normalizer(self, obs: torch.Tensor) -> None:
+        """Fold observations ``[..., obs_dim]`` into the running statistics (no-op without normalisation)."""
+
+
+class ActorCritic(Policy):
+    """MLP actor and MLP critic with a Gaussian (Box) or Categorical (Discrete) head.
+
+    Args:
+        observation_space: flat ``gymnasium.spaces.Box`` of one env.
+        action_space: ``Box`` (1-D) or ``Discrete`` of one env.
+        Others: see :class:`ActorCriticConfig`.
+
+    Raises:
+        ValueError: a non-flat or non-Box observation space, an action space
+            other than 1-D Box or Discrete, an unknown activation, empty or
+            non-positive hidden sizes, ``log_std_min > log_std_max`` or an
+            ``init_log_std`` outside them.
+    """
+
+    has_critic = True
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        hidden_sizes: Sequence[int] = tuple(_D.hidden_sizes),
+        activation: str = _D.activation,
+        layer_norm: bool = _D.layer_norm,
+        init_log_std: float = _D.init_log_std,
+        log_std_min: float = _D.log_std_min,
+        log_std_max: float = _D.log_std_max,
+        obs_normalization: bool = _D.obs_normalization,
+    ) -> None:
+        super().__init__()
+        if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
+            raise ValueError(
+                f"observation_space={observation_space} is not supported: expected a flat (1-D) Box; "
+                "flatten Dict or image observations in the env"
+            )
+        if isinstance(action_space, gym.spaces.Discrete):
+            self.discrete, act_out = True, int(action_space.n)
+        elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+            self.discrete, act_out = False, int(action_space.shape[0])
+        else:
+            raise ValueError(f"action_space={action_space} is not supported: expected a 1-D Box or a Discrete space")
+        check_choice("activation", activation, tuple(ACTIVATIONS))
+        hidden_sizes = list(hidden_sizes)
+        for i, width in enumerate(hidden_sizes):
+            check_positive(f"hidden_sizes[{i}]", width, integer=True)
+        if log_std_min > log_std_max or not log_std_min <= init_log_std <= log_std_max:
+            raise ValueError(
+                f"init_log_std={init_log_std} is not allowed with log_std_min={log_std_min}, "
+                f"log_std_max={log_std_max}: expected log_std_min <= init_log_std <= log_std_max"
+            )
+        self.observation_space, self.action_space = observation_space, action_space
+        obs_dim = int(observation_space.shape[0])
+        self.obs_dim, self.act_dim = obs_dim, act_out
+        self.log_std_min, self.log_std_max = float(log_std_min), float(log_std_max)
+        self.actor = MLP(obs_dim, hidden_sizes, act_out, activation, layer_norm, output_gain=0.01)
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.full((act_out,), float(init_log_std)))
+        self.critic = MLP(obs_dim, hidden_sizes, 1, activation, layer_norm, output_gain=1.0) if self.has_critic else None
+        self.obs_normalizer = RunningMeanStd(obs_dim) if obs_normalization else None
+
+    # ----------------------------------------------------------- internals
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.obs_normalizer.normalize(obs) if self.obs_normalizer is not None else obs
+
+    def _distribution(self, x: torch.Tensor) -> torch.distributions.Distribution:
+        out = self.actor(x)
+        if self.discrete:
+            return torch.distributions.Categorical(logits=out, validate_args=False)
+        std = self.log_std.clamp(self.log_std_min, self.log_std_max).exp().expand_as(out)
+        return torch.distributions.Normal(out, std, validate_args=False)
+
+    def _log_prob_entropy(self, dist, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.discrete:
+            return dist.log_prob(action), dist.entropy()
+        return dist.log_prob(action).sum(-1), dist.entropy().sum(-1)
+
+    def _value(self, x: torch.Tensor) -> torch.Tensor:
+        if self.critic is None:
+            return torch.zeros(x.shape[:-1], device=x.device, dtype=x.dtype)
+        return self.critic(x).squeeze(-1)
+
+    # ----------------------------------------------------------- interface
+    def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
+        """Write ``action``, ``sample_log_prob`` and ``value`` into ``td`` and return it.
+
+        ``deterministic`` takes the Gaussian mean or the most likely category.
+        """
+        x = self._features(td["obs"])
+        dist = self._distribution(x)
+        if deterministic:
+            action = dist.probs.argmax(-1) if self.discrete else dist.mean
+        else:
+            action = dist.sample()
+        td["action"] = action
+        td["sample_log_prob"] = self._log_prob_entropy(dist, action)[0]
+        td["value"] = self._value(x)
+        return td
+
+    def get_value(self, td: TensorDict) -> TensorDict:
+        """Write ``value`` ``[B]`` into ``td`` and return it."""
+        td["value"] = self._value(self._features(td["obs"]))
+        return td
+
+    def evaluate_actions(self, td: TensorDict) -> TensorDict:
+        """Return a new TensorDict with differentiable ``sample_log_prob``, ``entropy``, ``value`` ``[B]``."""
+        x = self._features(td["obs"])
+        log_prob, entropy = self._log_prob_entropy(self._distribution(x), td["action"])
+        return TensorDict(
+            {"sample_log_prob": log_prob, "entropy": entropy, "value": self._value(x)},
+            batch_size=td.batch_size,
+        )
+
+    def update_obs_normalizer(self, obs: torch.Tensor) -> None:
+        """Fold observations ``[..., obs_dim]`` into the running statistics (no-op without normalisation)."""
+        if self.obs_normalizer is not None:
+            self.obs_normalizer.update(obs)
+
+
+class ActorOnly(ActorCritic):
+    """The actor of :class:`ActorCritic` without a critic: ``value`` is always 0.
+
+    For critic-free algorithms such as GRPO (Shao et al. 2024). Arguments and
+    errors as :class:`ActorCritic`.
+    """
+
+    has_critic = False
+

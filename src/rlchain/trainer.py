@@ -1,0 +1,405 @@
+"""The training loop: collect, update, log, evaluate, checkpoint.
+
+``global_step`` counts env transitions (``rollout_steps * num_envs`` per
+iteration); ``eval_freq`` and ``save_freq`` count iterations. A run directory
+(``output_dir``) receives:
+
+* ``tensorboard/`` and ``metrics.jsonl`` (one JSON row per logged step);
+* ``checkpoints/latest.pt`` (every ``save_freq`` iterations and at the end) and
+  ``checkpoints/best.pt`` (highest ``eval/success_rate``, ties to the earlier);
+* ``summary.json`` at the end, also returned by :meth:`Trainer.train`.
+
+Checkpoints hold the policy, the algorithm (optimiser, schedule, reference
+policy), the collector and env state, ``global_step``, ``iteration``, the
+torch RNG states and the run's config, so a resumed run continues exactly
+where the saved one stopped (bit-identical on the CPU).
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tensordict import TensorDict
+
+from rlchain.algorithms.base import Algorithm
+from rlchain.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
+from rlchain.collector import SyncCollector
+from rlchain.envs.base import VecEnv
+from rlchain.policies import Policy
+from rlchain.utils import check_positive
+from rlchain.writer import MetricWriter
+
+__all__ = ["Trainer", "TrainerConfig", "evaluate"]
+
+
+@dataclass
+class TrainerConfig:
+    """Trainer settings and their defaults (the single home of them)."""
+
+    _target_: str = "rlchain.trainer.Trainer"
+    iterations: int = 200
+    """Collect-and-update iterations."""
+    rollout_steps: int = 32
+    """Steps per env per rollout."""
+    eval_freq: int = 10
+    """Evaluate every this many iterations (and after the last one)."""
+    save_freq: int = 50
+    """Write checkpoints/latest.pt every this many iterations (and at the end)."""
+    num_eval_envs: int = 256
+    """Parallel envs of the evaluation env."""
+    num_eval_episodes: int = 256
+    """Episodes per evaluation (rounded up to a multiple of num_eval_envs)."""
+    output_dir: str = "."
+    """Run directory for logs, checkpoints and summary.json."""
+    seed: int = 0
+    """Seeds torch's global RNG (action sampling) and, plus 1, the eval env."""
+    objective: str = "eval/success_rate"
+    """Key of summary['final'] returned as the run objective for sweepers."""
+    resume_from: str | None = None
+    """Checkpoint to continue from (its step count continues)."""
+    use_wandb: bool = False
+    """Mirror every logged row to Weights & Biases."""
+    wandb_project: str = "rlchain"
+    """W&B project."""
+    wandb_entity: str | None = None
+    """W&B entity (team or user); None for the default."""
+    wandb_mode: str | None = None
+    """W&B mode: online, offline or disabled; None follows WANDB_MODE."""
+    progress: bool = True
+    """Show a progress bar on a terminal (plain lines otherwise)."""
+
+
+_D = TrainerConfig()
+
+
+@torch.no_grad()
+def evaluate(env: VecEnv, policy: Policy, num_episodes: int, seed: int) -> dict[str, float]:
+    """Run deterministic episodes and average their outcomes.
+
+    Every env of ``env`` runs ``ceil(num_episodes / num_envs)`` complete
+    episodes from a reset with ``seed`` (the same start states at every
+    evaluation); all of them count, so no bias towards short episodes.
+
+    Returns:
+        ``avg_reward`` (undiscounted episode return), ``avg_length`` (steps),
+        ``success_rate`` (share of episodes whose last step reported success),
+        ``episodes``, and for every task metric its mean over the episodes'
+        last steps (e.g. the final ``distance_to_goal``).
+    """
+    was_training = policy.training
+    policy.eval()
+    n = env.num_envs
+    per_env = math.ceil(num_episodes / n)
+    obs, _ = env.reset(seed=seed)
+    dev = env.device
+    ret, length = torch.zeros(n, device=dev), torch.zeros(n, device=dev)
+    finished = torch.zeros(n, dtype=torch.int64, device=dev)
+    tot_ret, tot_len, tot_succ = (torch.zeros(n, device=dev) for _ in range(3))
+    metric_sums: dict[str, torch.Tensor] = {}
+    step, check_every = 0, max(1, int(getattr(env, "max_episode_steps", 100) or 100))
+    while True:
+        action = policy.get_action(TensorDict({"obs": obs}, batch_size=[n]), deterministic=True)["action"]
+        obs, reward, terminated, truncated, info = env.step(action)
+        done = terminated | truncated
+        counts = done & (finished < per_env)
+        ret += reward
+        length += 1
+        tot_ret += torch.where(counts, ret, 0.0)
+        tot_len += torch.where(counts, length, 0.0)
+        tot_succ += (counts & info["success"]).float()
+        for name, value in info.get("metrics", {}).items():
+            metric_sums[name] = metric_sums.get(name, torch.zeros(n, device=dev)) + torch.where(counts, value.float(), 0.0)
+        finished += done.long()
+        ret.masked_fill_(done, 0.0)
+        length.masked_fill_(done, 0.0)
+        step += 1
+        if step % check_every == 0 and bool((finished >= per_env).all()):
+            break
+    if was_training:
+        policy.train()
+    total = n * per_env
+    out = {
+        "avg_reward": tot_ret.sum().item() / total,
+        "avg_length": tot_len.sum().item() / total,
+        "success_rate": tot_succ.sum().item() / total,
+        "episodes": float(total),
+    }
+    out.update({name: value.sum().item() / total for name, value in metric_sums.items()})
+    return out
+
+
+class Trainer:
+    """Runs the loop of DESIGN.md: collect, update, log, evaluate, checkpoint.
+
+    Args:
+        env: training env (a :class:`rlchain.envs.base.VecEnv`).
+        policy: the policy, on ``env.device``.
+        algorithm: an :class:`rlchain.algorithms.Algorithm` of ``policy``.
+        eval_env: the evaluation env, or a factory called as
+            ``eval_env(num_envs=num_eval_envs, seed=seed + 1)`` (e.g. a Hydra
+            ``_partial_`` of the env config), or None for no evaluation.
+        config: the run's composed configuration (plain dict), stored in
+            checkpoints and logged as hyperparameters.
+        Others: see :class:`TrainerConfig`.
+
+    Raises:
+        ValueError: non-positive counts, or an env the algorithm rejects
+            (e.g. GRPO's ``group_size`` not dividing ``num_envs``), before any step.
+        FileNotFoundError: ``resume_from`` does not exist.
+    """
+
+    def __init__(
+        self,
+        env: VecEnv,
+        policy: Policy,
+        algorithm: Algorithm,
+        eval_env: VecEnv | Callable[..., VecEnv] | None = None,
+        config: dict[str, Any] | None = None,
+        iterations: int = _D.iterations,
+        rollout_steps: int = _D.rollout_steps,
+        eval_freq: int = _D.eval_freq,
+        save_freq: int = _D.save_freq,
+        num_eval_envs: int = _D.num_eval_envs,
+        num_eval_episodes: int = _D.num_eval_episodes,
+        output_dir: str = _D.output_dir,
+        seed: int = _D.seed,
+        objective: str = _D.objective,
+        resume_from: str | None = _D.resume_from,
+        use_wandb: bool = _D.use_wandb,
+        wandb_project: str = _D.wandb_project,
+        wandb_entity: str | None = _D.wandb_entity,
+        wandb_mode: str | None = _D.wandb_mode,
+        progress: bool = _D.progress,
+    ) -> None:
+        for name, value in [
+            ("iterations", iterations),
+            ("rollout_steps", rollout_steps),
+            ("eval_freq", eval_freq),
+            ("save_freq", save_freq),
+            ("num_eval_envs", num_eval_envs),
+            ("num_eval_episodes", num_eval_episodes),
+        ]:
+            check_positive(name, value, integer=True)
+        algorithm.check_env(env)
+        self.env, self.policy, self.algorithm = env, policy, algorithm
+        self.iterations, self.rollout_steps = iterations, rollout_steps
+        self.eval_freq, self.save_freq = eval_freq, save_freq
+        self.num_eval_episodes, self.seed, self.objective = num_eval_episodes, seed, objective
+        self.config = config or {}
+        self.progress = progress
+        if callable(eval_env) and not isinstance(eval_env, VecEnv):
+            eval_env = eval_env(num_envs=num_eval_envs, seed=seed + 1)
+        self.eval_env = eval_env
+        self.output_dir = Path(output_dir)
+        self.checkpoint_dir = self.output_dir / "checkpoints"
+        self._wandb = dict(use_wandb=use_wandb, wandb_project=wandb_project, wandb_entity=wandb_entity, wandb_mode=wandb_mode)
+
+        torch.manual_seed(seed)
+        self.collector = SyncCollector(env, policy, rollout_steps)
+        self.global_step = 0
+        self.iteration = 0
+        self.best_success: float | None = None
+        self.best_step: int | None = None
+        self.last_train: dict[str, float] = {}
+        self.last_eval: dict[str, float] = {}
+        self._stop_requested = False
+        if resume_from is not None:
+            self.load(resume_from)
+
+    # -------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs (see the module docstring)."""
+        state = {
+            "policy": self.policy.state_dict(),
+            "algorithm": self.algorithm.state_dict(),
+            "collector": self.collector.state_dict(),
+            "global_step": self.global_step,
+            "iteration": self.iteration,
+            "best_success": self.best_success,
+            "best_step": self.best_step,
+            "torch_rng": torch.get_rng_state(),
+            "config": self.config,
+        }
+        if hasattr(self.env, "state_dict"):
+            state["env"] = self.env.state_dict()
+        if torch.cuda.is_available():
+            state["cuda_rng"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def save(self, name: str = "latest.pt") -> Path:
+        """Write the state atomically to ``checkpoints/<name>`` and return the path."""
+        return save_checkpoint(self.checkpoint_dir / name, self.state_dict())
+
+    def load(self, path: str | Path) -> None:
+        """Restore a checkpoint written by :meth:`save`; training continues its step count."""
+        state = load_checkpoint(path, map_location=self.env.device)
+        self.policy.load_state_dict(state["policy"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.collector.load_state_dict(state["collector"])
+        if "env" in state and hasattr(self.env, "load_state_dict"):
+            self.env.load_state_dict(state["env"])
+        self.global_step, self.iteration = state["global_step"], state["iteration"]
+        self.best_success, self.best_step = state["best_success"], state["best_step"]
+        torch.set_rng_state(state["torch_rng"].cpu())
+        if "cuda_rng" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
+
+    # --------------------------------------------------------------- loop
+    def _request_stop(self, signum, frame) -> None:  # pragma: no cover - exercised via subprocess
+        if self._stop_requested:
+            raise KeyboardInterrupt
+        self._stop_requested = True
+        print("\nrlchain: stopping after this iteration (checkpoint and logs are kept); Ctrl-C again to abort",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+    def train(self) -> dict[str, Any]:
+        """Run the remaining iterations and return the summary written to ``summary.json``.
+
+        Ctrl-C (SIGINT) finishes the current iteration, saves, flushes and
+        returns with ``status="interrupted"``; a second Ctrl-C aborts at once.
+
+        Raises:
+            RuntimeError: a non-finite loss, naming the iteration; the last
+                good checkpoint is kept and named in the message and in
+                ``summary.json`` (``status="failed"``).
+        """
+        writer = MetricWriter(self.output_dir, config=self.config, run_name=self.output_dir.name, **self._wandb)
+        previous_handler = None
+        if threading.current_thread() is threading.main_thread():
+            previous_handler = signal.signal(signal.SIGINT, self._request_stop)
+        start = time.perf_counter()
+        start_step = self.global_step
+        status, error = "completed", None
+        bar = _Progress(self.iterations, self.iteration, enabled=self.progress)
+        try:
+            while self.iteration < self.iterations:
+                self._iterate(writer, bar)
+                if self._stop_requested:
+                    status = "interrupted"
+                    break
+        except FloatingPointError as err:
+            status = "failed"
+            last_good = self.checkpoint_dir / "latest.pt"
+            error = (
+                f"non-finite loss at iteration {self.iteration + 1}: {err}; "
+                f"last good checkpoint: {last_good if last_good.exists() else 'none written yet'}"
+            )
+        finally:
+            bar.close()
+            if previous_handler is not None:
+                signal.signal(signal.SIGINT, previous_handler)
+        if status != "failed":
+            self.save()
+        elapsed = time.perf_counter() - start
+        summary = self._summary(status, error, elapsed, self.global_step - start_step)
+        atomic_write_json(self.output_dir / "summary.json", summary)
+        writer.close()
+        if error is not None:
+            raise RuntimeError(error)
+        return summary
+
+    def _iterate(self, writer: MetricWriter, bar: "_Progress") -> None:
+        t0 = time.perf_counter()
+        rollout = self.collector.collect(reset_options=self.algorithm.reset_options)
+        t1 = time.perf_counter()
+        train_stats = self.algorithm.update(rollout)
+        # Normalizer statistics change only from collected data, after the
+        # update, so collection and update of one rollout see the same ones.
+        self.policy.update_obs_normalizer(rollout["obs"])
+        t2 = time.perf_counter()
+        self.iteration += 1
+        steps = rollout.numel()
+        self.global_step += steps
+
+        row = {f"train/{k}": v for k, v in train_stats.items()}
+        row.update({f"charts/{k}": v for k, v in self.collector.episode_stats().items()})
+        row.update({k: v for k, v in self.collector.last_stats.items() if "/" in k})
+        row["charts/SPS"] = steps / (t2 - t0)
+        row["charts/iteration"] = self.iteration
+        row["time/collect_s"] = t1 - t0
+        row["time/update_s"] = t2 - t1
+        self.last_train = row
+
+        last = self.iteration == self.iterations
+        if self.eval_env is not None and (self.iteration % self.eval_freq == 0 or last):
+            t3 = time.perf_counter()
+            eval_stats = evaluate(self.eval_env, self.policy, self.num_eval_episodes, seed=self.seed + 1)
+            self.last_eval = {f"eval/{k}": v for k, v in eval_stats.items()}
+            self.last_eval["eval/global_step"] = self.global_step
+            row.update(self.last_eval)
+            row["time/eval_s"] = time.perf_counter() - t3
+            success = eval_stats["success_rate"]
+            if self.best_success is None or success > self.best_success:
+                self.best_success, self.best_step = success, self.global_step
+                self.save("best.pt")
+        writer.log(row, self.global_step)
+        if self.iteration % self.save_freq == 0 and not last:
+            self.save()
+            writer.flush()
+        bar.update(self.iteration, self.global_step, row)
+
+    def _summary(self, status: str, error: str | None, elapsed: float, steps: int) -> dict[str, Any]:
+        final = {**self.last_train, **self.last_eval}
+        objective = final.get(self.objective)
+        checkpoints = {p.stem: str(p) for p in sorted(self.checkpoint_dir.glob("*.pt"))}
+        return {
+            "status": status,
+            "error": error,
+            "global_step": self.global_step,
+            "iteration": self.iteration,
+            "elapsed_s": elapsed,
+            "SPS": steps / elapsed if elapsed > 0 else 0.0,
+            "objective_name": self.objective,
+            "objective": objective,
+            "best_eval_success_rate": self.best_success,
+            "best_eval_step": self.best_step,
+            "final": final,
+            "checkpoints": checkpoints,
+        }
+
+
+class _Progress:
+    """A rich progress bar on a terminal, else one plain line per iteration (flushed)."""
+
+    def __init__(self, total: int, done: int, enabled: bool) -> None:
+        from rich.console import Console
+
+        self.total, self.enabled = total, enabled
+        self.start, self.start_done = time.perf_counter(), done
+        self._rich = None
+        if enabled and Console().is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._rich = Progress(
+                TextColumn("iter"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"),
+                TextColumn("ETA"), TimeRemainingColumn(),
+            )  # fmt: skip
+            self._task = self._rich.add_task("train", total=total, completed=done, info="")
+            self._rich.start()
+
+    def update(self, iteration: int, global_step: int, row: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        info = f"step {global_step:,} | SPS {row['charts/SPS']:,.0f}"
+        if "charts/episode_reward_avg_100" in row:
+            info += f" | reward {row['charts/episode_reward_avg_100']:.2f} | success {row['charts/success_rate']:.2f}"
+        if "eval/success_rate" in row:
+            info += f" | eval success {row['eval/success_rate']:.2f}"
+        if self._rich is not None:
+            self._rich.update(self._task, completed=iteration, info=info)
+            return
+        rate = (time.perf_counter() - self.start) / max(1, iteration - self.start_done)
+        eta = rate * (self.total - iteration)
+        print(f"iter {iteration}/{self.total} | {info} | ETA {eta:.0f}s", flush=True)
+
+    def close(self) -> None:
+        if self._rich is not None:
+            self._rich.stop()

@@ -1,0 +1,94 @@
+"""One logging path: TensorBoard always, ``metrics.jsonl`` always, Weights & Biases when enabled."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MetricWriter"]
+
+
+class MetricWriter:
+    """Writes each row of scalars to every sink, keyed by ``global_step`` (env transitions).
+
+    Args:
+        log_dir: the run directory; ``tensorboard/`` and ``metrics.jsonl`` go in it.
+        use_wandb: mirror every row to W&B (imported lazily). Offline runs
+            need no network: set ``WANDB_MODE=offline`` or ``wandb_mode="offline"``.
+        wandb_project, wandb_entity, wandb_mode, run_name: passed to ``wandb.init``.
+        config: the run's configuration, shown as a hyperparameter table in
+            TensorBoard's text tab and as the W&B run config.
+
+    ``metrics.jsonl`` is line-buffered: each row is on disk when :meth:`log` returns.
+    """
+
+    def __init__(
+        self,
+        log_dir: str | Path,
+        use_wandb: bool = False,
+        wandb_project: str = "rlchain",
+        wandb_entity: str | None = None,
+        wandb_mode: str | None = None,
+        run_name: str | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.tb = SummaryWriter(str(self.log_dir / "tensorboard"))
+        self._jsonl = open(self.log_dir / "metrics.jsonl", "a", buffering=1, encoding="utf-8")
+        self._wandb = None
+        if config:
+            flat = _flatten(config)
+            table = "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in flat.items())
+            self.tb.add_text("hyperparameters", table)
+        if use_wandb:
+            import wandb  # lazy: optional at run time
+
+            self._wandb = wandb.init(
+                project=wandb_project,
+                entity=wandb_entity,
+                name=run_name,
+                mode=wandb_mode,
+                dir=str(self.log_dir),
+                config=config,
+                reinit="finish_previous",
+            )
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """Write one row of scalars at ``step`` (global_step) to every sink."""
+        for key, value in metrics.items():
+            self.tb.add_scalar(key, value, step)
+        row = {"global_step": step, **{k: (v if math.isfinite(v) else str(v)) for k, v in metrics.items()}}
+        self._jsonl.write(json.dumps(row) + "\n")
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+
+    def flush(self) -> None:
+        """Push buffered TensorBoard events to disk."""
+        self.tb.flush()
+        self._jsonl.flush()
+
+    def close(self) -> None:
+        """Flush and close every sink (safe to call twice)."""
+        if self._jsonl.closed:
+            return
+        self.tb.close()
+        self._jsonl.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _flatten(cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in cfg.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out

@@ -1,0 +1,477 @@
+"""RL core: advantage maths, losses, policies, collector, checkpoints, trainer."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from rlchain.algorithms import GRPO, PPO
+from rlchain.algorithms.functional import (
+    compute_gae,
+    discounted_returns,
+    first_done_mask,
+    group_relative_advantages,
+)
+from rlchain.algorithms.ppo import ppo_loss
+from rlchain.collector import SyncCollector
+from rlchain.envs import PushCubeEnv
+from rlchain.policies import ActorCritic, ActorOnly
+from rlchain.trainer import Trainer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from toy_env import LineEnv  # noqa: E402
+
+
+# --------------------------------------------------------------- GAE / GRPO
+def reference_gae(reward, value, next_value, terminated, truncated, gamma, lam):
+    """Plain per-env, per-step loop: bootstrap on truncation, not on termination."""
+    T, N = reward.shape
+    adv = torch.zeros(T, N, dtype=torch.float64)
+    for n in range(N):
+        running = 0.0
+        for t in reversed(range(T)):
+            if terminated[t, n]:
+                delta = reward[t, n] - value[t, n]
+                running = delta
+            elif truncated[t, n]:
+                delta = reward[t, n] + gamma * next_value[t, n] - value[t, n]
+                running = delta
+            else:
+                delta = reward[t, n] + gamma * next_value[t, n] - value[t, n]
+                running = delta + gamma * lam * running
+            adv[t, n] = running
+    return adv
+
+
+def test_gae_matches_a_reference_loop_with_terminations_and_truncations():
+    gen = torch.Generator().manual_seed(0)
+    T, N = 17, 6
+    reward = torch.randn(T, N, generator=gen, dtype=torch.float64)
+    value = torch.randn(T, N, generator=gen, dtype=torch.float64)
+    next_value = torch.randn(T, N, generator=gen, dtype=torch.float64)
+    u = torch.rand(T, N, generator=gen)
+    terminated, truncated = u < 0.1, (u >= 0.1) & (u < 0.2)
+    assert terminated.any() and truncated.any()
+    adv, ret = compute_gae(reward, value, next_value, terminated, terminated | truncated, 0.97, 0.9)
+    expected = reference_gae(reward, value, next_value, terminated, truncated, 0.97, 0.9)
+    torch.testing.assert_close(adv, expected)
+    torch.testing.assert_close(ret, expected + value)
+
+
+def test_gae_hand_computed_two_steps():
+    # Step 0 continues, step 1 is truncated: bootstrap from V(final_obs) = 2.
+    r = torch.tensor([[1.0], [0.5]])
+    v = torch.tensor([[0.2], [0.4]])
+    nv = torch.tensor([[0.4], [2.0]])
+    term = torch.tensor([[False], [False]])
+    done = torch.tensor([[False], [True]])
+    adv, _ = compute_gae(r, v, nv, term, done, gamma=0.9, gae_lambda=0.5)
+    d1 = 0.5 + 0.9 * 2.0 - 0.4
+    d0 = 1.0 + 0.9 * 0.4 - 0.2
+    assert adv[1, 0].item() == pytest.approx(d1)
+    assert adv[0, 0].item() == pytest.approx(d0 + 0.9 * 0.5 * d1)
+    # Terminated instead: no bootstrap.
+    adv, _ = compute_gae(r, v, nv, done, done, gamma=0.9, gae_lambda=0.5)
+    assert adv[1, 0].item() == pytest.approx(0.5 - 0.4)
+
+
+def test_grpo_advantages_by_hand_with_masks_and_groups():
+    # T=3, N=4, two groups of 2.
+    reward = torch.tensor([[1.0, 0.0, 2.0, 2.0], [1.0, 3.0, 0.0, 1.0], [1.0, 1.0, 4.0, 0.0]])
+    done = torch.tensor([[False, False, False, True], [False, True, False, False], [True, False, False, False]])
+    gamma = 0.5
+    returns = discounted_returns(reward, done, gamma)
+    # env0: R2=1, R1=1+.5*1=1.5, R0=1+.5*1.5=1.75; env1: R2=1, R1=3 (done), R0=0+.5*3=1.5
+    # env2: R2=4, R1=0+2=2, R0=2+1=3; env3: R2=0, R1=1, R0=2 (done at 0)
+    torch.testing.assert_close(returns, torch.tensor([[1.75, 1.5, 3.0, 2.0], [1.5, 3.0, 2.0, 1.0], [1.0, 1.0, 4.0, 0.0]]))
+    mask = first_done_mask(done)
+    torch.testing.assert_close(mask, torch.tensor([[True, True, True, True], [True, True, True, False], [True, False, True, False]]))
+    adv = group_relative_advantages(returns, mask, group_size=2, eps=0.0)
+    # t0 group0: 1.75 vs 1.5 -> mean 1.625, std .125 -> +1, -1; group1: 3 vs 2 -> +1, -1
+    # t1 group0: 1.5 vs 3 -> -1, +1; group1: only env2 alive -> 0, masked 0
+    # t2 group0: only env0 -> 0; group1: only env2 -> 0
+    expected = torch.tensor([[1.0, -1.0, 1.0, -1.0], [-1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(adv, expected)
+
+
+# --------------------------------------------------------------- PPO loss
+def test_ppo_loss_terms_on_a_fixed_batch():
+    batch = TensorDict(
+        {
+            "sample_log_prob": torch.log(torch.tensor([0.5, 0.5, 0.5])),
+            "value": torch.tensor([1.0, 0.0, 2.0]),
+            "advantages": torch.tensor([1.0, -1.0, 2.0]),
+            "returns": torch.tensor([1.5, 0.5, 1.0]),
+        },
+        batch_size=[3],
+    )
+    new = TensorDict(
+        {
+            "sample_log_prob": torch.log(torch.tensor([0.75, 0.25, 0.5])),  # ratios 1.5, 0.5, 1.0
+            "entropy": torch.tensor([1.0, 2.0, 3.0]),
+            "value": torch.tensor([1.4, 0.1, 1.5]),
+        },
+        batch_size=[3],
+    )
+    out = ppo_loss(new, batch, clip_coef=0.2, clip_vloss=True, vf_coef=0.5, ent_coef=0.01)
+    # surrogate: max(-A r, -A clip(r)): [max(-1.5,-1.2), max(.5,.8), max(-2,-2)] = [-1.2, .8, -2]
+    assert out["policy_loss"].item() == pytest.approx((-1.2 + 0.8 - 2.0) / 3)
+    # values: unclipped sq err [.01, .16, .25]; clipped values [1.2, .1, 1.8] -> [.09, .16, .64]
+    assert out["value_loss"].item() == pytest.approx(0.5 * (0.09 + 0.16 + 0.64) / 3)
+    assert out["entropy"].item() == pytest.approx(2.0)
+    assert out["clip_fraction"].item() == pytest.approx(2 / 3)
+    r = torch.tensor([1.5, 0.5, 1.0])
+    assert out["approx_kl"].item() == pytest.approx(((r - 1) - r.log()).mean().item())
+    assert out["loss"].item() == pytest.approx(
+        out["policy_loss"].item() + 0.5 * out["value_loss"].item() - 0.01 * 2.0
+    )
+
+
+# --------------------------------------------------------------- policies
+def test_gaussian_policy_matches_torch_distributions():
+    torch.manual_seed(0)
+    obs_space = gym.spaces.Box(-1, 1, (5,), np.float32)
+    act_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+    policy = ActorCritic(obs_space, act_space, hidden_sizes=[16], init_log_std=-0.3)
+    td = TensorDict({"obs": torch.randn(7, 5)}, batch_size=[7])
+    out = policy.get_action(td.clone())
+    mean = policy.actor(td["obs"])
+    dist = torch.distributions.Normal(mean, torch.full_like(mean, math.exp(-0.3)))
+    torch.testing.assert_close(out["sample_log_prob"], dist.log_prob(out["action"]).sum(-1))
+    ev = policy.evaluate_actions(out)
+    torch.testing.assert_close(ev["sample_log_prob"], out["sample_log_prob"])
+    torch.testing.assert_close(ev["entropy"], dist.entropy().sum(-1))
+    torch.testing.assert_close(ev["value"], policy.critic(td["obs"]).squeeze(-1))
+    det = policy.get_action(td.clone(), deterministic=True)
+    torch.testing.assert_close(det["action"], mean)
+
+
+def test_categorical_policy_matches_torch_distributions():
+    torch.manual_seed(0)
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(5), hidden_sizes=[8])
+    td = TensorDict({"obs": torch.randn(9, 4)}, batch_size=[9])
+    out = policy.get_action(td.clone())
+    assert out["action"].dtype == torch.int64 and out["action"].shape == (9,)
+    dist = torch.distributions.Categorical(logits=policy.actor(td["obs"]))
+    torch.testing.assert_close(out["sample_log_prob"], dist.log_prob(out["action"]))
+    torch.testing.assert_close(policy.evaluate_actions(out)["entropy"], dist.entropy())
+    assert torch.equal(policy.get_action(td.clone(), True)["action"], dist.probs.argmax(-1))
+
+
+def test_actor_only_has_no_critic_and_zero_value():
+    policy = ActorOnly(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Box(-1, 1, (2,), np.float32))
+    assert policy.critic is None
+    out = policy.get_action(TensorDict({"obs": torch.randn(3, 4)}, batch_size=[3]))
+    assert torch.equal(out["value"], torch.zeros(3))
+    with pytest.raises(ValueError, match="has no critic"):
+        PPO(policy)
+
+
+def test_log_std_is_clamped():
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32), log_std_max=0.5)
+    with torch.no_grad():
+        policy.log_std.fill_(3.0)
+    ev = policy.evaluate_actions(TensorDict({"obs": torch.zeros(1, 2), "action": torch.zeros(1, 1)}, batch_size=[1]))
+    assert ev["entropy"].item() == pytest.approx(0.5 + 0.5 * math.log(2 * math.pi) + 0.5)
+
+
+def test_obs_normalizer_tracks_mean_and_var_and_is_in_the_state_dict():
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32), obs_normalization=True)
+    gen = torch.Generator().manual_seed(0)
+    data = torch.randn(1000, 3, generator=gen) * torch.tensor([1.0, 2.0, 0.5]) + torch.tensor([3.0, -1.0, 0.0])
+    for chunk in data.split(100):
+        policy.update_obs_normalizer(chunk)
+    torch.testing.assert_close(policy.obs_normalizer.mean, data.mean(0), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(policy.obs_normalizer.var, data.var(0, unbiased=False), atol=1e-4, rtol=1e-4)
+    state = policy.state_dict()
+    assert {"obs_normalizer.mean", "obs_normalizer.var", "obs_normalizer.count"} <= set(state)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(activation="swish"), "activation='swish'"),
+        (dict(hidden_sizes=[64, 0]), r"hidden_sizes\[1\]=0"),
+        (dict(init_log_std=3.0), "init_log_std=3.0"),
+    ],
+)
+def test_bad_policy_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32), **kwargs)
+
+
+# --------------------------------------------------------------- collector
+class SyncCounter(TorchDispatchMode):
+    """Counts aten ops that read a device value on the host (a host-device sync on CUDA)."""
+
+    SYNC_OPS = {
+        torch.ops.aten._local_scalar_dense.default,
+        torch.ops.aten.nonzero.default,
+        torch.ops.aten.is_nonzero.default,
+        torch.ops.aten.equal.default,
+        torch.ops.aten.masked_select.default,
+        torch.ops.aten.unique_consecutive.default,
+    }
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.SYNC_OPS or (func.overloadpacket is torch.ops.aten.index and args[1] and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]
+        )):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def syncs_per_collect(rollout_steps: int) -> int:
+    env = LineEnv(num_envs=8, max_episode_steps=3)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    collector = SyncCollector(env, policy, rollout_steps)
+    collector.collect()  # first call resets; count a steady-state one
+    with SyncCounter() as counter:
+        collector.collect()
+    return counter.count
+
+
+def test_collector_has_no_host_sync_per_step():
+    # The rollout-end statistics read a fixed number of values; the step loop none.
+    assert syncs_per_collect(4) == syncs_per_collect(32)
+    assert syncs_per_collect(4) > 0  # the counter does see the end-of-rollout reads
+
+
+def test_collector_bootstraps_truncations_from_final_obs_only():
+    torch.manual_seed(0)
+    env = LineEnv(num_envs=16, max_episode_steps=3)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    rollout = SyncCollector(env, policy, rollout_steps=12).collect()
+    truncated, done = rollout["truncated"], rollout["done"]
+    assert truncated.any() and rollout["terminated"].any()
+    with torch.no_grad():
+        v_final = policy.critic(rollout["final_obs"]).squeeze(-1)
+    torch.testing.assert_close(rollout["next_value"], v_final)
+    # Where the env reset, the stored next state is the final one, not the reset one.
+    reset_obs = rollout["obs"][1:][done[:-1]]
+    assert not torch.allclose(rollout["final_obs"][:-1][done[:-1]], reset_obs)
+    # GAE: a truncated step's target uses next_value, a terminated one does not.
+    adv, _ = compute_gae(rollout["reward"], rollout["value"], rollout["next_value"], rollout["terminated"], done, 0.9, 1.0)
+    t, n = torch.nonzero(truncated)[0].tolist()
+    expected = rollout["reward"][t, n] + 0.9 * v_final[t, n] - rollout["value"][t, n]
+    assert adv[t, n].item() == pytest.approx(expected.item(), abs=1e-6)
+
+
+def test_collector_group_reset_and_episode_stats():
+    env = LineEnv(num_envs=8, max_episode_steps=4)
+    policy = ActorOnly(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    collector = SyncCollector(env, policy, rollout_steps=4)
+    rollout = collector.collect(reset_options={"group_size": 4})
+    first = rollout["obs"][0, :, 0].view(2, 4)
+    assert torch.equal(first, first[:, :1].expand(2, 4)) and first[0, 0] != first[1, 0]
+    stats = collector.episode_stats()
+    assert 0.0 <= stats["success_rate"] <= 1.0 and 1 <= stats["episode_length_avg_100"] <= 4
+    assert "rewards/progress" in collector.last_stats and "metrics/distance" in collector.last_stats
+
+
+# --------------------------------------------------------------- algorithms
+def test_grpo_rejects_bad_group_sizes_before_any_step(tmp_path):
+    env = PushCubeEnv(num_envs=64)
+    policy = ActorOnly(env.single_observation_space, env.single_action_space)
+    with pytest.raises(ValueError, match="group_size=1 .*>= 2"):
+        GRPO(policy, group_size=1)
+    algo = GRPO(policy, group_size=3)
+    steps_before = env.elapsed_steps.clone()
+    with pytest.raises(ValueError, match="group_size=3 .*num_envs=64"):
+        Trainer(env, policy, algo, output_dir=str(tmp_path))
+    assert torch.equal(env.elapsed_steps, steps_before) and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(clip_coef=-1.0), "clip_coef=-1.0"),
+        (dict(gamma=1.5), "gamma=1.5"),
+        (dict(lr_schedule="cosine"), "lr_schedule='cosine'"),
+        (dict(lr_schedule="linear"), "total_iterations=None"),
+        (dict(lr_schedule="adaptive"), "target_kl=None"),
+        (dict(n_epochs=0), "n_epochs=0"),
+    ],
+)
+def test_bad_ppo_hyperparameters(kwargs, match):
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32))
+    with pytest.raises(ValueError, match=match):
+        PPO(policy, **kwargs)
+
+
+def test_lr_schedules():
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32))
+    env = LineEnv(num_envs=8)
+    rollout = SyncCollector(env, policy, 4).collect()
+    linear = PPO(policy, learning_rate=1e-3, lr_schedule="linear", total_iterations=4, batch_size=16, n_epochs=1)
+    lrs = [linear.update(rollout)["learning_rate"] for _ in range(4)]
+    assert lrs == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
+    adaptive = PPO(policy, learning_rate=1e-3, lr_schedule="adaptive", target_kl=1.0, batch_size=16, n_epochs=1)
+    # KL of the tiny updates is far below target/2: the rate grows by 1.5 per minibatch.
+    assert adaptive.update(rollout)["learning_rate"] == pytest.approx(1e-3 * 1.5**2)
+
+
+def test_ppo_stops_epochs_at_target_kl():
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32))
+    rollout = SyncCollector(LineEnv(num_envs=8), policy, 8).collect()
+    algo = PPO(policy, learning_rate=0.05, n_epochs=50, batch_size=16, target_kl=1e-4, stop_at_target_kl=True)
+    assert algo.update(rollout)["epochs"] < 50
+
+
+def test_non_finite_loss_stops_the_run_naming_the_iteration_and_keeps_the_checkpoint(tmp_path):
+    env = LineEnv(num_envs=8)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    trainer = Trainer(env, policy, PPO(policy, batch_size=16), iterations=3, rollout_steps=4, save_freq=1,
+                      output_dir=str(tmp_path), progress=False)  # fmt: skip
+    trainer.train()  # 3 good iterations, checkpoint at the end
+    good = (tmp_path / "checkpoints" / "latest.pt").read_bytes()
+    trainer.iterations = 5
+    with torch.no_grad():
+        policy.critic[0].weight.fill_(float("nan"))
+    with pytest.raises(RuntimeError, match=r"non-finite loss at iteration 4: .*last good checkpoint: .*latest.pt"):
+        trainer.train()
+    assert (tmp_path / "checkpoints" / "latest.pt").read_bytes() == good
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "iteration 4" in summary["error"]
+
+
+# --------------------------------------------------------------- trainer
+def make_push_cube_ppo(tmp_path, iterations, resume_from=None, seed=3):
+    torch.manual_seed(seed)
+    env = PushCubeEnv(num_envs=32, seed=seed)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[32, 32], obs_normalization=True)
+    algo = PPO(policy, batch_size=256, n_epochs=2, seed=seed)
+    return Trainer(env, policy, algo, iterations=iterations, rollout_steps=16, save_freq=100,
+                   output_dir=str(tmp_path), seed=seed, progress=False, resume_from=resume_from)  # fmt: skip
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
+    straight = make_push_cube_ppo(tmp_path / "a", iterations=3)
+    straight.train()
+    first = make_push_cube_ppo(tmp_path / "b", iterations=2)
+    first.train()
+    ckpt = tmp_path / "b" / "checkpoints" / "latest.pt"
+    resumed = make_push_cube_ppo(tmp_path / "c", iterations=3, resume_from=str(ckpt))
+    assert resumed.global_step == 2 * 32 * 16 and resumed.iteration == 2
+    summary = resumed.train()
+    assert summary["global_step"] == 3 * 32 * 16
+    for (name, a), b in zip(straight.policy.state_dict().items(), resumed.policy.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert torch.equal(straight.env.cube_x, resumed.env.cube_x)
+
+
+def test_trainer_writes_the_run_directory(tmp_path):
+    env = LineEnv(num_envs=8)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    trainer = Trainer(env, policy, PPO(policy, batch_size=16), eval_env=lambda num_envs, seed: LineEnv(num_envs, seed=seed),
+                      iterations=4, rollout_steps=4, eval_freq=2, save_freq=2, num_eval_envs=4, num_eval_episodes=6,
+                      output_dir=str(tmp_path), progress=False, config={"algorithm": {"name": "ppo"}})  # fmt: skip
+    summary = trainer.train()
+    assert summary == json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["global_step"] == 4 * 8 * 4
+    assert summary["objective"] == summary["final"]["eval/success_rate"]
+    assert summary["final"]["eval/episodes"] == 8.0  # 6 rounded up to whole rounds of 4 envs
+    assert set(summary["checkpoints"]) == {"latest", "best"}
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["global_step"] for r in rows] == [32, 64, 96, 128]
+    assert "eval/success_rate" in rows[1] and "eval/success_rate" not in rows[0]
+    for key in ("charts/SPS", "train/policy_loss", "train/explained_variance", "rewards/progress", "metrics/distance"):
+        assert key in rows[-1], key
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    state = torch.load(tmp_path / "checkpoints" / "latest.pt", weights_only=True)
+    assert state["global_step"] == 128 and state["config"] == {"algorithm": {"name": "ppo"}}
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+
+
+def test_wandb_mirrors_rows_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    env = LineEnv(num_envs=8)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    Trainer(env, policy, PPO(policy, batch_size=16), iterations=2, rollout_steps=4, output_dir=str(tmp_path),
+            progress=False, use_wandb=True, wandb_project="rlchain-test").train()  # fmt: skip
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+CTRL_C_SCRIPT = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from toy_env import LineEnv
+from rlchain.policies import ActorCritic
+from rlchain.algorithms import PPO
+from rlchain.trainer import Trainer
+env = LineEnv(num_envs=64)
+policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[256, 256])
+t = Trainer(env, policy, PPO(policy, batch_size=64, n_epochs=4), iterations=100000, rollout_steps=64,
+            save_freq=100000, output_dir={out!r}, progress=True)
+print(t.train()["status"], flush=True)
+"""
+
+
+def test_ctrl_c_saves_a_checkpoint_flushes_logs_and_exits_cleanly(tmp_path):
+    script = CTRL_C_SCRIPT.format(tests=str(Path(__file__).parent), out=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.strip().splitlines()[-1] == "interrupted"
+    assert "stopping after this iteration" in err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    rows = metrics.read_text().splitlines()
+    assert json.loads(rows[-1])["global_step"] == summary["global_step"]
+    assert torch.load(tmp_path / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == summary["global_step"]
+
+
+# --------------------------------------------------------------- learning
+@pytest.mark.slow
+def test_ppo_learns_push_cube(tmp_path):
+    torch.manual_seed(0)
+    env = PushCubeEnv(num_envs=512, seed=0)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[128, 128],
+                         obs_normalization=True, init_log_std=-0.5)  # fmt: skip
+    algo = PPO(policy, learning_rate=1e-3, batch_size=2048, n_epochs=5, ent_coef=0.01)
+    trainer = Trainer(env, policy, algo, eval_env=PushCubeEnv, iterations=40, rollout_steps=32, eval_freq=40,
+                      output_dir=str(tmp_path), progress=False)  # fmt: skip
+    before = trainer.eval_env and __import__("rlchain.trainer", fromlist=["evaluate"]).evaluate(trainer.eval_env, policy, 256, 1)
+    summary = trainer.train()
+    assert before["success_rate"] < 0.1
+    assert summary["final"]["eval/success_rate"] >= 0.3
+
+
+@pytest.mark.slow
+def test_grpo_learns_push_cube(tmp_path):
+    from rlchain.trainer import evaluate
+
+    torch.manual_seed(0)
+    env = PushCubeEnv(num_envs=512, seed=0)
+    policy = ActorOnly(env.single_observation_space, env.single_action_space, hidden_sizes=[128, 128],
+                       obs_normalization=True, init_log_std=-0.5)  # fmt: skip
+    algo = GRPO(policy, learning_rate=1e-3, batch_size=4096, n_epochs=5, group_size=8)
+    trainer = Trainer(env, policy, algo, eval_env=PushCubeEnv, iterations=30, rollout_steps=100, eval_freq=30,
+                      output_dir=str(tmp_path), progress=False)  # fmt: skip
+    before = evaluate(trainer.eval_env, policy, 256, 1)["success_rate"]
+    summary = trainer.train()
+    assert summary["final"]["eval/success_rate"] >= before + 0.08
