@@ -18,10 +18,11 @@ install:
 	$(PIP) install --quiet --disable-pip-version-check -e ".[dev]"
 
 train: install
-	$(PYTHON) -m rlchain.train algorithm=grpo env=push_cube
+	rlchain-train algorithm=grpo env=push_cube
 
 test: install
 	$(PYTHON) -m pytest
 
 bench: install
 	$(PYTHON) benchmarks/env_throughput.py
+	$(PYTHON) benchmarks/train_push_cube.py

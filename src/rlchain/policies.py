@@ -58,19 +58,19 @@ class ActorCriticConfig:
     """Settings of :class:`ActorCritic` and their defaults (the single home of them)."""
 
     _target_: str = "rlchain.policies.ActorCritic"
-    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+    hidden_sizes: list[int] = field(default_factory=lambda: [128, 128])
     """Hidden layer widths of the actor and of the critic MLP."""
     activation: str = "elu"
     """One of relu, elu, tanh, gelu, silu, leaky_relu."""
     layer_norm: bool = False
     """LayerNorm after every hidden linear layer."""
-    init_log_std: float = 0.0
+    init_log_std: float = -0.5
     """Initial log standard deviation of the Gaussian (Box actions)."""
     log_std_min: float = -5.0
     """Lower clamp of the log-std."""
     log_std_max: float = 2.0
     """Upper clamp of the log-std."""
-    obs_normalization: bool = False
+    obs_normalization: bool = True
     """Normalise observations with running mean and variance."""
 
 

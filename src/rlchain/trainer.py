@@ -45,10 +45,10 @@ class TrainerConfig:
     """Trainer settings and their defaults (the single home of them)."""
 
     _target_: str = "rlchain.trainer.Trainer"
-    iterations: int = 200
+    iterations: int = 100
     """Collect-and-update iterations."""
-    rollout_steps: int = 32
-    """Steps per env per rollout."""
+    rollout_steps: int = 100
+    """Steps per env per rollout (GRPO: at least one episode)."""
     eval_freq: int = 10
     """Evaluate every this many iterations (and after the last one)."""
     save_freq: int = 50
@@ -61,6 +61,8 @@ class TrainerConfig:
     """Run directory for logs, checkpoints and summary.json."""
     seed: int = 0
     """Seeds torch's global RNG (action sampling) and, plus 1, the eval env."""
+    exp_name: str = "rlchain"
+    """Experiment name: the W&B run name."""
     objective: str = "eval/success_rate"
     """Key of summary['final'] returned as the run objective for sweepers."""
     resume_from: str | None = None
@@ -86,13 +88,18 @@ def evaluate(env: VecEnv, policy: Policy, num_episodes: int, seed: int) -> dict[
 
     Every env of ``env`` runs ``ceil(num_episodes / num_envs)`` complete
     episodes from a reset with ``seed`` (the same start states at every
-    evaluation); all of them count, so no bias towards short episodes.
+    evaluation); all of them count, so no bias towards short episodes. The
+    done counters are read once per ``max_episode_steps`` steps.
 
     Returns:
         ``avg_reward`` (undiscounted episode return), ``avg_length`` (steps),
         ``success_rate`` (share of episodes whose last step reported success),
         ``episodes``, and for every task metric its mean over the episodes'
         last steps (e.g. the final ``distance_to_goal``).
+
+    Raises:
+        RuntimeError: an env that does not end its episodes within
+            ``max_episode_steps`` steps.
     """
     was_training = policy.training
     policy.eval()
@@ -104,8 +111,10 @@ def evaluate(env: VecEnv, policy: Policy, num_episodes: int, seed: int) -> dict[
     finished = torch.zeros(n, dtype=torch.int64, device=dev)
     tot_ret, tot_len, tot_succ = (torch.zeros(n, device=dev) for _ in range(3))
     metric_sums: dict[str, torch.Tensor] = {}
-    step, check_every = 0, max(1, int(getattr(env, "max_episode_steps", 100) or 100))
-    while True:
+    episode_limit = int(env.max_episode_steps)
+    # Every env ends an episode at least every max_episode_steps steps.
+    max_steps = per_env * episode_limit
+    for step in range(1, max_steps + 1):
         action = policy.get_action(TensorDict({"obs": obs}, batch_size=[n]), deterministic=True)["action"]
         obs, reward, terminated, truncated, info = env.step(action)
         done = terminated | truncated
@@ -120,9 +129,14 @@ def evaluate(env: VecEnv, policy: Policy, num_episodes: int, seed: int) -> dict[
         finished += done.long()
         ret.masked_fill_(done, 0.0)
         length.masked_fill_(done, 0.0)
-        step += 1
-        if step % check_every == 0 and bool((finished >= per_env).all()):
+        if step % episode_limit == 0 and bool((finished >= per_env).all()):
             break
+    else:
+        if not bool((finished >= per_env).all()):
+            raise RuntimeError(
+                f"evaluation: some envs did not finish {per_env} episodes in {max_steps} steps; "
+                f"does the env truncate at max_episode_steps={episode_limit}?"
+            )
     if was_training:
         policy.train()
     total = n * per_env
@@ -146,7 +160,7 @@ class Trainer:
         eval_env: the evaluation env, or a factory called as
             ``eval_env(num_envs=num_eval_envs, seed=seed + 1)`` (e.g. a Hydra
             ``_partial_`` of the env config), or None for no evaluation.
-        config: the run's composed configuration (plain dict), stored in
+        run_config: the run's composed configuration (plain dict), stored in
             checkpoints and logged as hyperparameters.
         Others: see :class:`TrainerConfig`.
 
@@ -162,7 +176,7 @@ class Trainer:
         policy: Policy,
         algorithm: Algorithm,
         eval_env: VecEnv | Callable[..., VecEnv] | None = None,
-        config: dict[str, Any] | None = None,
+        run_config: dict[str, Any] | None = None,
         iterations: int = _D.iterations,
         rollout_steps: int = _D.rollout_steps,
         eval_freq: int = _D.eval_freq,
@@ -171,6 +185,7 @@ class Trainer:
         num_eval_episodes: int = _D.num_eval_episodes,
         output_dir: str = _D.output_dir,
         seed: int = _D.seed,
+        exp_name: str = _D.exp_name,
         objective: str = _D.objective,
         resume_from: str | None = _D.resume_from,
         use_wandb: bool = _D.use_wandb,
@@ -193,7 +208,8 @@ class Trainer:
         self.iterations, self.rollout_steps = iterations, rollout_steps
         self.eval_freq, self.save_freq = eval_freq, save_freq
         self.num_eval_episodes, self.seed, self.objective = num_eval_episodes, seed, objective
-        self.config = config or {}
+        self.config = run_config or {}
+        self.exp_name = exp_name
         self.progress = progress
         if callable(eval_env) and not isinstance(eval_env, VecEnv):
             eval_env = eval_env(num_envs=num_eval_envs, seed=seed + 1)
@@ -271,11 +287,11 @@ class Trainer:
                 good checkpoint is kept and named in the message and in
                 ``summary.json`` (``status="failed"``).
         """
-        writer = MetricWriter(self.output_dir, config=self.config, run_name=self.output_dir.name, **self._wandb)
+        writer = MetricWriter(self.output_dir, config=self.config, run_name=self.exp_name, **self._wandb)
         previous_handler = None
         if threading.current_thread() is threading.main_thread():
             previous_handler = signal.signal(signal.SIGINT, self._request_stop)
-        start = time.perf_counter()
+        start = self._start = time.perf_counter()
         start_step = self.global_step
         status, error = "completed", None
         bar = _Progress(self.iterations, self.iteration, enabled=self.progress)
@@ -326,6 +342,7 @@ class Trainer:
         row["charts/iteration"] = self.iteration
         row["time/collect_s"] = t1 - t0
         row["time/update_s"] = t2 - t1
+        row["time/elapsed_s"] = t2 - self._start
         self.last_train = row
 
         last = self.iteration == self.iterations
@@ -353,6 +370,7 @@ class Trainer:
         return {
             "status": status,
             "error": error,
+            "exp_name": self.exp_name,
             "global_step": self.global_step,
             "iteration": self.iteration,
             "elapsed_s": elapsed,

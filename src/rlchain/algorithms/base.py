@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -10,9 +11,38 @@ from tensordict import TensorDict
 from rlchain.policies import Policy
 from rlchain.utils import check_choice, check_in_range, check_positive
 
-__all__ = ["Algorithm", "LR_SCHEDULES"]
+__all__ = ["Algorithm", "AlgorithmConfig", "LR_SCHEDULES"]
 
 LR_SCHEDULES = ("constant", "linear", "adaptive")
+
+
+@dataclass
+class AlgorithmConfig:
+    """Hyperparameters every rlchain algorithm shares, with their defaults."""
+
+    _target_: str = ""
+    learning_rate: float = 3e-4
+    """Adam step size (initial value under a schedule)."""
+    n_epochs: int = 5
+    """Passes over each rollout."""
+    batch_size: int = 8192
+    """Samples (env transitions) per minibatch."""
+    gamma: float = 0.99
+    """Discount factor."""
+    clip_coef: float = 0.2
+    """Surrogate clipping range epsilon."""
+    ent_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    max_grad_norm: float = 1.0
+    """Global gradient-norm clip."""
+    lr_schedule: str = "constant"
+    """constant, linear (decay to 0 over total_iterations) or adaptive (on target_kl)."""
+    target_kl: float | None = None
+    """KL target of the adaptive schedule (and of PPO's stop_at_target_kl)."""
+    total_iterations: int | None = None
+    """Length of the linear schedule in updates (the trainer's iterations)."""
+    seed: int = 0
+    """Seed of the minibatch permutation."""
 
 
 class Algorithm:
@@ -127,7 +157,7 @@ class Algorithm:
         """Restore :meth:`state_dict` output."""
         self.optimizer.load_state_dict(state["optimizer"])
         self.iteration = state["iteration"]
-        self.generator.set_state(state["generator"])
+        self.generator.set_state(state["generator"].cpu())  # generator states are CPU byte tensors
 
 
 def check_probability(name: str, value: float) -> None:

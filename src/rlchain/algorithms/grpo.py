@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from rlchain.algorithms.base import Algorithm, check_probability
+from rlchain.algorithms.base import Algorithm, AlgorithmConfig, check_probability
 from rlchain.algorithms.functional import discounted_returns, first_done_mask, group_relative_advantages
 from rlchain.buffer import minibatches
 from rlchain.envs.base import check_group_size
@@ -38,22 +38,12 @@ __all__ = ["GRPO", "GRPOConfig"]
 
 
 @dataclass
-class GRPOConfig:
-    """GRPO hyperparameters and their defaults (the single home of them)."""
+class GRPOConfig(AlgorithmConfig):
+    """GRPO hyperparameters and their defaults (the shared ones in :class:`AlgorithmConfig`)."""
 
     _target_: str = "rlchain.algorithms.GRPO"
-    learning_rate: float = 3e-4
-    """Adam step size (initial value under a schedule)."""
     n_epochs: int = 10
-    """Passes over each rollout."""
-    batch_size: int = 8192
-    """Samples (env transitions) per minibatch."""
-    gamma: float = 0.99
-    """Discount of the step-wise returns."""
-    clip_coef: float = 0.2
-    """Surrogate clipping range epsilon."""
-    ent_coef: float = 0.0
-    """Weight of the entropy bonus."""
+    """Passes over each rollout (EmbodiChain's GRPO default)."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to the initial policy (0 when training from scratch)."""
     group_size: int = 4
@@ -64,16 +54,6 @@ class GRPOConfig:
     """Reset every env with group-shared initial states before each rollout."""
     truncate_at_first_done: bool = True
     """Mask every step after an env's first done."""
-    max_grad_norm: float = 1.0
-    """Global gradient-norm clip."""
-    lr_schedule: str = "constant"
-    """constant, linear (decay to 0 over total_iterations) or adaptive (on target_kl)."""
-    target_kl: float | None = None
-    """KL target of the adaptive schedule."""
-    total_iterations: int | None = None
-    """Length of the linear schedule in updates (the trainer's iterations)."""
-    seed: int = 0
-    """Seed of the minibatch permutation."""
 
 
 _D = GRPOConfig()

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
-from rlchain.algorithms.base import Algorithm, check_probability
+from rlchain.algorithms.base import Algorithm, AlgorithmConfig, check_probability
 from rlchain.algorithms.functional import compute_gae
 from rlchain.buffer import minibatches
 from rlchain.policies import Policy
@@ -16,42 +16,20 @@ __all__ = ["PPO", "PPOConfig", "ppo_loss"]
 
 
 @dataclass
-class PPOConfig:
-    """PPO hyperparameters and their defaults (the single home of them)."""
+class PPOConfig(AlgorithmConfig):
+    """PPO hyperparameters and their defaults (the shared ones in :class:`AlgorithmConfig`)."""
 
     _target_: str = "rlchain.algorithms.PPO"
-    learning_rate: float = 3e-4
-    """Adam step size (initial value under a schedule)."""
-    n_epochs: int = 5
-    """Passes over each rollout."""
-    batch_size: int = 8192
-    """Samples (env transitions) per minibatch."""
-    gamma: float = 0.99
-    """Discount factor."""
     gae_lambda: float = 0.95
     """GAE lambda."""
-    clip_coef: float = 0.2
-    """Surrogate clipping range epsilon."""
     clip_vloss: bool = True
     """Clip the value update to +-clip_coef around the old value."""
     vf_coef: float = 0.5
     """Weight of the value loss."""
-    ent_coef: float = 0.0
-    """Weight of the entropy bonus."""
-    max_grad_norm: float = 1.0
-    """Global gradient-norm clip."""
     norm_adv: bool = True
     """Normalise advantages over the rollout to zero mean and unit std."""
-    lr_schedule: str = "constant"
-    """constant, linear (decay to 0 over total_iterations) or adaptive (on target_kl)."""
-    target_kl: float | None = None
-    """KL target of the adaptive schedule and of stop_at_target_kl."""
     stop_at_target_kl: bool = False
     """Stop the epochs of an update once approx_kl exceeds target_kl."""
-    total_iterations: int | None = None
-    """Length of the linear schedule in updates (the trainer's iterations)."""
-    seed: int = 0
-    """Seed of the minibatch permutation."""
 
 
 _D = PPOConfig()

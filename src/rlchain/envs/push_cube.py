@@ -118,7 +118,7 @@ class PushCubeConfig:
     """
 
     _target_: str = "rlchain.envs.push_cube.PushCubeEnv"
-    num_envs: int = 256
+    num_envs: int = 512
     """Parallel envs simulated as one batch."""
     device: str = "cpu"
     """Torch device of the simulation: 'cpu', 'cuda', 'cuda:N' or 'auto'."""
@@ -404,7 +404,7 @@ class PushCubeEnv(VecEnv):
             ValueError: an unknown key or a tensor of the wrong shape.
         """
         state = dict(state)
-        self._generator.set_state(state.pop("generator").cpu() if self.device.type == "cpu" else state.pop("generator"))
+        self._generator.set_state(state.pop("generator").cpu())  # generator states are CPU byte tensors
         self.set_state(state)
 
     _STATE = (

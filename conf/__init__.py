@@ -1,0 +1,1 @@
+"""rlchain's Hydra configs, installed as the package ``rlchain.conf``."""

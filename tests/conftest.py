@@ -1,0 +1,45 @@
+"""Shared fixtures: compose rlchain's real Hydra config the way the command does."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+TESTS = Path(__file__).parent
+sys.path.insert(0, str(TESTS))  # user components (toy_env, user_components) importable by _target_
+
+#: Overrides that shrink any run to a couple of seconds on the CPU.
+TINY = [
+    "device=cpu",
+    "env.num_envs=16",
+    "trainer.iterations=2",
+    "trainer.rollout_steps=8",
+    "trainer.eval_freq=1",
+    "trainer.num_eval_envs=8",
+    "trainer.num_eval_episodes=8",
+    "trainer.progress=false",
+    "algorithm.batch_size=64",
+]
+
+
+@pytest.fixture
+def compose_cfg(tmp_path):
+    """``compose_cfg(overrides) -> DictConfig`` with ``trainer.output_dir`` in ``tmp_path``."""
+
+    def _compose(overrides: list[str] = ()) -> DictConfig:
+        GlobalHydra.instance().clear()
+        with initialize_config_module("rlchain.conf", version_base="1.3"):
+            cfg = compose("train", overrides=[f"trainer.output_dir={tmp_path}", *overrides], return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)  # ${hydra:...} interpolations resolve as in a real run
+        with open_dict(cfg):
+            del cfg.hydra
+        return cfg
+
+    yield _compose
+    GlobalHydra.instance().clear()

@@ -1,0 +1,216 @@
+"""Hydra composition, the rlchain-train command, bad input, and the installed wheel."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import get_class
+
+from rlchain.algorithms import GRPO, PPO
+from rlchain.config import SCHEMAS
+from rlchain.envs import PushCubeEnv
+from rlchain.policies import ActorCritic, ActorOnly
+from rlchain.train import build
+from rlchain.trainer import Trainer
+
+from conftest import TESTS, TINY
+
+REPO = TESTS.parent
+#: Arguments given at instantiate time, never written in YAML.
+RUNTIME_ONLY = {"observation_space", "action_space", "policy", "env", "algorithm", "eval_env", "run_config"}
+
+
+# ------------------------------------------------------------ composition
+def test_default_composition_builds_ppo_on_push_cube(compose_cfg):
+    cfg = compose_cfg(TINY)
+    assert cfg.env._target_ == "rlchain.envs.push_cube.PushCubeEnv"
+    assert cfg.algorithm._target_ == "rlchain.algorithms.PPO" and cfg.policy._target_ == "rlchain.policies.ActorCritic"
+    trainer = build(cfg)
+    assert isinstance(trainer, Trainer) and isinstance(trainer.env, PushCubeEnv)
+    assert type(trainer.policy) is ActorCritic and isinstance(trainer.algorithm, PPO)
+    assert trainer.env.num_envs == 16 and trainer.eval_env.num_envs == 8
+    assert trainer.eval_env is not trainer.env and trainer.eval_env.seed == cfg.seed + 1
+    assert trainer.config["algorithm"]["total_iterations"] == 2  # interpolated from trainer.iterations
+
+
+def test_grpo_selects_actor_only_unless_a_policy_is_named(compose_cfg):
+    cfg = compose_cfg(["algorithm=grpo", *TINY, "env.num_envs=16"])
+    assert cfg.policy._target_ == "rlchain.policies.ActorOnly"
+    trainer = build(cfg)
+    assert isinstance(trainer.algorithm, GRPO) and type(trainer.policy) is ActorOnly
+    assert trainer.algorithm.reset_options == {"group_size": 4}
+    cfg = compose_cfg(["algorithm=grpo", "policy=actor_critic", *TINY])
+    assert type(build(cfg).policy) is ActorCritic
+
+
+@pytest.mark.parametrize("group, option", [(g, n) for g, n, _ in SCHEMAS])
+def test_every_option_composes_and_is_validated_by_its_schema(compose_cfg, group, option):
+    cfg = compose_cfg([f"{group}={option}"])
+    node = cfg[group]
+    schema = dict(SCHEMAS_BY_OPTION)[(group, option)]
+    assert node._target_ == schema._target_
+    assert set(node.keys()) == {f.name for f in dataclasses.fields(schema)}
+
+
+SCHEMAS_BY_OPTION = [((g, n), s) for g, n, s in SCHEMAS]
+
+
+def test_seed_and_device_reach_every_component(compose_cfg):
+    cfg = compose_cfg(["seed=7", "device=cpu"])
+    assert cfg.env.seed == cfg.algorithm.seed == cfg.trainer.seed == 7
+    assert cfg.env.device == "cpu"
+    assert compose_cfg([]).env.device == "auto"
+
+
+def test_overrides_reach_the_instances(compose_cfg):
+    cfg = compose_cfg([*TINY, "algorithm.learning_rate=0.002", "policy.hidden_sizes=[16,8]", "env.episode_length=50"])
+    trainer = build(cfg)
+    assert trainer.algorithm.current_lr == pytest.approx(0.002)
+    assert [m.out_features for m in trainer.policy.actor if isinstance(m, torch.nn.Linear)] == [16, 8, 2]
+    assert trainer.env.max_episode_steps == 50
+
+
+@pytest.mark.parametrize("experiment, algo", [("push_cube_ppo", PPO), ("push_cube_grpo", GRPO)])
+def test_experiment_presets(compose_cfg, experiment, algo):
+    cfg = compose_cfg([f"+experiment={experiment}", *TINY])
+    assert isinstance(build(cfg).algorithm, algo)
+    assert compose_cfg([f"+experiment={experiment}"]).algorithm.learning_rate == 1e-3
+
+
+def test_schema_fields_match_their_targets_constructor():
+    for group, option, schema in SCHEMAS:
+        target = get_class(schema._target_)
+        params = {
+            name: p for name, p in inspect.signature(target.__init__).parameters.items()
+            if name != "self" and name not in RUNTIME_ONLY and p.kind is not p.VAR_KEYWORD
+        }  # fmt: skip
+        fields = {f.name: f for f in dataclasses.fields(schema) if f.name != "_target_"}
+        assert set(params) == set(fields), f"{group}/{option}: schema and {target.__name__} differ"
+        for name, field in fields.items():
+            default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+            ctor_default = params[name].default
+            if isinstance(ctor_default, tuple):
+                ctor_default = list(ctor_default)
+            assert ctor_default == default, f"{group}/{option}.{name}: {ctor_default!r} != {default!r}"
+
+
+# ------------------------------------------------------------ the command
+def run_cli(args: list[str], cwd: Path, **env_extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "WANDB_MODE": "disabled", **env_extra}
+    env.pop("HYDRA_FULL_ERROR", None)
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-m", "rlchain.train", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def test_single_run_end_to_end(tmp_path):
+    proc = run_cli(["algorithm=grpo", *TINY], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
+    for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "metrics.jsonl", "summary.json",
+                 "checkpoints/latest.pt", "checkpoints/best.pt"):  # fmt: skip
+        assert (run_dir / name).is_file(), name
+    assert list((run_dir / "tensorboard").glob("events.*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["global_step"] == 2 * 16 * 8
+    assert summary["exp_name"] == "grpo_push_cube"
+    assert f"final eval success rate {summary['final']['eval/success_rate']:.3f}" in proc.stdout
+
+
+def test_multirun_runs_four_jobs_each_in_its_own_directory(tmp_path):
+    proc = run_cli(["-m", "algorithm=ppo,grpo", "seed=0,1", *TINY], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (sweep,) = list((tmp_path / "multirun").glob("*/*"))
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
+    assert [j.name for j in jobs] == ["0", "1", "2", "3"]
+    seen = set()
+    for job in jobs:
+        summary = json.loads((job / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["global_step"] == 256
+        overrides = (job / ".hydra" / "overrides.yaml").read_text()
+        seen.add((summary["exp_name"], "seed=1" in overrides))
+        assert (job / "checkpoints" / "latest.pt").is_file()
+    assert seen == {("ppo_push_cube", False), ("ppo_push_cube", True), ("grpo_push_cube", False), ("grpo_push_cube", True)}
+
+
+def test_users_own_env_policy_and_algorithm_from_their_config_dir(tmp_path):
+    proc = run_cli(["--config-dir", str(TESTS / "user_conf"), "env=line", "policy=wide", "algorithm=counting_ppo",
+                    "device=cpu", "trainer.iterations=3", "trainer.rollout_steps=6", "trainer.num_eval_envs=4",
+                    "trainer.num_eval_episodes=4", "trainer.progress=false"], tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["train/updates_seen"] for r in rows] == [1.0, 2.0, 3.0]
+    assert "metrics/distance" in rows[-1]
+
+
+def test_help_and_cfg_job(tmp_path):
+    proc = run_cli(["--help"], tmp_path)
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("rlchain-train is powered by Hydra.")
+    for text in ("algorithm: grpo, grpo_schema, ppo, ppo_schema", "env: push_cube", "experiment: push_cube_grpo, push_cube_ppo",
+                 "policy: actor_critic, actor_critic_schema, actor_only, actor_only_schema"):
+        assert text in proc.stdout
+    proc = run_cli(["--cfg", "job", "algorithm=grpo"], tmp_path)
+    assert proc.returncode == 0 and "_target_: rlchain.algorithms.GRPO" in proc.stdout
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["algorithm=ppx"], "Could not find 'algorithm/ppx'"),
+        (["algorithm.learning_rat=1e-3"], "Key 'learning_rat' not in 'PPOConfig'"),
+        (["env.num_envs=many"], "Value 'many' of type 'str' could not be converted to Integer"),
+        (["algorithm.clip_coef=-1"], "algorithm.clip_coef=-1.0 is not allowed: expected a number > 0"),
+        (["env.num_envs=0"], "env.num_envs=0 is not allowed: expected an integer > 0"),
+        (["trainer.iterations=0"], "trainer.iterations=0 is not allowed: expected an integer > 0"),
+        (["algorithm=grpo", "algorithm.group_size=3", "env.num_envs=64"],
+         "algorithm.group_size=3 is not allowed with num_envs=64: num_envs must be a multiple of group_size"),
+        pytest.param(["device=cuda"], "device='cuda' is not available: this machine has no CUDA device",
+                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")),
+    ],
+)
+def test_bad_input_gives_one_clear_message_and_no_traceback(tmp_path, overrides, message):
+    proc = run_cli([*overrides, "trainer.progress=false"], tmp_path)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.rglob("*.pt")), "no checkpoint may be left behind"
+
+
+def test_hydra_full_error_shows_the_traceback(tmp_path):
+    proc = run_cli(["env.num_envs=0"], tmp_path, HYDRA_FULL_ERROR="1")
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+# ------------------------------------------------------------ the wheel
+def test_wheel_ships_the_configs_and_runs_outside_the_repo(tmp_path):
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    (wheel,) = list(wheels.glob("rlchain-*.whl"))
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, system_site_packages=True, with_pip=False)  # torch & co. from this interpreter
+    python = env_dir / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where = subprocess.run([str(python), "-c", "import rlchain; print(rlchain.__file__)"], cwd=outside, env=env,
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    assert str(env_dir) in where.stdout, "the venv must import the installed wheel, not the source tree"
+    proc = subprocess.run([str(env_dir / "bin" / "rlchain-train"), "--cfg", "job", "algorithm=grpo"], cwd=outside,
+                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "_target_: rlchain.algorithms.GRPO" in proc.stdout and "_target_: rlchain.policies.ActorOnly" in proc.stdout

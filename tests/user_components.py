@@ -1,0 +1,24 @@
+"""A user's own policy and algorithm, reachable by _target_ without touching rlchain."""
+
+from rlchain.algorithms import PPO
+from rlchain.policies import ActorCritic
+
+
+class WidePolicy(ActorCritic):
+    """An ActorCritic with one fixed wide hidden layer."""
+
+    def __init__(self, observation_space, action_space, width: int = 48):
+        super().__init__(observation_space, action_space, hidden_sizes=[width])
+        self.width = width
+
+
+class CountingPPO(PPO):
+    """PPO that counts its updates."""
+
+    def __init__(self, policy, updates_seen: int = 0, **kwargs):
+        super().__init__(policy, **kwargs)
+        self.updates_seen = updates_seen
+
+    def update(self, rollout):
+        self.updates_seen += 1
+        return {**super().update(rollout), "updates_seen": float(self.updates_seen)}
