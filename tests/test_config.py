@@ -47,7 +47,7 @@ def test_grpo_selects_actor_only_unless_a_policy_is_named(compose_cfg):
     assert cfg.policy._target_ == "rlchain.policies.ActorOnly"
     trainer = build(cfg)
     assert isinstance(trainer.algorithm, GRPO) and type(trainer.policy) is ActorOnly
-    assert trainer.algorithm.reset_options == {"group_size": 4}
+    assert trainer.algorithm.reset_options == {"group_size": 8}
     cfg = compose_cfg(["algorithm=grpo", "policy=actor_critic", *TINY])
     assert type(build(cfg).policy) is ActorCritic
 
