@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tensordict import TensorDict
 
+from rlchain.buffer import minibatches
 from rlchain.policies import Policy
 from rlchain.utils import check_choice, check_in_range, check_positive
 
@@ -138,6 +139,47 @@ class Algorithm:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
         self.optimizer.step()
         return grad_norm
+
+    def _optimise(
+        self,
+        data: TensorDict,
+        minibatch_loss: Callable[[TensorDict], dict[str, torch.Tensor]],
+        what: str,
+        stop_kl: float | None = None,
+    ) -> tuple[dict[str, float], int]:
+        """Run ``n_epochs`` over seeded minibatches of ``data``: one optimiser step per minibatch.
+
+        ``minibatch_loss(batch)`` returns ``loss`` (minimised) and scalar terms to
+        report, ``approx_kl`` among them. Applies the learning-rate schedule,
+        stops after an epoch whose mean ``approx_kl`` exceeds ``stop_kl``, and
+        counts the update.
+
+        Returns:
+            the mean of every reported term over the minibatches run (plus
+            ``grad_norm``), and the number of epochs run.
+
+        Raises:
+            FloatingPointError: a non-finite loss (see :meth:`_step`).
+        """
+        self._schedule_before_update()
+        totals: dict[str, torch.Tensor] = {}
+        count, epochs = 0, 0
+        for _ in range(self.n_epochs):
+            epoch_kl = []
+            for batch in minibatches(data, self.batch_size, self.generator):
+                terms = minibatch_loss(batch)
+                terms["grad_norm"] = self._step(terms.pop("loss"), what)
+                for key, value in terms.items():
+                    totals[key] = totals.get(key, 0.0) + value.detach()
+                count += 1
+                epoch_kl.append(terms["approx_kl"].detach())
+                if self.lr_schedule == "adaptive":
+                    self._schedule_after_minibatch(terms["approx_kl"].item())
+            epochs += 1
+            if stop_kl is not None and torch.stack(epoch_kl).mean().item() > stop_kl:
+                break
+        self.iteration += 1
+        return {key: (value / count).item() for key, value in totals.items()}, epochs
 
     def check_env(self, env: Any) -> None:
         """Raise ``ValueError`` if this algorithm cannot train on ``env`` (before any step)."""

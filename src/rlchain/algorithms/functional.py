@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["compute_gae", "discounted_returns", "first_done_mask", "group_relative_advantages"]
+__all__ = ["clipped_surrogate", "compute_gae", "discounted_returns", "first_done_mask", "group_relative_advantages"]
 
 
 def compute_gae(
@@ -94,3 +94,26 @@ def group_relative_advantages(
     # A group whose live members share one return (e.g. a single live member) carries no signal.
     adv = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
     return adv.view(t, n)
+
+
+def clipped_surrogate(
+    new_log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, clip_coef: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-sample PPO-clip objective (Schulman et al. 2017, eq. 7) and its diagnostics.
+
+    Args:
+        new_log_prob, old_log_prob, advantages: float ``[B]``.
+        clip_coef: the clipping range epsilon.
+
+    Returns:
+        ``(loss, approx_kl, clipped)``, each ``[B]``: ``max(-A r, -A clip(r, 1 -+ eps))``
+        to minimise (differentiable), the ``(r - 1) - log r`` KL estimator and
+        1.0 where ``|r - 1| > eps`` (both without gradient), ``r`` the probability ratio.
+    """
+    log_ratio = new_log_prob - old_log_prob
+    ratio = log_ratio.exp()
+    loss = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef))
+    with torch.no_grad():
+        approx_kl = (ratio - 1) - log_ratio
+        clipped = ((ratio - 1).abs() > clip_coef).float()
+    return loss, approx_kl, clipped

@@ -28,8 +28,12 @@ import torch
 from tensordict import TensorDict
 
 from rlchain.algorithms.base import Algorithm, AlgorithmConfig, check_probability
-from rlchain.algorithms.functional import discounted_returns, first_done_mask, group_relative_advantages
-from rlchain.buffer import minibatches
+from rlchain.algorithms.functional import (
+    clipped_surrogate,
+    discounted_returns,
+    first_done_mask,
+    group_relative_advantages,
+)
 from rlchain.envs.base import check_group_size
 from rlchain.policies import Policy
 from rlchain.utils import check_non_negative, check_positive
@@ -139,53 +143,44 @@ class GRPO(Algorithm):
     def update(self, rollout: TensorDict) -> dict[str, float]:
         """One GRPO update on a ``[T, N]`` rollout; see the class docstring for the returned keys."""
         check_group_size(self.group_size, rollout.batch_size[1])
-        self._schedule_before_update()
         advantages, mask = self.advantages(rollout)
         data = rollout.select("obs", "action", "sample_log_prob").clone(False)
         data.set("advantages", advantages)
         data.set("mask", mask.float())
-
-        totals: dict[str, torch.Tensor] = {}
-        count = 0
-        for _ in range(self.n_epochs):
-            for batch in minibatches(data, self.batch_size, self.generator):
-                m = batch["mask"]
-                live = m.sum().clamp_min(1.0)
-                new = self.policy.evaluate_actions(batch)
-                log_ratio = new["sample_log_prob"] - batch["sample_log_prob"]
-                ratio = log_ratio.exp()
-                adv = batch["advantages"]
-                surrogate = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - self.clip_coef, 1 + self.clip_coef))
-                actor_loss = (surrogate * m).sum() / live
-                entropy = (new["entropy"] * m).sum() / live
-                loss = actor_loss - self.ent_coef * entropy
-                if self.ref_policy is not None:
-                    with torch.no_grad():
-                        ref_log_prob = self.ref_policy.evaluate_actions(batch)["sample_log_prob"]
-                    q = ref_log_prob - new["sample_log_prob"]
-                    ref_kl = ((q.exp() - q - 1) * m).sum() / live
-                    loss = loss + self.kl_coef * ref_kl
-                else:
-                    ref_kl = torch.zeros((), device=loss.device)
-                grad_norm = self._step(loss, "GRPO loss")
-                with torch.no_grad():
-                    terms = {
-                        "actor_loss": actor_loss,
-                        "entropy": entropy,
-                        "approx_ref_kl": ref_kl,
-                        "approx_kl": (((ratio - 1) - log_ratio) * m).sum() / live,
-                        "clip_fraction": (((ratio - 1).abs() > self.clip_coef).float() * m).sum() / live,
-                        "grad_norm": grad_norm,
-                    }
-                for key, value in terms.items():
-                    totals[key] = totals.get(key, 0.0) + value.detach()
-                count += 1
-                if self.lr_schedule == "adaptive":
-                    self._schedule_after_minibatch(terms["approx_kl"].item())
-        self.iteration += 1
-        stats = {k: (v / count).item() for k, v in totals.items()}
+        stats, _ = self._optimise(data, self._minibatch_loss, "GRPO loss")
         stats.update(learning_rate=self.current_lr, live_fraction=float(mask.float().mean()))
         return stats
+
+    def _minibatch_loss(self, batch: TensorDict) -> dict[str, torch.Tensor]:
+        """Masked clipped surrogate, entropy bonus and reference KL of one minibatch."""
+        m = batch["mask"]
+        live = m.sum().clamp_min(1.0)
+
+        def masked_mean(x: torch.Tensor) -> torch.Tensor:
+            return (x * m).sum() / live
+
+        new = self.policy.evaluate_actions(batch)
+        surrogate, approx_kl, clipped = clipped_surrogate(
+            new["sample_log_prob"], batch["sample_log_prob"], batch["advantages"], self.clip_coef
+        )
+        actor_loss, entropy = masked_mean(surrogate), masked_mean(new["entropy"])
+        loss = actor_loss - self.ent_coef * entropy
+        if self.ref_policy is not None:
+            with torch.no_grad():
+                ref_log_prob = self.ref_policy.evaluate_actions(batch)["sample_log_prob"]
+            q = ref_log_prob - new["sample_log_prob"]
+            ref_kl = masked_mean(q.exp() - q - 1)
+            loss = loss + self.kl_coef * ref_kl
+        else:
+            ref_kl = torch.zeros((), device=loss.device)
+        return {
+            "loss": loss,
+            "actor_loss": actor_loss,
+            "entropy": entropy,
+            "approx_ref_kl": ref_kl,
+            "approx_kl": masked_mean(approx_kl),
+            "clip_fraction": masked_mean(clipped),
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """Optimiser, schedule, generator and (with ``kl_coef > 0``) the reference policy."""

@@ -7,8 +7,7 @@ import torch
 from tensordict import TensorDict
 
 from rlchain.algorithms.base import Algorithm, AlgorithmConfig, check_probability
-from rlchain.algorithms.functional import compute_gae
-from rlchain.buffer import minibatches
+from rlchain.algorithms.functional import clipped_surrogate, compute_gae
 from rlchain.policies import Policy
 from rlchain.utils import check_non_negative, check_positive
 
@@ -54,20 +53,18 @@ def ppo_loss(
         ``entropy``, ``approx_kl`` (the ``(r - 1) - log r`` estimator) and
         ``clip_fraction``.
     """
-    log_ratio = new["sample_log_prob"] - batch["sample_log_prob"]
-    ratio = log_ratio.exp()
-    adv = batch["advantages"]
-    policy_loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    surrogate, approx_kl, clipped = clipped_surrogate(
+        new["sample_log_prob"], batch["sample_log_prob"], batch["advantages"], clip_coef
+    )
+    policy_loss = surrogate.mean()
     value, old_value, returns = new["value"], batch["value"], batch["returns"]
     value_loss = (value - returns).square()
     if clip_vloss:
-        clipped = old_value + (value - old_value).clamp(-clip_coef, clip_coef)
-        value_loss = torch.maximum(value_loss, (clipped - returns).square())
+        clipped_value = old_value + (value - old_value).clamp(-clip_coef, clip_coef)
+        value_loss = torch.maximum(value_loss, (clipped_value - returns).square())
     value_loss = 0.5 * value_loss.mean()
     entropy = new["entropy"].mean()
-    with torch.no_grad():
-        approx_kl = ((ratio - 1) - log_ratio).mean()
-        clip_fraction = ((ratio - 1).abs() > clip_coef).float().mean()
+    approx_kl, clip_fraction = approx_kl.mean(), clipped.mean()
     return {
         "loss": policy_loss + vf_coef * value_loss - ent_coef * entropy,
         "policy_loss": policy_loss,
@@ -138,7 +135,6 @@ class PPO(Algorithm):
 
     def update(self, rollout: TensorDict) -> dict[str, float]:
         """One PPO update on a ``[T, N]`` rollout; see the class docstring for the returned keys."""
-        self._schedule_before_update()
         advantages, returns = compute_gae(
             rollout["reward"], rollout["value"], rollout["next_value"],
             rollout["terminated"], rollout["done"], self.gamma, self.gae_lambda,
@@ -151,28 +147,14 @@ class PPO(Algorithm):
         data.set("advantages", advantages)
         data.set("returns", returns)
 
-        totals: dict[str, torch.Tensor] = {}
-        count, epochs = 0, 0
-        for _ in range(self.n_epochs):
-            epoch_kl = []
-            for batch in minibatches(data, self.batch_size, self.generator):
-                terms = ppo_loss(
-                    self.policy.evaluate_actions(batch), batch,
-                    self.clip_coef, self.clip_vloss, self.vf_coef, self.ent_coef,
-                )  # fmt: skip
-                grad_norm = self._step(terms["loss"], "PPO loss")
-                terms["grad_norm"] = grad_norm
-                for key, value in terms.items():
-                    totals[key] = totals.get(key, 0.0) + value.detach()
-                count += 1
-                epoch_kl.append(terms["approx_kl"])
-                if self.lr_schedule == "adaptive":
-                    self._schedule_after_minibatch(terms["approx_kl"].item())
-            epochs += 1
-            if self.stop_at_target_kl and torch.stack(epoch_kl).mean().item() > self.target_kl:
-                break
-        self.iteration += 1
-        stats = {k: (v / count).item() for k, v in totals.items() if k != "loss"}
+        stats, epochs = self._optimise(
+            data,
+            lambda batch: ppo_loss(
+                self.policy.evaluate_actions(batch), batch, self.clip_coef, self.clip_vloss, self.vf_coef, self.ent_coef
+            ),
+            "PPO loss",
+            stop_kl=self.target_kl if self.stop_at_target_kl else None,
+        )
         stats.update(
             explained_variance=float(explained_variance),
             learning_rate=self.current_lr,
