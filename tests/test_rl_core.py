@@ -446,33 +446,34 @@ def test_ctrl_c_saves_a_checkpoint_flushes_logs_and_exits_cleanly(tmp_path):
 
 
 # --------------------------------------------------------------- learning
-@pytest.mark.slow
-def test_ppo_learns_push_cube(tmp_path):
+def train_push_cube(tmp_path, policy_cls, make_algorithm, iterations: int, rollout_steps: int) -> tuple[float, float]:
+    """Eval success rate before and after a short, seeded PushCube run."""
     from rlchain.trainer import evaluate
 
     torch.manual_seed(0)
     env = PushCubeEnv(num_envs=512, seed=0)
-    policy = ActorCritic(env.single_observation_space, env.single_action_space)
-    algo = PPO(policy, learning_rate=1e-3, batch_size=2048, n_epochs=5, ent_coef=0.01)
-    trainer = Trainer(env, policy, algo, eval_env=PushCubeEnv, iterations=40, rollout_steps=32, eval_freq=40,
-                      output_dir=str(tmp_path), progress=False)  # fmt: skip
+    policy = policy_cls(env.single_observation_space, env.single_action_space)
+    trainer = Trainer(env, policy, make_algorithm(policy), eval_env=PushCubeEnv, iterations=iterations,
+                      rollout_steps=rollout_steps, eval_freq=iterations, output_dir=str(tmp_path), progress=False)  # fmt: skip
     before = evaluate(trainer.eval_env, policy, 256, seed=1)["success_rate"]
-    summary = trainer.train()
+    return before, trainer.train()["final"]["eval/success_rate"]
+
+
+@pytest.mark.slow
+def test_ppo_learns_push_cube(tmp_path):
+    before, after = train_push_cube(
+        tmp_path, ActorCritic, lambda p: PPO(p, learning_rate=1e-3, batch_size=2048, n_epochs=5, ent_coef=0.01),
+        iterations=40, rollout_steps=32,
+    )  # fmt: skip
     assert before < 0.1
-    assert summary["final"]["eval/success_rate"] >= 0.3
+    assert after >= 0.3
 
 
 @pytest.mark.slow
 def test_grpo_learns_push_cube(tmp_path):
-    from rlchain.trainer import evaluate
-
-    torch.manual_seed(0)
-    env = PushCubeEnv(num_envs=512, seed=0)
-    policy = ActorOnly(env.single_observation_space, env.single_action_space)
-    algo = GRPO(policy, learning_rate=1e-3, batch_size=4096, n_epochs=10, group_size=8)
-    trainer = Trainer(env, policy, algo, eval_env=PushCubeEnv, iterations=40, rollout_steps=100, eval_freq=40,
-                      output_dir=str(tmp_path), progress=False)  # fmt: skip
-    before = evaluate(trainer.eval_env, policy, 256, seed=1)["success_rate"]
-    summary = trainer.train()
+    before, after = train_push_cube(
+        tmp_path, ActorOnly, lambda p: GRPO(p, learning_rate=1e-3, batch_size=4096, n_epochs=10, group_size=8),
+        iterations=40, rollout_steps=100,
+    )  # fmt: skip
     assert before < 0.1
-    assert summary["final"]["eval/success_rate"] >= 0.12
+    assert after >= 0.12

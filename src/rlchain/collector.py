@@ -76,9 +76,7 @@ class SyncCollector:
             self._episode_return.zero_()
             self._episode_length.zero_()
         obs = self._obs
-        keys = ("obs", "action", "sample_log_prob", "value", "reward", "terminated", "truncated", "done",
-                "final_obs", "episode_return", "episode_length", "success")  # fmt: skip
-        store = {k: data[k] for k in keys}
+        store = dict(data.items())  # plain tensors: per-step writes skip TensorDict dispatch
         sums: dict[str, torch.Tensor] = {}
         for t in range(self.rollout_steps):
             td = policy.get_action(TensorDict({"obs": obs}, batch_size=[env.num_envs]))
@@ -121,7 +119,6 @@ class SyncCollector:
             while len(dq) > keep:
                 dq.popleft()
         self.last_stats = dict(zip(sums, means.tolist())) if means is not None else {}
-        self.last_stats["episodes_finished"] = len(returns)
         return data
 
     def episode_stats(self) -> dict[str, float]:

@@ -337,7 +337,7 @@ class Trainer:
 
         row = {f"train/{k}": v for k, v in train_stats.items()}
         row.update({f"charts/{k}": v for k, v in self.collector.episode_stats().items()})
-        row.update({k: v for k, v in self.collector.last_stats.items() if "/" in k})
+        row.update(self.collector.last_stats)
         row["charts/SPS"] = steps / (t2 - t0)
         row["charts/iteration"] = self.iteration
         row["time/collect_s"] = t1 - t0
