@@ -26,3 +26,4 @@ test: install
 bench: install
 	$(PYTHON) benchmarks/env_throughput.py
 	$(PYTHON) benchmarks/train_push_cube.py
+	$(PYTHON) benchmarks/sweep_throughput.py

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +28,16 @@ TINY = [
     "trainer.progress=false",
     "algorithm.batch_size=64",
 ]
+
+
+def run_cli(args: list[str], cwd: Path, module: str = "rlchain.train", timeout: float = 300,
+            **env_extra: str) -> subprocess.CompletedProcess:  # fmt: skip
+    """Run ``python -m <module> *args`` in ``cwd`` the way a user's shell would (W&B off)."""
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "WANDB_MODE": "disabled"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from rlchain.policies import ActorCritic, ActorOnly
 from rlchain.train import build
 from rlchain.trainer import Trainer
 
-from conftest import TESTS, TINY
+from conftest import TESTS, TINY, run_cli
 
 REPO = TESTS.parent
 #: Arguments given at instantiate time, never written in YAML.
@@ -104,14 +104,6 @@ def test_schema_fields_match_their_targets_constructor():
 
 
 # ------------------------------------------------------------ the command
-def run_cli(args: list[str], cwd: Path, **env_extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "WANDB_MODE": "disabled", **env_extra}
-    env.pop("HYDRA_FULL_ERROR", None)
-    env.update(env_extra)
-    return subprocess.run([sys.executable, "-m", "rlchain.train", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-
-
 def test_single_run_end_to_end(tmp_path):
     proc = run_cli(["algorithm=grpo", *TINY], tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -188,6 +180,16 @@ def test_bad_input_gives_one_clear_message_and_no_traceback(tmp_path, overrides,
     assert not list(tmp_path.rglob("*.pt")), "no checkpoint may be left behind"
 
 
+def test_a_run_rejected_at_build_still_records_its_failure(tmp_path):
+    proc = run_cli(["env.num_envs=0", "device=cpu"], tmp_path)
+    assert proc.returncode != 0
+    (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["global_step"] == 0
+    assert summary["error"] == "Invalid config: env.num_envs=0 is not allowed: expected an integer > 0"
+    assert summary["device"] == "cpu" and summary["end_time"] >= summary["start_time"]
+
+
 def test_hydra_full_error_shows_the_traceback(tmp_path):
     proc = run_cli(["env.num_envs=0"], tmp_path, HYDRA_FULL_ERROR="1")
     assert proc.returncode != 0 and "Traceback" in proc.stderr
@@ -210,6 +212,11 @@ def test_wheel_ships_the_configs_and_runs_outside_the_repo(tmp_path):
     where = subprocess.run([str(python), "-c", "import rlchain; print(rlchain.__file__)"], cwd=outside, env=env,
                            capture_output=True, text=True, check=True)  # fmt: skip
     assert str(env_dir) in where.stdout, "the venv must import the installed wheel, not the source tree"
+    # Hydra discovers the devices launcher in the installed hydra_plugins namespace package
+    discover = ("from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; "
+                "print(sorted(c.__name__ for c in Plugins.instance().discover(Launcher)))")  # fmt: skip
+    found = subprocess.run([str(python), "-c", discover], cwd=outside, env=env, capture_output=True, text=True, check=True)
+    assert "DevicesLauncher" in found.stdout
     proc = subprocess.run([str(env_dir / "bin" / "rlchain-train"), "--cfg", "job", "algorithm=grpo"], cwd=outside,
                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr

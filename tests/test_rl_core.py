@@ -352,6 +352,34 @@ def test_non_finite_loss_stops_the_run_naming_the_iteration_and_keeps_the_checkp
     assert summary["status"] == "failed" and "iteration 4" in summary["error"]
 
 
+class FailingPPO(PPO):
+    """PPO whose update raises at its ``fail_at``-th call, as a CUDA out-of-memory error would."""
+
+    def __init__(self, policy, fail_at: int, **kwargs):
+        super().__init__(policy, **kwargs)
+        self.calls, self.fail_at = 0, fail_at
+
+    def update(self, rollout):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().update(rollout)
+
+
+def test_any_error_during_training_is_recorded_and_reraised(tmp_path):
+    env = LineEnv(num_envs=8)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    trainer = Trainer(env, policy, FailingPPO(policy, fail_at=3, batch_size=16), iterations=5, rollout_steps=4,
+                      output_dir=str(tmp_path), progress=False)  # fmt: skip
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate"):
+        trainer.train()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["iteration"] == 2
+    assert summary["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["global_step"] for r in rows] == [32, 64]  # the two good iterations were flushed
+
+
 # --------------------------------------------------------------- trainer
 def make_push_cube_ppo(tmp_path, iterations, resume_from=None, seed=3):
     torch.manual_seed(seed)

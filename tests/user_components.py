@@ -22,3 +22,10 @@ class CountingPPO(PPO):
     def update(self, rollout):
         self.updates_seen += 1
         return {**super().update(rollout), "updates_seen": float(self.updates_seen)}
+
+
+def process_killing_env(**kwargs):
+    """An env ``_target_`` whose construction kills its process, as the kernel's OOM killer would."""
+    import os
+
+    os._exit(9)

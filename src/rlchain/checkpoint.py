@@ -1,4 +1,4 @@
-"""Atomic writing of checkpoints and JSON files.
+"""Atomic writing of checkpoints, JSON and text files.
 
 A file is written to a temporary name in the same directory, flushed and
 fsynced, then renamed over the target (``os.replace`` is atomic on POSIX and
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["atomic_write_json", "load_checkpoint", "save_checkpoint"]
+__all__ = ["atomic_write_json", "atomic_write_text", "load_checkpoint", "save_checkpoint"]
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -52,9 +52,14 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     return torch.load(path, map_location=map_location, weights_only=True)
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON atomically and return the path."""
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) atomically and return the path."""
     path = Path(path)
-    data = (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode()
+    data = text.encode()
     _atomic_write(path, lambda f: f.write(data))
     return path
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON atomically and return the path."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")

@@ -22,7 +22,7 @@ from rlchain.envs import PushCubeConfig
 from rlchain.policies import ActorCriticConfig, ActorOnlyConfig
 from rlchain.trainer import TrainerConfig
 
-__all__ = ["SCHEMAS", "TrainConfig", "register_configs"]
+__all__ = ["SCHEMAS", "TrainConfig", "register_configs", "register_launcher"]
 
 
 @dataclass
@@ -64,4 +64,20 @@ def register_configs() -> None:
         cs.store(group=group, name=f"{name}_schema", node=schema)
 
 
+def register_launcher() -> None:
+    """Register rlchain's ``hydra/launcher=devices`` plugin with Hydra directly.
+
+    Hydra finds plugins by walking the ``hydra_plugins`` namespace package,
+    which an editable install cannot list; registering the class (and
+    importing its config schema) makes the launcher available either way.
+    """
+    from hydra.core.plugins import Plugins
+
+    import hydra_plugins.rlchain_launcher.config  # noqa: F401  (stores hydra/launcher/devices)
+    from hydra_plugins.rlchain_launcher.devices_launcher import DevicesLauncher
+
+    Plugins.instance().register(DevicesLauncher)
+
+
 register_configs()
+register_launcher()

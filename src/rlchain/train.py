@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
+from pathlib import Path
 from typing import Any, Iterator
 
 import hydra
@@ -26,7 +28,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import rlchain.config  # noqa: F401  (registers the schemas)
-from rlchain.trainer import Trainer
+from rlchain.checkpoint import atomic_write_json
+from rlchain.trainer import Trainer, run_placement
 from rlchain.utils import resolve_device
 
 __all__ = ["ConfigError", "build", "main", "train"]
@@ -84,9 +87,33 @@ def build(cfg: DictConfig) -> Trainer:
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Seed, build and train; print and return the run summary (``summary.json``)."""
+    """Seed, build and train; print and return the run summary (``summary.json``).
+
+    A run that fails before training starts (a rejected config, an env that
+    cannot be built) still leaves ``summary.json`` in ``trainer.output_dir``
+    with ``status="failed"`` and the error, so sweep tables list it.
+
+    Raises:
+        ConfigError: see :func:`build`; other errors of the components as raised.
+    """
     torch.manual_seed(cfg.seed)
-    trainer = build(cfg)
+    start_time = time.time()
+    try:
+        trainer = build(cfg)
+    except Exception as err:
+        summary = {
+            "status": "failed",
+            "error": str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}",
+            "exp_name": cfg.get("exp_name"),
+            **run_placement(cfg.device),
+            "global_step": 0,
+            "objective_name": cfg.trainer.objective,
+            "objective": None,
+            "start_time": start_time,
+            "end_time": time.time(),
+        }
+        atomic_write_json(Path(cfg.trainer.output_dir) / "summary.json", summary)
+        raise
     summary = trainer.train()
     success = summary["final"].get("eval/success_rate")
     shown = "n/a" if success is None else f"{success:.3f}"

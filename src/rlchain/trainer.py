@@ -7,7 +7,10 @@ iteration); ``eval_freq`` and ``save_freq`` count iterations. A run directory
 * ``tensorboard/`` and ``metrics.jsonl`` (one JSON row per logged step);
 * ``checkpoints/latest.pt`` (every ``save_freq`` iterations and at the end) and
   ``checkpoints/best.pt`` (highest ``eval/success_rate``, ties to the earlier);
-* ``summary.json`` at the end, also returned by :meth:`Trainer.train`.
+* ``summary.json`` at the end, also returned by :meth:`Trainer.train`: status
+  (completed, interrupted or failed, with the error), steps, wall time,
+  ``start_time``/``end_time`` (Unix seconds), final and best metrics, the
+  checkpoints, and where the run ran (:func:`run_placement`).
 
 Checkpoints hold the policy, the algorithm (optimiser, schedule, reference
 policy), the collector and env state, ``global_step``, ``iteration``, the
@@ -18,7 +21,9 @@ where the saved one stopped (bit-identical on the CPU).
 from __future__ import annotations
 
 import math
+import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -34,10 +39,10 @@ from rlchain.checkpoint import atomic_write_json, load_checkpoint, save_checkpoi
 from rlchain.collector import SyncCollector
 from rlchain.envs.base import VecEnv
 from rlchain.policies import Policy
-from rlchain.utils import check_positive
+from rlchain.utils import LAUNCHER_SLOT_ENV, check_positive
 from rlchain.writer import MetricWriter
 
-__all__ = ["Trainer", "TrainerConfig", "evaluate"]
+__all__ = ["Trainer", "TrainerConfig", "evaluate", "run_placement"]
 
 
 @dataclass
@@ -76,10 +81,26 @@ class TrainerConfig:
     wandb_mode: str | None = None
     """W&B mode: online, offline or disabled; None follows WANDB_MODE."""
     progress: bool = True
-    """Show a progress bar on a terminal (plain lines otherwise)."""
+    """Show a progress bar on a terminal, plain lines otherwise; off inside the
+    devices launcher's parallel jobs, which print a line as each job starts and ends."""
 
 
 _D = TrainerConfig()
+
+
+def run_placement(device: torch.device | str) -> dict[str, Any]:
+    """Where a run ran, for ``summary.json``: its torch device, host and visible GPUs.
+
+    Returns ``{"device": "cuda:0" | "cpu", "hostname": str,
+    "cuda_visible_devices": str | None, "slurm_job_id": str | None}``; the
+    last two read the environment variables of those names (None when unset).
+    """
+    return {
+        "device": str(device),
+        "hostname": socket.gethostname(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+    }
 
 
 @torch.no_grad()
@@ -286,15 +307,20 @@ class Trainer:
             RuntimeError: a non-finite loss, naming the iteration; the last
                 good checkpoint is kept and named in the message and in
                 ``summary.json`` (``status="failed"``).
+            Exception: any other error of an iteration (e.g. CUDA out of
+                memory) is re-raised after ``summary.json`` records it
+                (``status="failed"``, ``error``) and the logs are flushed.
         """
         writer = MetricWriter(self.output_dir, config=self.config, run_name=self.exp_name, **self._wandb)
         previous_handler = None
         if threading.current_thread() is threading.main_thread():
             previous_handler = signal.signal(signal.SIGINT, self._request_stop)
         start = self._start = time.perf_counter()
+        start_time = time.time()
         start_step = self.global_step
-        status, error = "completed", None
-        bar = _Progress(self.iterations, self.iteration, enabled=self.progress)
+        status, error, failure = "completed", None, None
+        in_sweep_slot = LAUNCHER_SLOT_ENV in os.environ
+        bar = _Progress(self.iterations, self.iteration, enabled=self.progress and not in_sweep_slot)
         try:
             while self.iteration < self.iterations:
                 self._iterate(writer, bar)
@@ -308,6 +334,9 @@ class Trainer:
                 f"non-finite loss at iteration {self.iteration + 1}: {err}; "
                 f"last good checkpoint: {last_good if last_good.exists() else 'none written yet'}"
             )
+            failure = RuntimeError(error)
+        except Exception as err:  # e.g. CUDA out of memory: record it, keep the logs, re-raise
+            status, error, failure = "failed", f"{type(err).__name__}: {err}", err
         finally:
             bar.close()
             if previous_handler is not None:
@@ -316,10 +345,11 @@ class Trainer:
             self.save()
         elapsed = time.perf_counter() - start
         summary = self._summary(status, error, elapsed, self.global_step - start_step)
+        summary.update(start_time=start_time, end_time=time.time())
         atomic_write_json(self.output_dir / "summary.json", summary)
         writer.close()
-        if error is not None:
-            raise RuntimeError(error)
+        if failure is not None:
+            raise failure
         return summary
 
     def _iterate(self, writer: MetricWriter, bar: "_Progress") -> None:
@@ -371,6 +401,7 @@ class Trainer:
             "status": status,
             "error": error,
             "exp_name": self.exp_name,
+            **run_placement(self.env.device),
             "global_step": self.global_step,
             "iteration": self.iteration,
             "elapsed_s": elapsed,

@@ -13,12 +13,17 @@ from typing import Any
 import torch
 
 __all__ = [
+    "LAUNCHER_SLOT_ENV",
     "check_positive",
     "check_non_negative",
     "check_in_range",
     "check_choice",
     "resolve_device",
 ]
+
+#: Set by the devices launcher (``hydra/launcher=devices``) in each worker: the
+#: slot index. Jobs that see it share the terminal with other jobs.
+LAUNCHER_SLOT_ENV = "RLCHAIN_LAUNCHER_SLOT"
 
 
 def check_positive(name: str, value: Any, *, integer: bool = False) -> None:

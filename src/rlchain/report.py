@@ -1,0 +1,427 @@
+"""Sweep results: ``summary.csv``, ``summary.md`` and learning curves of a multirun.
+
+``rlchain-report <sweep_dir>`` (and, automatically, the end of every
+``rlchain-train -m`` multirun) reads each job directory of a sweep (found by
+its ``.hydra/overrides.yaml``) with its ``summary.json`` and
+``metrics.jsonl``, and writes into the sweep directory:
+
+* ``summary.csv``: one row per job: job number, the overrides that vary
+  across the sweep (one column each), status, device, wall seconds,
+  global_step, final and best eval success rate, final eval return, the
+  objective, the error of a failed job, all overrides and the job directory;
+  rows sorted by the objective (best first; jobs without one last).
+* ``summary.md``: the same jobs as a table, then a second table that groups
+  jobs differing only in ``seed``: number of seeds, mean and std (sample std,
+  n - 1) of each result, sorted by mean objective.
+* ``learning_curves.png``: eval success rate against env steps for each
+  configuration, the mean across seeds with a band of one std.
+
+Usage::
+
+    rlchain-report multirun/2026-11-21/10-00-00
+    rlchain-report multirun/2026-11-21/10-00-00 --metric eval/avg_reward --no-plot
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from hydra.core.utils import JobReturn
+from hydra.errors import CompactHydraException
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = [
+    "JobResult", "SweepFailed", "SweepSummary", "learning_curves", "load_jobs", "main", "plot_learning_curves",
+    "write_summary",
+]
+
+#: Result columns: (summary key, title); `final/...` reads summary["final"][...].
+RESULTS = [
+    ("final/eval/success_rate", "final eval success rate"),
+    ("best_eval_success_rate", "best eval success rate"),
+    ("final/eval/avg_reward", "final eval return"),
+    ("objective", "objective"),
+]
+SEED_KEYS = {"seed"}
+
+
+class SweepFailed(CompactHydraException):
+    """Raised at the end of a multirun in which some job failed (Hydra prints the message only)."""
+
+
+@dataclass
+class JobResult:
+    """One job of a sweep as read from its directory.
+
+    Attributes:
+        num: Hydra's job number (``hydra.job.num``).
+        dir: the job directory.
+        overrides: the job's task overrides (``key=value`` strings).
+        summary: its ``summary.json`` (empty when the job never wrote one).
+    """
+
+    num: int
+    dir: Path
+    overrides: list[str]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        """``completed``, ``interrupted``, ``failed``, or ``missing`` (no summary.json)."""
+        return str(self.summary.get("status", "missing"))
+
+    @property
+    def device(self) -> str | None:
+        """The launcher slot's device (``cuda:3``), else the run's own (``cuda:0``/``cpu``)."""
+        return (self.summary.get("launcher") or {}).get("device") or self.summary.get("device")
+
+    @property
+    def wall_s(self) -> float | None:
+        """Seconds the job ran (launcher record), else the training loop's ``elapsed_s``."""
+        launcher = self.summary.get("launcher") or {}
+        return launcher.get("wall_s", self.summary.get("elapsed_s"))
+
+    def value(self, key: str) -> float | None:
+        """A numeric result by key (``final/<metric>`` reads ``summary["final"]``); None when absent."""
+        if key.startswith("final/"):
+            value = (self.summary.get("final") or {}).get(key[len("final/"):])
+        else:
+            value = self.summary.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    def params(self) -> dict[str, str]:
+        """The overrides as ``{key: value}`` (``+``/``++`` prefixes dropped, deletions kept as keys)."""
+        out = {}
+        for override in self.overrides:
+            key, _, value = override.partition("=")
+            out[key.lstrip("+")] = value
+        return out
+
+    def curve(self, metric: str) -> tuple[list[float], list[float]]:
+        """``(global_step, value)`` of every ``metrics.jsonl`` row that has ``metric``."""
+        path = self.dir / "metrics.jsonl"
+        steps, values = [], []
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except ValueError:  # a line torn by a kill
+                    continue
+                value = row.get(metric)
+                if isinstance(value, (int, float)) and "global_step" in row:
+                    steps.append(float(row["global_step"]))
+                    values.append(float(value))
+        return steps, values
+
+
+def load_jobs(sweep_dir: str | Path) -> list[JobResult]:
+    """Every job directory under ``sweep_dir``, in job-number order.
+
+    Raises:
+        FileNotFoundError: ``sweep_dir`` does not exist or holds no job
+            (no ``.hydra/overrides.yaml`` below it).
+    """
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(f"sweep directory {str(sweep_dir)!r} does not exist")
+    jobs = []
+    for overrides_file in sorted(sweep_dir.rglob(".hydra/overrides.yaml")):
+        job_dir = overrides_file.parent.parent
+        overrides = [str(o) for o in OmegaConf.load(overrides_file)]
+        hydra_file = overrides_file.with_name("hydra.yaml")
+        num = OmegaConf.select(OmegaConf.load(hydra_file), "hydra.job.num") if hydra_file.is_file() else None
+        summary = {}
+        if (job_dir / "summary.json").is_file():
+            try:
+                summary = json.loads((job_dir / "summary.json").read_text())
+            except ValueError:
+                summary = {"status": "unreadable"}
+        jobs.append(JobResult(int(num) if num is not None else len(jobs), job_dir, overrides, summary))
+    if not jobs:
+        raise FileNotFoundError(f"{str(sweep_dir)!r} holds no job directory (no .hydra/overrides.yaml below it)")
+    return sorted(jobs, key=lambda j: j.num)
+
+
+def varying_keys(jobs: Sequence[JobResult]) -> list[str]:
+    """Override keys whose value differs between jobs (or that some jobs lack), in first-seen order."""
+    params = [j.params() for j in jobs]
+    keys = list(dict.fromkeys(k for p in params for k in p))
+    return [k for k in keys if len({p.get(k) for p in params}) > 1]
+
+
+def _sort_key(value: float | None, maximize: bool) -> tuple[int, float]:
+    if value is None or math.isnan(value):
+        return (1, 0.0)
+    return (0, -value if maximize else value)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
+    escape = lambda s: s.replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(map(escape, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _label_of(job: JobResult, keys: Sequence[str]) -> str:
+    params = job.params()
+    return " ".join(f"{k}={params.get(k, '')}" for k in keys) or " ".join(job.overrides)
+
+
+def seed_groups(jobs: Sequence[JobResult], keys: Sequence[str]) -> dict[tuple[tuple[str, str], ...], list[JobResult]]:
+    """Jobs grouped by their values of ``keys`` other than ``seed`` (insertion ordered)."""
+    groups: dict[tuple[tuple[str, str], ...], list[JobResult]] = {}
+    for job in jobs:
+        params = job.params()
+        config = tuple((k, params.get(k, "")) for k in keys if k not in SEED_KEYS)
+        groups.setdefault(config, []).append(job)
+    return groups
+
+
+def write_summary(sweep_dir: str | Path, maximize: bool = True, plot: bool = True,
+                  metric: str = "eval/success_rate") -> dict[str, Path]:  # fmt: skip
+    """Write ``summary.csv``, ``summary.md`` (and ``learning_curves.png``) into ``sweep_dir``.
+
+    Args:
+        sweep_dir: a multirun's sweep directory.
+        maximize: sort by the objective from highest (True) or lowest.
+        plot: also draw the learning curves of ``metric``.
+        metric: the ``metrics.jsonl`` key plotted against env steps.
+
+    Returns:
+        ``{"csv": path, "md": path}`` plus ``"png"`` when a plot was drawn.
+
+    Raises:
+        FileNotFoundError: see :func:`load_jobs`.
+    """
+    from rlchain.checkpoint import atomic_write_text
+
+    sweep_dir = Path(sweep_dir)
+    jobs = load_jobs(sweep_dir)
+    keys = varying_keys(jobs)
+    ranked = sorted(jobs, key=lambda j: (_sort_key(j.value("objective"), maximize), j.num))
+    objective_name = next((j.summary["objective_name"] for j in jobs if j.summary.get("objective_name")), "objective")
+
+    header = ["job", *keys, "status", "device", "wall_s", "global_step", *(title for _, title in RESULTS)]
+    csv_rows = []
+    md_rows = []
+    for job in ranked:
+        params = job.params()
+        results = [job.value(key) for key, _ in RESULTS]
+        base = [job.num, *(params.get(k, "") for k in keys), job.status, job.device or "", job.wall_s,
+                job.summary.get("global_step")]  # fmt: skip
+        csv_rows.append([*base, *results, job.summary.get("error") or "", " ".join(job.overrides),
+                         str(job.dir.relative_to(sweep_dir))])  # fmt: skip
+        md_rows.append([_fmt(v) for v in [*base[:-2], None if job.wall_s is None else round(job.wall_s, 1),
+                                          base[-1], *results]])  # fmt: skip
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow([*header, "error", "overrides", "dir"])
+    writer.writerows(["" if v is None else v for v in row] for row in csv_rows)
+    paths = {"csv": atomic_write_text(sweep_dir / "summary.csv", buffer.getvalue())}
+
+    group_rows = []
+    for config, members in seed_groups(jobs, keys).items():
+        cells = []
+        stats = []
+        for key, _ in RESULTS:
+            mean, std = _mean_std([v for v in (j.value(key) for j in members) if v is not None])
+            stats.append(mean)
+            cells.append("" if mean is None else f"{mean:.4g}" + ("" if std is None else f" ± {std:.2g}"))
+        completed = sum(j.status == "completed" for j in members)
+        label = " ".join(f"{k}={v}" for k, v in config) or "(all jobs)"
+        group_rows.append((stats[-1], [label, str(len(members)), str(completed), *cells]))
+    group_rows.sort(key=lambda r: _sort_key(r[0], maximize))
+
+    failed = [j for j in jobs if j.status not in ("completed", "interrupted")]
+    order = "highest" if maximize else "lowest"
+    text = [
+        f"# Sweep summary: {sweep_dir}",
+        "",
+        f"{len(jobs)} jobs: {sum(j.status == 'completed' for j in jobs)} completed, "
+        f"{sum(j.status == 'interrupted' for j in jobs)} interrupted, {len(failed)} failed or missing. "
+        f"Objective: `{objective_name}` ({order} first).",
+        "",
+        "## Jobs",
+        "",
+        _markdown(header, md_rows),
+        "",
+        "## Configurations over seeds (mean ± std)",
+        "",
+        _markdown(["configuration", "jobs", "completed", *(t for _, t in RESULTS)], [r for _, r in group_rows]),
+    ]
+    if failed:
+        text += ["", "## Failed jobs", ""]
+        text += [f"- job {j.num} ({_label_of(j, keys)}): {j.summary.get('error') or j.status}" for j in failed]
+    if plot:
+        png = plot_learning_curves(sweep_dir, jobs=jobs, metric=metric)
+        if png is not None:
+            paths["png"] = png
+            text += ["", "## Learning curves", "", f"![{metric} against env steps]({png.name})"]
+    paths["md"] = atomic_write_text(sweep_dir / "summary.md", "\n".join(text) + "\n")
+    return paths
+
+
+def _label(config: tuple[tuple[str, str], ...]) -> str:
+    """``learning_rate=0.001 clip_coef=0.2`` from ``(("algorithm.learning_rate", "0.001"), ...)``."""
+    parts = []
+    for key, value in config:
+        try:
+            value = f"{float(value):.3g}" if not value.lstrip("-").isdigit() else value
+        except ValueError:
+            pass
+        parts.append(f"{key.rsplit('.', 1)[-1]}={value}")
+    return " ".join(parts)
+
+
+def learning_curves(jobs: Sequence[JobResult], metric: str = "eval/success_rate",
+                    ) -> dict[str, tuple[list[float], list[float], list[float] | None, int]]:  # fmt: skip
+    """``metric`` against env steps per configuration, over its seeds.
+
+    Seeds of one configuration that logged at different steps are linearly
+    interpolated onto the steps they share (up to the shortest run).
+
+    Returns:
+        ``{label: (steps, mean, std, n_seeds)}`` in configuration order;
+        ``std`` is the sample std (n - 1), None for a single seed.
+        Configurations without a logged ``metric`` are left out.
+    """
+    import numpy as np
+
+    out = {}
+    for config, members in seed_groups(jobs, varying_keys(jobs)).items():
+        curves = [c for c in (j.curve(metric) for j in members) if c[0]]
+        if not curves:
+            continue
+        end = min(steps[-1] for steps, _ in curves)
+        grid = np.array(sorted({s for steps, _ in curves for s in steps if s <= end}))
+        values = np.stack([np.interp(grid, steps, vals) for steps, vals in curves])
+        std = values.std(axis=0, ddof=1).tolist() if len(curves) > 1 else None
+        out[_label(config) or "all jobs"] = (grid.tolist(), values.mean(axis=0).tolist(), std, len(curves))
+    return out
+
+
+def plot_learning_curves(sweep_dir: str | Path, jobs: Sequence[JobResult] | None = None,
+                         metric: str = "eval/success_rate", max_curves: int = 10,
+                         name: str = "learning_curves.png") -> Path | None:  # fmt: skip
+    """Draw :func:`learning_curves` (mean line, band of one std) into ``<sweep_dir>/<name>``.
+
+    With more than ``max_curves`` configurations, the ``max_curves`` with the
+    highest mean final value are drawn (the title says so).
+
+    Returns:
+        The PNG path, or None when no job logged ``metric``.
+    """
+    from matplotlib.figure import Figure
+
+    sweep_dir = Path(sweep_dir)
+    curves = learning_curves(load_jobs(sweep_dir) if jobs is None else jobs, metric)
+    if not curves:
+        return None
+    shown = sorted(curves.items(), key=lambda kv: -kv[1][1][-1])[:max_curves]
+    fig = Figure(figsize=(8, 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    for label, (steps, mean, std, n) in shown:
+        (line,) = ax.plot(steps, mean, label=f"{label} (n={n})")
+        if std is not None:
+            low = [m - s for m, s in zip(mean, std)]
+            high = [m + s for m, s in zip(mean, std)]
+            ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+    if "success_rate" in metric:
+        ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("env steps (global_step)")
+    ax.set_ylabel(metric)
+    title = f"{metric}: mean ± std over seeds"
+    if len(curves) > len(shown):
+        title += f" (best {len(shown)} of {len(curves)} configurations)"
+    ax.set_title(title, fontsize="medium")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small", loc="best")
+    path = sweep_dir / name
+    fig.savefig(path, dpi=120)
+    return path
+
+
+class SweepSummary(Callback):
+    """Hydra callback: write the sweep summary when a multirun ends; fail it if a job failed.
+
+    Registered by ``rlchain-train``'s config as ``hydra.callbacks.sweep_summary``.
+
+    Raises:
+        SweepFailed: from ``on_multirun_end`` when any job failed (so the
+            multirun exits non-zero), naming the jobs and the summary file.
+    """
+
+    def __init__(self, plot: bool = True) -> None:
+        self.plot = plot
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """Write the tables (and plot) into ``hydra.sweep.dir``; raise :class:`SweepFailed` on failures."""
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        try:
+            paths = write_summary(sweep_dir, plot=self.plot)
+        except FileNotFoundError:
+            return
+        jobs = load_jobs(sweep_dir)
+        print(f"rlchain: sweep summary of {len(jobs)} jobs: {paths['md']}", flush=True)
+        failed = [j for j in jobs if j.status not in ("completed", "interrupted")]
+        if failed:
+            keys = varying_keys(jobs)
+            shown = "; ".join(f"job {j.num} ({_label_of(j, keys)}): {j.summary.get('error') or j.status}"
+                              for j in failed[:5])  # fmt: skip
+            raise SweepFailed(f"{len(failed)} of {len(jobs)} jobs failed: {shown}. See {paths['md']}")
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        """Nothing per job (the launcher and the trainer record each job)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``rlchain-report``: regenerate a sweep's tables and learning curves; returns the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="rlchain-report",
+        description="Write summary.csv, summary.md and learning_curves.png for an rlchain-train multirun.",
+    )
+    parser.add_argument("sweep_dir", type=Path, help="the multirun directory, e.g. multirun/2026-11-21/10-00-00")
+    parser.add_argument("--metric", default="eval/success_rate", help="metrics.jsonl key to plot (default: %(default)s)")
+    parser.add_argument("--minimize", action="store_true", help="rank jobs by lowest objective first")
+    parser.add_argument("--no-plot", action="store_true", help="write the tables only")
+    args = parser.parse_args(argv)
+    try:
+        paths = write_summary(args.sweep_dir, maximize=not args.minimize, plot=not args.no_plot, metric=args.metric)
+    except FileNotFoundError as err:
+        print(f"rlchain-report: {err}", file=sys.stderr)
+        return 2
+    print(paths["md"].read_text())
+    for kind in ("csv", "md", "png"):
+        if kind in paths:
+            print(f"wrote {paths[kind]}")
+    if "png" not in paths and not args.no_plot:
+        print(f"no job logged {args.metric!r}: no plot drawn")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
