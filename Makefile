@@ -27,3 +27,4 @@ bench: install
 	$(PYTHON) benchmarks/env_throughput.py
 	$(PYTHON) benchmarks/train_push_cube.py
 	$(PYTHON) benchmarks/sweep_throughput.py
+	$(PYTHON) benchmarks/gym_suite.py

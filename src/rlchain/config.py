@@ -18,7 +18,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from rlchain.algorithms import GRPOConfig, PPOConfig
-from rlchain.envs import PushCubeConfig
+from rlchain.envs import CartPoleConfig, GymEnvConfig, PushCubeConfig
 from rlchain.policies import ActorCriticConfig, ActorOnlyConfig
 from rlchain.trainer import TrainerConfig
 
@@ -48,6 +48,8 @@ class TrainConfig:
 #: ``(group, option name, schema)`` of every built-in component.
 SCHEMAS: list[tuple[str, str, type]] = [
     ("env", "push_cube", PushCubeConfig),
+    ("env", "cart_pole", CartPoleConfig),
+    ("env", "gym", GymEnvConfig),
     ("policy", "actor_critic", ActorCriticConfig),
     ("policy", "actor_only", ActorOnlyConfig),
     ("algorithm", "ppo", PPOConfig),

@@ -117,9 +117,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     summary = trainer.train()
     success = summary["final"].get("eval/success_rate")
     shown = "n/a" if success is None else f"{success:.3f}"
+    objective = ""
+    if summary["objective_name"] != "eval/success_rate" and isinstance(summary["objective"], (int, float)):
+        objective = f" | {summary['objective_name']} {summary['objective']:.4g}"
     print(
         f"rlchain: {summary['status']} {summary['global_step']:,} env steps in {summary['elapsed_s']:.0f} s "
-        f"| final eval success rate {shown} | {trainer.output_dir}",
+        f"| final eval success rate {shown}{objective} | {trainer.output_dir}",
         flush=True,
     )
     return summary

@@ -1,4 +1,9 @@
-"""Built-in batched tasks and their gymnasium registration.
+"""Built-in batched tasks, the gymnasium adapter, and their gymnasium registration.
+
+* :class:`PushCubeEnv` (``env=push_cube``), :class:`CartPoleEnv`
+  (``env=cart_pole``): torch-native, batched on one device.
+* :class:`GymVecEnv` (``env=gym env.id=...``): any registered gymnasium id
+  through ``gymnasium.make_vec``.
 
 ``gymnasium.make_vec("rlchain/PushCube-v0", num_envs=N,
 vectorization_mode="vector_entry_point")`` returns a batched
@@ -8,10 +13,15 @@ numpy :class:`PushCubeGymEnv`.
 
 import gymnasium as gym
 
-from rlchain.envs.base import VecEnv, check_group_size
+from rlchain.envs.base import TorchVecEnv, VecEnv, check_group_size
+from rlchain.envs.cart_pole import CartPoleConfig, CartPoleEnv
+from rlchain.envs.gym_adapter import GymEnvConfig, GymVecEnv
 from rlchain.envs.push_cube import PushCubeConfig, PushCubeEnv, PushCubeGymEnv
 
-__all__ = ["VecEnv", "check_group_size", "PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv"]
+__all__ = [
+    "CartPoleConfig", "CartPoleEnv", "GymEnvConfig", "GymVecEnv", "PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv",
+    "TorchVecEnv", "VecEnv", "check_group_size",
+]
 
 if "rlchain/PushCube-v0" not in gym.registry:
     gym.register(

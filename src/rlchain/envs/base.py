@@ -22,7 +22,7 @@ from gymnasium.vector import AutoresetMode
 
 from rlchain.utils import check_positive
 
-__all__ = ["VecEnv", "check_group_size"]
+__all__ = ["TorchVecEnv", "VecEnv", "check_group_size"]
 
 
 def check_group_size(group_size: Any, num_envs: int) -> int:
@@ -85,3 +85,106 @@ class VecEnv(gym.vector.VectorEnv):
 
     def step(self, action: torch.Tensor):  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+class TorchVecEnv(VecEnv):
+    """A :class:`VecEnv` whose whole state is named torch tensors and one ``torch.Generator``.
+
+    Subclasses list their state tensors (attribute names) in ``_STATE`` and
+    keep their random stream in ``self._generator``; this class gives them
+    exact save and restore (:meth:`state_dict`, :meth:`load_state_dict`), used
+    by checkpoints so a resumed run continues bit-identically, and a
+    host-sync-free finiteness check of actions on CUDA.
+    """
+
+    _STATE: tuple[str, ...] = ()
+    _generator: torch.Generator
+    _pending_action_check: tuple[torch.Tensor, Any] | None = None
+
+    def get_state(self) -> dict[str, torch.Tensor]:
+        """Every state tensor by name (references, not copies)."""
+        return {name: getattr(self, name) for name in self._STATE}
+
+    def set_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Overwrite state tensors by name (as returned by :meth:`get_state`).
+
+        Raises:
+            ValueError: an unknown name or a tensor of the wrong shape.
+        """
+        for name, value in state.items():
+            if name not in self._STATE:
+                raise ValueError(f"state key {name!r} is unknown: expected one of {', '.join(self._STATE)}")
+            current = getattr(self, name)
+            value = torch.as_tensor(value, device=self.device, dtype=current.dtype)
+            if value.shape != current.shape:
+                raise ValueError(f"state[{name!r}] has shape {tuple(value.shape)}: expected {tuple(current.shape)}")
+            setattr(self, name, value.clone())
+        self._after_set_state()
+
+    def _after_set_state(self) -> None:
+        """Recompute anything derived from the state (a hook for subclasses)."""
+
+    def _sample_and_set(self, mask: torch.Tensor, group_size: int) -> None:  # pragma: no cover - abstract
+        """Give the envs where ``mask`` (bool ``[N]``) fresh initial states, one per block of ``group_size``."""
+        raise NotImplementedError
+
+    def _observe(self) -> torch.Tensor:  # pragma: no cover - abstract
+        """The observation of every env, ``[N, *obs_shape]``."""
+        raise NotImplementedError
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Reset every env.
+
+        Args:
+            seed: reseeds the env's generator when given.
+            options: ``{"group_size": G}`` makes each block of ``G`` consecutive
+                envs start from one shared state (GRPO); blocks differ.
+
+        Returns:
+            ``(obs [N, *obs_shape] float32, info)``; ``info`` is empty.
+
+        Raises:
+            ValueError: ``group_size`` not a positive int dividing ``num_envs``.
+        """
+        group_size = 1
+        if options and options.get("group_size") is not None:
+            group_size = check_group_size(options["group_size"], self.num_envs)
+        if seed is not None:
+            self._generator.manual_seed(int(seed))
+        self._sample_and_set(torch.ones(self.num_envs, dtype=torch.bool, device=self.device), group_size)
+        self._after_set_state()
+        return self._observe(), {}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """State tensors (copies) and the generator state: everything to continue exactly."""
+        return {**{k: v.clone() for k, v in self.get_state().items()}, "generator": self._generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore :meth:`state_dict` output.
+
+        Raises:
+            ValueError: an unknown key or a tensor of the wrong shape.
+        """
+        state = dict(state)
+        self._generator.set_state(state.pop("generator").cpu())  # generator states are CPU byte tensors
+        self.set_state(state)
+
+    def _check_finite_deferred(self, action: torch.Tensor, message: str) -> None:
+        """On CUDA, check finiteness without a host sync; raise ``ValueError(message)`` when not.
+
+        The flag of a step is copied to pinned memory asynchronously and read
+        once its copy has completed (``Event.query`` never blocks), so a
+        non-finite action raises a few steps late instead of stalling every step.
+        """
+        if self._pending_action_check is not None:
+            flag, event = self._pending_action_check
+            if event.query():
+                self._pending_action_check = None
+                if bool(flag):
+                    raise ValueError(message)
+        if self._pending_action_check is None:
+            flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+            flag.copy_(~torch.isfinite(action).all(), non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._pending_action_check = (flag, event)

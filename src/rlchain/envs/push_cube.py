@@ -95,7 +95,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlchain.envs.base import VecEnv, check_group_size
+from rlchain.envs.base import TorchVecEnv
 from rlchain.utils import check_non_negative, check_positive, resolve_device
 
 __all__ = ["PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv"]
@@ -202,7 +202,10 @@ def square_contact(
     return signed, torch.copysign(nxa, lx), torch.copysign(nya, ly), r_cross_n
 
 
-class PushCubeEnv(VecEnv):
+_NON_FINITE = "action contains NaN or inf: expected finite values (they are clipped to [-1, 1])"
+
+
+class PushCubeEnv(TorchVecEnv):
     """Batched planar pushing task; see the module docstring for the model.
 
     Args:
@@ -348,7 +351,6 @@ class PushCubeEnv(VecEnv):
         self.goal_x, self.goal_y = zeros(), zeros()
         self.prev_action = torch.zeros(n, 2, device=dev, dtype=torch.float32)
         self.elapsed_steps = torch.zeros(n, device=dev, dtype=torch.int32)
-        self._pending_action_check: tuple[torch.Tensor, Any] | None = None
         self._sample_and_set(torch.ones(n, dtype=torch.bool, device=dev), group_size=1)
         self._reach_potential, self._place_potential, _ = self._potentials()
 
@@ -373,39 +375,8 @@ class PushCubeEnv(VecEnv):
         """Goal position, float32 ``[N, 2]``, m (a copy)."""
         return torch.stack((self.goal_x, self.goal_y), dim=-1)
 
-    def get_state(self) -> dict[str, torch.Tensor]:
-        """Every state tensor by name (references, not copies)."""
-        return {name: getattr(self, name) for name in self._STATE}
-
-    def set_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Overwrite state tensors by name (as returned by :meth:`get_state`).
-
-        Raises:
-            ValueError: an unknown name or a tensor of the wrong shape.
-        """
-        for name, value in state.items():
-            if name not in self._STATE:
-                raise ValueError(f"state key {name!r} is unknown: expected one of {', '.join(self._STATE)}")
-            current = getattr(self, name)
-            value = torch.as_tensor(value, device=self.device, dtype=current.dtype)
-            if value.shape != current.shape:
-                raise ValueError(f"state[{name!r}] has shape {tuple(value.shape)}: expected {tuple(current.shape)}")
-            setattr(self, name, value.clone())
+    def _after_set_state(self) -> None:
         self._reach_potential, self._place_potential, _ = self._potentials()
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """State tensors (copies) and the generator state: everything to continue exactly."""
-        return {**{k: v.clone() for k, v in self.get_state().items()}, "generator": self._generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Restore :meth:`state_dict` output.
-
-        Raises:
-            ValueError: an unknown key or a tensor of the wrong shape.
-        """
-        state = dict(state)
-        self._generator.set_state(state.pop("generator").cpu())  # generator states are CPU byte tensors
-        self.set_state(state)
 
     _STATE = (
         "pusher_x", "pusher_y", "cube_x", "cube_y", "cube_yaw", "cube_vx", "cube_vy",
@@ -466,29 +437,6 @@ class PushCubeEnv(VecEnv):
         self.prev_action = self.prev_action.masked_fill(mask[:, None], 0.0)
         self.elapsed_steps = self.elapsed_steps.masked_fill(mask, 0)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        """Reset every env.
-
-        Args:
-            seed: reseeds the env's generator when given.
-            options: ``{"group_size": G}`` makes each block of ``G`` consecutive
-                envs start from one shared state (GRPO); blocks differ.
-
-        Returns:
-            ``(obs [N, 15] float32, info)``; ``info`` is empty.
-
-        Raises:
-            ValueError: ``group_size`` not a positive int dividing ``num_envs``.
-        """
-        group_size = 1
-        if options and options.get("group_size") is not None:
-            group_size = check_group_size(options["group_size"], self.num_envs)
-        if seed is not None:
-            self._generator.manual_seed(int(seed))
-        self._sample_and_set(torch.ones(self.num_envs, dtype=torch.bool, device=self.device), group_size)
-        self._reach_potential, self._place_potential, _ = self._potentials()
-        return self._observe(), {}
-
     # ------------------------------------------------------------------- step
     def _check_action(self, action: torch.Tensor) -> torch.Tensor:
         if not isinstance(action, torch.Tensor):
@@ -498,30 +446,10 @@ class PushCubeEnv(VecEnv):
         action = action.to(device=self.device, dtype=torch.float32)
         if self.device.type == "cpu":
             if not bool(torch.isfinite(action).all()):
-                raise ValueError("action contains NaN or inf: expected finite values (they are clipped to [-1, 1])")
+                raise ValueError(_NON_FINITE)
         else:
-            self._check_finite_deferred(action)
+            self._check_finite_deferred(action, _NON_FINITE)
         return action.clamp(-1.0, 1.0)
-
-    def _check_finite_deferred(self, action: torch.Tensor) -> None:
-        """On CUDA, check finiteness without a host sync.
-
-        The flag of a step is copied to pinned memory asynchronously and read
-        once its copy has completed (``Event.query`` never blocks), so a
-        non-finite action raises a few steps late instead of stalling every step.
-        """
-        if self._pending_action_check is not None:
-            flag, event = self._pending_action_check
-            if event.query():
-                self._pending_action_check = None
-                if bool(flag):
-                    raise ValueError("action contains NaN or inf: expected finite values (they are clipped to [-1, 1])")
-        if self._pending_action_check is None:
-            flag = torch.empty((), dtype=torch.bool, pin_memory=True)
-            flag.copy_(~torch.isfinite(action).all(), non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-            self._pending_action_check = (flag, event)
 
     def _substep(self, dx: torch.Tensor, dy: torch.Tensor) -> None:
         """One physics substep of ``control_dt / substeps`` s; see the module docstring."""

@@ -1,0 +1,210 @@
+"""CartPole, batched in torch: the classic cart-pole of Barto, Sutton and Anderson (1983).
+
+The dynamics, constants, initial-state distribution, termination bounds,
+reward and 500-step limit are those of gymnasium's ``CartPole-v1``
+(``gymnasium.envs.classic_control.cartpole``, explicit Euler integration):
+a pole of half-length 0.5 m and mass 0.1 kg on a 1 kg cart, a force of
++-10 N every 0.02 s, gravity 9.8 m/s^2; the episode terminates when the cart
+leaves +-2.4 m or the pole leans beyond +-12 degrees, and is truncated after
+500 steps. Every step, including the terminating one, earns reward 1.
+
+Observation ``[x (m), x_dot (m/s), theta (rad), theta_dot (rad/s)]``, float32.
+Actions:
+
+* ``action_mode="discrete"``: ``Discrete(2)``, 0 pushes left and 1 right, as in
+  gymnasium;
+* ``action_mode="continuous"``: ``Box(-1, 1, (1,))``, the force is
+  ``clip(a, -1, 1) * force_mag`` newtons.
+
+``info["success"]`` marks episodes that reach the step limit (the pole stayed
+up for all 500 steps).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlchain.envs.base import TorchVecEnv
+from rlchain.utils import check_choice, check_positive, resolve_device
+
+__all__ = ["CartPoleConfig", "CartPoleEnv"]
+
+
+@dataclass
+class CartPoleConfig:
+    """Every setting of :class:`CartPoleEnv` with its default (SI units); the Hydra schema."""
+
+    _target_: str = "rlchain.envs.cart_pole.CartPoleEnv"
+    num_envs: int = 64
+    """Parallel envs simulated as one batch."""
+    device: str = "cpu"
+    """Torch device: 'cpu', 'cuda', 'cuda:N' or 'auto'."""
+    seed: int = 0
+    """Seed of the env's torch.Generator (initial states)."""
+    action_mode: str = "discrete"
+    """'discrete' (Discrete(2), as gymnasium) or 'continuous' (Box(-1, 1, (1,)) x force_mag)."""
+    max_episode_steps: int = 500
+    """Time limit in steps (CartPole-v1: 500)."""
+    force_mag: float = 10.0
+    """Force of a full push, N."""
+
+
+_D = CartPoleConfig()
+
+GRAVITY = 9.8  # m/s^2
+MASS_CART = 1.0  # kg
+MASS_POLE = 0.1  # kg
+TOTAL_MASS = MASS_CART + MASS_POLE
+HALF_LENGTH = 0.5  # m, half the pole's length
+POLE_MASS_LENGTH = MASS_POLE * HALF_LENGTH
+TAU = 0.02  # s between state updates
+THETA_THRESHOLD = 12 * 2 * math.pi / 360  # rad
+X_THRESHOLD = 2.4  # m
+INIT_HALF_RANGE = 0.05  # initial states uniform in [-0.05, 0.05]
+_NON_FINITE = "action contains NaN or inf: expected finite values (they are clipped to [-1, 1])"
+
+
+class CartPoleEnv(TorchVecEnv):
+    """``num_envs`` CartPole-v1 systems stepped as one batch on one device.
+
+    Args:
+        num_envs: parallel envs ``N`` (> 0).
+        device: ``'cpu'``, ``'cuda'``, ``'cuda:N'`` or ``'auto'``.
+        seed: seed of the env's ``torch.Generator``.
+        action_mode: ``'discrete'`` or ``'continuous'`` (see the module docstring).
+        max_episode_steps: time limit in steps.
+        force_mag: force of a full push, N.
+
+    Shapes: observations float32 ``[N, 4]``; actions int64 ``[N]`` in {0, 1}
+    (discrete) or float32 ``[N, 1]`` (continuous); rewards float32 ``[N]``;
+    terminated/truncated/success bool ``[N]``.
+
+    Raises:
+        ValueError: an unknown ``action_mode``, non-positive counts or force,
+            a CUDA device on a machine without one; ``step`` on an action of
+            the wrong shape, a discrete action outside {0, 1} or a non-finite
+            continuous one (on CUDA the non-finite check raises a few steps
+            late, without a host sync); ``reset`` on a ``group_size`` that
+            does not divide ``num_envs``.
+    """
+
+    _STATE = ("x", "x_dot", "theta", "theta_dot", "elapsed_steps")
+
+    def __init__(
+        self,
+        num_envs: int = _D.num_envs,
+        device: str | torch.device = _D.device,
+        seed: int = _D.seed,
+        action_mode: str = _D.action_mode,
+        max_episode_steps: int = _D.max_episode_steps,
+        force_mag: float = _D.force_mag,
+    ) -> None:
+        check_choice("action_mode", action_mode, ("discrete", "continuous"))
+        check_positive("max_episode_steps", max_episode_steps, integer=True)
+        check_positive("force_mag", force_mag)
+        super().__init__(num_envs, resolve_device(device, name="device"))
+        self.seed = int(seed)
+        self.action_mode = action_mode
+        self.max_episode_steps = int(max_episode_steps)
+        self.force_mag = float(force_mag)
+        high = np.array([X_THRESHOLD * 2, np.inf, THETA_THRESHOLD * 2, np.inf], dtype=np.float32)
+        action_space = gym.spaces.Discrete(2) if action_mode == "discrete" else gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self._set_spaces(gym.spaces.Box(-high, high, dtype=np.float32), action_space)
+        n, dev = self.num_envs, self.device
+        self._generator = torch.Generator(device=dev)
+        self._generator.manual_seed(self.seed)
+        zeros = lambda: torch.zeros(n, device=dev, dtype=torch.float32)  # noqa: E731
+        self.x, self.x_dot, self.theta, self.theta_dot = zeros(), zeros(), zeros(), zeros()
+        self.elapsed_steps = torch.zeros(n, device=dev, dtype=torch.int32)
+        self._sample_and_set(torch.ones(n, dtype=torch.bool, device=dev), group_size=1)
+
+    # ------------------------------------------------------------------ reset
+    def _sample_and_set(self, mask: torch.Tensor, group_size: int) -> None:
+        """Give the envs where ``mask`` (bool ``[N]``) fresh initial states, shared within groups."""
+        u = torch.rand(4, self.num_envs // group_size, generator=self._generator, device=self.device)
+        u = (u * 2 - 1) * INIT_HALF_RANGE
+        if group_size > 1:
+            u = u.repeat_interleave(group_size, dim=1)
+        for i, name in enumerate(("x", "x_dot", "theta", "theta_dot")):
+            setattr(self, name, torch.where(mask, u[i], getattr(self, name)))
+        self.elapsed_steps = self.elapsed_steps.masked_fill(mask, 0)
+
+    def _observe(self) -> torch.Tensor:
+        return torch.stack((self.x, self.x_dot, self.theta, self.theta_dot), dim=-1)
+
+    # ------------------------------------------------------------------- step
+    def _force(self, action: torch.Tensor) -> torch.Tensor:
+        """Force on the cart, float32 ``[N]``, N, from a checked action."""
+        n = self.num_envs
+        if not isinstance(action, torch.Tensor):
+            action = torch.as_tensor(np.asarray(action), device=self.device)
+        if self.action_mode == "discrete":
+            if action.shape == (n, 1):
+                action = action[:, 0]
+            if tuple(action.shape) != (n,):
+                raise ValueError(f"action has shape {tuple(action.shape)}: expected ({n},) = (num_envs,) of 0 or 1")
+            action = action.to(self.device)
+            if self.device.type == "cpu" and not bool(((action == 0) | (action == 1)).all()):
+                raise ValueError(f"action contains values other than 0 and 1: {action.unique().tolist()}")
+            return torch.where(action == 1, self.force_mag, -self.force_mag).float()
+        if tuple(action.shape) != (n, 1):
+            raise ValueError(f"action has shape {tuple(action.shape)}: expected ({n}, 1) = (num_envs, 1)")
+        action = action.to(device=self.device, dtype=torch.float32)[:, 0]
+        if self.device.type == "cpu":
+            if not bool(torch.isfinite(action).all()):
+                raise ValueError(_NON_FINITE)
+        else:
+            self._check_finite_deferred(action, _NON_FINITE)
+        return action.clamp(-1.0, 1.0) * self.force_mag
+
+    @torch.no_grad()
+    def step(self, action: torch.Tensor):
+        """Advance every env by one 0.02 s step (gymnasium's CartPole-v1 equations).
+
+        Args:
+            action: int64 ``[N]`` (discrete) or float32 ``[N, 1]`` (continuous).
+
+        Returns:
+            ``(obs [N, 4], reward [N], terminated [N], truncated [N], info)``
+            as described in :class:`rlchain.envs.base.VecEnv`; ``info["rewards"]``
+            is ``{"alive": reward}``, ``info["metrics"]`` holds the absolute pole
+            angle ``abs_theta`` (rad) and cart position ``abs_x`` (m).
+
+        Raises:
+            ValueError: see the class docstring.
+        """
+        force = self._force(action)
+        costheta, sintheta = torch.cos(self.theta), torch.sin(self.theta)
+        temp = (force + POLE_MASS_LENGTH * self.theta_dot.square() * sintheta) / TOTAL_MASS
+        thetaacc = (GRAVITY * sintheta - costheta * temp) / (
+            HALF_LENGTH * (4.0 / 3.0 - MASS_POLE * costheta.square() / TOTAL_MASS)
+        )
+        xacc = temp - POLE_MASS_LENGTH * thetaacc * costheta / TOTAL_MASS
+        self.x = self.x + TAU * self.x_dot
+        self.x_dot = self.x_dot + TAU * xacc
+        self.theta = self.theta + TAU * self.theta_dot
+        self.theta_dot = self.theta_dot + TAU * thetaacc
+        self.elapsed_steps = self.elapsed_steps + 1
+
+        terminated = (self.x.abs() > X_THRESHOLD) | (self.theta.abs() > THETA_THRESHOLD)
+        truncated = (self.elapsed_steps >= self.max_episode_steps) & ~terminated
+        done = terminated | truncated
+        reward = torch.ones(self.num_envs, device=self.device)
+        final_obs = self._observe()
+        info = {
+            "final_obs": final_obs,
+            "rewards": {"alive": reward},
+            "metrics": {"abs_theta": self.theta.abs(), "abs_x": self.x.abs()},
+            "success": truncated,
+        }
+        self._sample_and_set(done, group_size=1)
+        return self._observe(), reward, terminated, truncated, info
+
+    def close(self, **kwargs: Any) -> None:
+        """Release nothing: the env holds only tensors."""

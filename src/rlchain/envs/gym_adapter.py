@@ -1,0 +1,313 @@
+"""Any registered gymnasium environment as an rlchain :class:`~rlchain.envs.base.VecEnv`.
+
+``rlchain-train env=gym env.id=Pendulum-v1 env.num_envs=16`` builds
+``gymnasium.make_vec(id, num_envs, vectorization_mode=sync|async)`` with
+same-step auto-reset and converts, in :meth:`GymVecEnv.step` only, numpy
+arrays to torch tensors on the configured device and actions back.
+
+Spaces:
+
+* actions: ``Box`` (1-D; actions are clipped to its bounds) or ``Discrete``
+  (the policy's ``0..n-1`` are shifted by the space's ``start``);
+* observations: ``Box``, ``Discrete``, ``MultiBinary`` and ``Dict``/``Tuple``
+  of them, flattened to one float32 vector exactly as
+  ``gymnasium.spaces.flatten`` does: a Box is raveled (C order), a Discrete
+  becomes a one-hot of length ``n``, a Dict is the concatenation of its
+  sub-spaces in the Dict's key order (gymnasium sorts the keys of a plain
+  dict), a Tuple in its order.
+
+``info["success"]`` is gymnasium's ``is_success`` (or ``success``) flag of
+the step, read from ``final_info`` for envs whose episode ended there.
+``reset(options={"group_size": G})`` seeds the ``G`` envs of each group with
+one seed, so they start from one state (GRPO, Shao et al. 2024).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+
+from rlchain.envs.base import VecEnv, check_group_size
+from rlchain.utils import check_choice, check_positive, resolve_device
+
+__all__ = ["GymEnvConfig", "GymVecEnv", "flatten_batch"]
+
+_OBS_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary, gym.spaces.Dict, gym.spaces.Tuple)
+_SUCCESS_KEYS = ("is_success", "success")
+
+
+@dataclass
+class GymEnvConfig:
+    """Every setting of :class:`GymVecEnv` with its default; the Hydra schema of ``env=gym``."""
+
+    _target_: str = "rlchain.envs.gym_adapter.GymVecEnv"
+    id: str = "CartPole-v1"
+    """A registered gymnasium id, e.g. Pendulum-v1, HalfCheetah-v5, or your own."""
+    num_envs: int = 16
+    """Parallel copies of the env."""
+    device: str = "cpu"
+    """Torch device of observations, rewards and flags: 'cpu', 'cuda', 'cuda:N' or 'auto'."""
+    seed: int = 0
+    """Env i is seeded with seed + i at construction."""
+    vectorization: str = "sync"
+    """'sync' (one process) or 'async' (one subprocess per env)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the env's constructor."""
+    max_episode_steps: int | None = None
+    """Time limit in steps; None keeps the id's registered limit."""
+
+
+_D = GymEnvConfig()
+
+
+def flatten_batch(space: gym.Space, x: Any) -> np.ndarray:
+    """Flatten a batch of observations of ``space`` to float32 ``[N, flatdim(space)]``.
+
+    Row ``i`` equals ``gymnasium.spaces.flatten(space, x_i)`` (see the module
+    docstring for the layout).
+
+    Raises:
+        ValueError: a space type other than those in the module docstring.
+    """
+    if isinstance(space, gym.spaces.Box):
+        x = np.asarray(x)
+        return x.reshape(x.shape[0], -1).astype(np.float32, copy=False)
+    if isinstance(space, gym.spaces.Discrete):
+        x = np.asarray(x).reshape(-1) - int(space.start)
+        out = np.zeros((x.shape[0], int(space.n)), dtype=np.float32)
+        out[np.arange(x.shape[0]), x] = 1.0
+        return out
+    if isinstance(space, gym.spaces.MultiBinary):
+        x = np.asarray(x)
+        return x.reshape(x.shape[0], -1).astype(np.float32)
+    if isinstance(space, gym.spaces.Dict):
+        return np.concatenate([flatten_batch(sub, x[key]) for key, sub in space.spaces.items()], axis=1)
+    if isinstance(space, gym.spaces.Tuple):
+        return np.concatenate([flatten_batch(sub, part) for sub, part in zip(space.spaces, x)], axis=1)
+    raise ValueError(_unsupported("observation", space))
+
+
+def _unsupported(kind: str, space: gym.Space) -> str:
+    allowed = "a 1-D Box or a Discrete" if kind == "action" else "Box, Discrete, MultiBinary, or a Dict/Tuple of them"
+    return f"the {kind} space {space} ({type(space).__name__}) is not supported by env=gym: expected {allowed}"
+
+
+def _check_obs_space(space: gym.Space) -> None:
+    if not isinstance(space, _OBS_SPACES):
+        raise ValueError(_unsupported("observation", space))
+    for sub in getattr(space, "spaces", {}).values() if isinstance(space, gym.spaces.Dict) else getattr(space, "spaces", ()):
+        _check_obs_space(sub)
+
+
+def resolve_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The registered spec of ``env_id``.
+
+    Raises:
+        ValueError: an unknown id (naming close matches); a MuJoCo env while
+            ``mujoco`` is not installed (naming the extra to install).
+    """
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error as err:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)
+        hint = f"; close matches: {', '.join(close)}" if close else ""
+        raise ValueError(f"env.id={env_id!r} is not a registered gymnasium id{hint}") from err
+    entry = spec.entry_point if isinstance(spec.entry_point, str) else getattr(spec.entry_point, "__module__", "")
+    if "mujoco" in entry and importlib.util.find_spec("mujoco") is None:
+        raise ValueError(
+            f"env.id={env_id!r} needs MuJoCo, which is not installed: pip install \"rlchain[mujoco]\""
+        )
+    return spec
+
+
+class GymVecEnv(VecEnv):
+    """A gymnasium vector env behind rlchain's torch :class:`VecEnv` contract.
+
+    Args:
+        id: a registered gymnasium id.
+        num_envs: parallel copies (> 0).
+        device: where observations, rewards and flags are returned.
+        seed: env ``i`` is seeded with ``seed + i`` at construction.
+        vectorization: ``'sync'`` or ``'async'``.
+        kwargs: extra keyword arguments of the env's constructor.
+        max_episode_steps: time limit in steps; None keeps the registered one.
+
+    Shapes: observations float32 ``[N, flatdim]``; actions float32
+    ``[N, act_dim]`` (Box) or int64 ``[N]`` (Discrete); rewards float32 ``[N]``;
+    terminated/truncated/success bool ``[N]``.
+
+    Raises:
+        ValueError: see :func:`resolve_spec`; an unsupported action or
+            observation space; an env without a time limit and no
+            ``max_episode_steps``; bad counts or choices.
+    """
+
+    def __init__(
+        self,
+        id: str = _D.id,
+        num_envs: int = _D.num_envs,
+        device: str | torch.device = _D.device,
+        seed: int = _D.seed,
+        vectorization: str = _D.vectorization,
+        kwargs: Mapping[str, Any] = MappingProxyType({}),
+        max_episode_steps: int | None = _D.max_episode_steps,
+    ) -> None:
+        check_choice("vectorization", vectorization, ("sync", "async"))
+        if max_episode_steps is not None:
+            check_positive("max_episode_steps", max_episode_steps, integer=True)
+        super().__init__(num_envs, resolve_device(device, name="device"))
+        spec = resolve_spec(id)
+        if max_episode_steps is not None:
+            spec = dataclasses.replace(spec, max_episode_steps=int(max_episode_steps))
+        if spec.max_episode_steps is None:
+            raise ValueError(
+                f"env.id={id!r} has no time limit: set env.max_episode_steps (evaluation needs episodes that end)"
+            )
+        self.id, self.seed, self.vectorization = id, int(seed), vectorization
+        self.max_episode_steps = int(spec.max_episode_steps)
+        try:
+            self.envs = gym.make_vec(
+                spec, num_envs=num_envs, vectorization_mode=vectorization,
+                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **dict(kwargs),
+            )  # fmt: skip
+        except gym.error.DependencyNotInstalled as err:
+            raise ValueError(f"env.id={id!r} needs a package that is not installed: {err}") from err
+        try:
+            self._setup_spaces(self.envs.single_observation_space, self.envs.single_action_space)
+        except ValueError:
+            self.envs.close()
+            raise
+        self._rng = np.random.default_rng(self.seed)
+        self._no_success = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
+        self._obs, _ = self.envs.reset(seed=[self.seed + i for i in range(num_envs)])
+
+    def _setup_spaces(self, obs_space: gym.Space, action_space: gym.Space) -> None:
+        _check_obs_space(obs_space)
+        if isinstance(action_space, gym.spaces.Discrete):
+            self._discrete, self._action_start = True, int(action_space.start)
+            policy_action_space: gym.Space = gym.spaces.Discrete(int(action_space.n))
+        elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+            self._discrete = False
+            self._low = action_space.low.astype(np.float32)
+            self._high = action_space.high.astype(np.float32)
+            policy_action_space = action_space
+        else:
+            raise ValueError(_unsupported("action", action_space))
+        self.gym_observation_space = obs_space
+        flat = gym.spaces.flatten_space(obs_space)
+        low, high = flat.low.astype(np.float32), flat.high.astype(np.float32)
+        self._set_spaces(gym.spaces.Box(low, high, flat.shape, np.float32), policy_action_space)
+
+    def _to_torch(self, x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(x))
+        return t.to(device=self.device, dtype=dtype, non_blocking=self.device.type == "cuda")
+
+    def _observe(self, obs: Any) -> torch.Tensor:
+        return self._to_torch(flatten_batch(self.gym_observation_space, obs), torch.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Reset every env.
+
+        Args:
+            seed: env ``i`` gets ``seed + i`` (or ``seed + i // G`` in groups);
+                None draws a fresh base seed from the env's own generator.
+            options: ``{"group_size": G}`` seeds each block of ``G`` consecutive
+                envs identically, so they start from one state.
+
+        Returns:
+            ``(obs [N, flatdim] float32, info)`` (gymnasium's reset info).
+
+        Raises:
+            ValueError: ``group_size`` not a positive int dividing ``num_envs``.
+        """
+        group_size = 1
+        if options and options.get("group_size") is not None:
+            group_size = check_group_size(options["group_size"], self.num_envs)
+        base = int(seed) if seed is not None else int(self._rng.integers(0, 2**31 - self.num_envs))
+        seeds = [base + i // group_size for i in range(self.num_envs)]
+        self._obs, info = self.envs.reset(seed=seeds)
+        return self._observe(self._obs), info
+
+    def _action_to_numpy(self, action: torch.Tensor) -> np.ndarray:
+        n = self.num_envs
+        a = action.detach().cpu().numpy() if isinstance(action, torch.Tensor) else np.asarray(action)
+        if self._discrete:
+            a = a.reshape(-1) if a.shape == (n, 1) else a
+            if a.shape != (n,):
+                raise ValueError(f"action has shape {a.shape}: expected ({n},) = (num_envs,)")
+            return a.astype(np.int64) + self._action_start
+        dim = self.single_action_space.shape[0]
+        if a.shape != (n, dim):
+            raise ValueError(f"action has shape {a.shape}: expected ({n}, {dim}) = (num_envs, action dim)")
+        if not np.isfinite(a).all():
+            raise ValueError("action contains NaN or inf: expected finite values (they are clipped to the Box bounds)")
+        return np.clip(a, self._low, self._high).astype(self.envs.single_action_space.dtype, copy=False)
+
+    def step(self, action: torch.Tensor):
+        """Step every env once (same-step auto-reset).
+
+        Args:
+            action: float32 ``[N, act_dim]`` (Box; clipped to its bounds) or
+                int64 ``[N]`` (Discrete).
+
+        Returns:
+            ``(obs, reward, terminated, truncated, info)`` as described in
+            :class:`rlchain.envs.base.VecEnv`; ``info["final_obs"]`` holds the
+            last observation of every episode that ended in this step.
+
+        Raises:
+            ValueError: an action of the wrong shape or with non-finite entries.
+        """
+        obs, reward, terminated, truncated, info = self.envs.step(self._action_to_numpy(action))
+        flat = flatten_batch(self.gym_observation_space, obs)
+        obs_t = self._to_torch(flat, torch.float32)
+        final_t = obs_t  # no episode ended: the final observations are the observations
+        done = np.logical_or(terminated, truncated)
+        success = None
+        if any(key in info for key in _SUCCESS_KEYS):
+            success = self._success(info, np.zeros(self.num_envs, dtype=bool))
+        if done.any():
+            final = flat.copy()
+            for i in np.flatnonzero(done):
+                final[i] = gym.spaces.flatten(self.gym_observation_space, info["final_obs"][i])
+            final_t = self._to_torch(final, torch.float32)
+            if any(key in info.get("final_info", {}) for key in _SUCCESS_KEYS):
+                success = self._success(info["final_info"], np.zeros(self.num_envs, dtype=bool) if success is None
+                                        else success, rows=done)  # fmt: skip
+        out = {
+            "final_obs": final_t,
+            "rewards": {},
+            "metrics": {},
+            "success": self._no_success if success is None else self._to_torch(success, torch.bool),
+        }
+        self._obs = obs
+        return (
+            obs_t, self._to_torch(reward, torch.float32),
+            self._to_torch(terminated, torch.bool), self._to_torch(truncated, torch.bool), out,
+        )  # fmt: skip
+
+    @staticmethod
+    def _success(info: dict[str, Any], success: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """``success`` with the rows that report ``is_success``/``success`` in ``info`` overwritten."""
+        for key in _SUCCESS_KEYS:
+            if key in info:
+                present = np.asarray(info.get(f"_{key}", np.ones_like(success)), dtype=bool)
+                if rows is not None:
+                    present = present & rows
+                success = np.where(present, np.asarray(info[key], dtype=bool), success)
+                break
+        return success
+
+    def close(self, **kwargs: Any) -> None:
+        """Close the underlying gymnasium vector env (and its subprocesses)."""
+        self.envs.close()

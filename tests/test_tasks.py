@@ -1,0 +1,228 @@
+"""The torch cart_pole against gymnasium's CartPole-v1, the env=gym adapter, and the task presets."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import gym_toy_envs  # noqa: F401  (registers rlchain_test/* ids)
+from rlchain.envs import CartPoleEnv, GymVecEnv
+from rlchain.envs.gym_adapter import flatten_batch
+from rlchain.train import build
+
+from conftest import TINY
+
+STATE = ("x", "x_dot", "theta", "theta_dot")
+
+
+def set_cart_pole(env: CartPoleEnv, states: np.ndarray) -> None:
+    env.set_state({name: torch.as_tensor(states[:, i], dtype=torch.float32) for i, name in enumerate(STATE)})
+
+
+# -------------------------------------------------------------- cart_pole
+def test_cart_pole_steps_like_gymnasium_cart_pole_v1():
+    """Identical states and actions: the same next states to 1e-5 and the same terminations."""
+    reference = gym.make("CartPole-v1").unwrapped
+    env = CartPoleEnv(num_envs=1)
+    rng = np.random.default_rng(0)
+    terminations = 0
+    for episode in range(30):
+        reference.reset(seed=episode)
+        for _ in range(500):
+            state = np.array(reference.state, dtype=np.float64)
+            set_cart_pole(env, state[None])
+            action = int(rng.integers(2))
+            obs, reward, terminated, truncated, _ = reference.step(action)
+            _, ours_reward, ours_terminated, _, info = env.step(torch.tensor([action]))
+            np.testing.assert_allclose(info["final_obs"][0].numpy(), obs, atol=1e-5, rtol=0)
+            assert bool(ours_terminated[0]) == terminated and float(ours_reward[0]) == reward
+            if terminated:
+                terminations += 1
+                break
+    assert terminations == 30  # random actions drop the pole in every episode
+    # states straddling every bound give the same terminations
+    states = rng.uniform([-2.5, -3, -0.23, -3], [2.5, 3, 0.23, 3], size=(2000, 4))
+    actions = rng.integers(0, 2, 2000)
+    batch = CartPoleEnv(num_envs=2000)
+    set_cart_pole(batch, states)
+    _, _, ours_terminated, _, info = batch.step(torch.as_tensor(actions))
+    expected = []
+    for state, action in zip(states, actions):
+        reference.state, reference.steps_beyond_terminated = state.copy(), None
+        expected.append(reference.step(int(action))[2])
+    assert ours_terminated.numpy().tolist() == expected and 300 < sum(expected) < 1700
+
+
+def test_cart_pole_constants_spaces_and_initial_states_match_gymnasium():
+    reference = gym.make("CartPole-v1")
+    env = CartPoleEnv(num_envs=4096)
+    assert env.single_observation_space == reference.observation_space
+    assert env.single_action_space == reference.action_space
+    assert env.max_episode_steps == reference.spec.max_episode_steps == 500
+    obs, _ = env.reset(seed=1)
+    assert obs.shape == (4096, 4) and obs.dtype == torch.float32
+    assert float(obs.abs().max()) <= 0.05 and float(obs.abs().max()) > 0.049  # uniform on [-0.05, 0.05]
+
+
+def test_continuous_mode_scales_the_force():
+    reference = gym.make("CartPole-v1").unwrapped
+    env = CartPoleEnv(num_envs=4, action_mode="continuous")
+    assert env.single_action_space == gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    state = np.array([0.1, -0.2, 0.03, 0.4])
+    set_cart_pole(env, np.tile(state, (4, 1)))
+    _, _, _, _, info = env.step(torch.tensor([[1.0], [-1.0], [0.5], [7.0]]))
+    for row, (force_mag, action) in enumerate([(10.0, 1), (10.0, 0), (5.0, 1), (10.0, 1)]):  # 7 is clipped to 1
+        reference.force_mag, reference.state = force_mag, state.copy()
+        np.testing.assert_allclose(info["final_obs"][row].numpy(), reference.step(action)[0], atol=1e-6)
+
+
+def test_cart_pole_truncates_at_the_limit_reports_success_and_resets_in_the_same_step():
+    env = CartPoleEnv(num_envs=3, max_episode_steps=4)
+    set_cart_pole(env, np.zeros((3, 4)))
+    for t in range(4):
+        obs, _, terminated, truncated, info = env.step(torch.tensor([0, 1, 0]) if t % 2 else torch.tensor([1, 0, 1]))
+    assert truncated.all() and not terminated.any() and info["success"].all()
+    assert not torch.equal(info["final_obs"], obs)  # the final observation is kept apart from the new episode's
+    assert float(obs.abs().max()) <= 0.05 and env.elapsed_steps.tolist() == [0, 0, 0]
+    with pytest.raises(ValueError, match=r"action has shape \(2,\): expected \(3,\)"):
+        env.step(torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="values other than 0 and 1"):
+        env.step(torch.tensor([0, 1, 2]))
+
+
+@pytest.mark.parametrize("make", [lambda: CartPoleEnv(num_envs=12), lambda: GymVecEnv("Pendulum-v1", num_envs=12)])
+def test_group_reset_gives_each_group_one_initial_state(make):
+    env = make()
+    obs, _ = env.reset(options={"group_size": 4})
+    groups = obs.view(3, 4, -1)
+    assert torch.equal(groups, groups[:, :1].expand_as(groups))
+    assert not torch.equal(groups[0, 0], groups[1, 0]) and not torch.equal(groups[1, 0], groups[2, 0])
+    again, _ = env.reset(options={"group_size": 4})
+    assert not torch.equal(again, obs)  # a new shared state per group at every reset
+    with pytest.raises(ValueError, match="group_size=5 is not allowed with num_envs=12"):
+        env.reset(options={"group_size": 5})
+
+
+# ----------------------------------------------------------- env=gym
+def raw_vec(env_id: str, num_envs: int, seed: int):
+    raw = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
+                       vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})  # fmt: skip
+    obs, _ = raw.reset(seed=[seed + i for i in range(num_envs)])
+    return raw, obs
+
+
+def test_box_env_matches_gymnasium_clips_actions_and_keeps_final_obs():
+    env = GymVecEnv("Pendulum-v1", num_envs=3, seed=5)
+    raw, raw_obs = raw_vec("Pendulum-v1", 3, seed=5)
+    assert env.single_action_space == raw.single_action_space and env.max_episode_steps == 200
+    obs, _ = env.reset(seed=5)
+    np.testing.assert_allclose(obs.numpy(), raw_obs, atol=1e-6)
+    rng = np.random.default_rng(0)
+    for t in range(200):
+        action = rng.uniform(-4, 4, (3, 1)).astype(np.float32)  # half of them outside [-2, 2]
+        obs, reward, terminated, truncated, info = env.step(torch.as_tensor(action))
+        raw_obs, raw_reward, _, raw_truncated, raw_info = raw.step(np.clip(action, -2, 2))
+        np.testing.assert_allclose(obs.numpy(), raw_obs, atol=1e-6)
+        np.testing.assert_allclose(reward.numpy(), raw_reward, rtol=1e-6)
+        assert reward.dtype == torch.float32 and truncated.dtype == torch.bool
+    assert truncated.all() and not terminated.any()  # the 200-step limit
+    np.testing.assert_allclose(info["final_obs"].numpy(), np.stack(raw_info["final_obs"]), atol=1e-6)
+    assert not np.allclose(info["final_obs"].numpy(), obs.numpy())
+    with pytest.raises(ValueError, match="NaN or inf"):
+        env.step(torch.full((3, 1), float("nan")))
+
+
+def test_discrete_env_matches_gymnasium_in_sync_and_async_modes():
+    raw, raw_obs = raw_vec("CartPole-v1", 4, seed=0)
+    envs = [GymVecEnv("CartPole-v1", num_envs=4), GymVecEnv("CartPole-v1", num_envs=4, vectorization="async")]
+    assert envs[0].single_action_space == gym.spaces.Discrete(2)
+    rng = np.random.default_rng(1)
+    dones = 0
+    for _ in range(60):
+        action = rng.integers(0, 2, 4)
+        raw_obs, _, raw_term, _, _ = raw.step(action)
+        for env in envs:
+            obs, _, terminated, _, _ = env.step(torch.as_tensor(action))
+            np.testing.assert_allclose(obs.numpy(), raw_obs, atol=1e-6)
+            assert terminated.numpy().tolist() == raw_term.tolist()
+        dones += int(raw_term.sum())
+    assert dones > 0
+    for env in envs:
+        env.close()
+
+
+def test_dict_observations_flatten_in_key_order_and_success_flags_are_reported():
+    env = GymVecEnv("rlchain_test/DictObs-v0", num_envs=4)
+    space = env.gym_observation_space
+    assert list(space.spaces) == ["mode", "position", "target"]  # gymnasium sorts a plain dict's keys
+    assert env.single_observation_space.shape == (3 + 4 + 2,)
+    raw = {key: np.stack([space[key].sample() for _ in range(4)]) for key in space.spaces}
+    flat = flatten_batch(space, raw)
+    for i in range(4):
+        row = gym.spaces.flatten(space, {key: value[i] for key, value in raw.items()})
+        np.testing.assert_array_equal(flat[i], row.astype(np.float32))
+    assert flat[:, :3].sum(axis=1).tolist() == [1.0] * 4  # the Discrete part is one-hot
+    signs = torch.tensor([[1.0], [-1.0], [1.0], [-1.0]])
+    for t in range(3):
+        obs, _, terminated, _, info = env.step(signs)
+    assert terminated.all() and info["success"].tolist() == [True, False, True, False]
+    assert info["final_obs"][:, 3:7].unique().tolist() == [3.0]  # the final position (t = 3), not the reset one
+    assert obs[:, 3:7].unique().tolist() == [0.0]
+    # Tuple(Discrete(32), Discrete(11), Discrete(2)); Blackjack has no registered time limit
+    tuple_env = GymVecEnv("Blackjack-v1", num_envs=2, max_episode_steps=10)
+    assert tuple_env.single_observation_space.shape == (45,)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"id": "CartPol-v1"}, "env.id='CartPol-v1' is not a registered gymnasium id; close matches: CartPole-v1"),
+        ({"id": "rlchain_test/MultiDiscrete-v0"}, "the action space MultiDiscrete([2 3]) (MultiDiscrete) is not supported"),
+        ({"id": "CartPole-v1", "vectorization": "threads"}, "vectorization='threads' is not allowed"),
+        ({"id": "Blackjack-v1"}, "env.id='Blackjack-v1' has no time limit: set env.max_episode_steps"),
+        pytest.param({"id": "HalfCheetah-v5"}, 'needs MuJoCo, which is not installed: pip install "rlchain[mujoco]"',
+                     marks=pytest.mark.skipif(importlib.util.find_spec("mujoco") is not None, reason="mujoco installed")),
+        pytest.param({"id": "LunarLander-v3"}, "env.id='LunarLander-v3' needs a package that is not installed",
+                     marks=pytest.mark.skipif(importlib.util.find_spec("Box2D") is not None, reason="Box2D installed")),
+    ],
+)
+def test_bad_gym_envs_give_clear_errors(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        GymVecEnv(num_envs=2, **kwargs)
+    assert message in str(info.value)
+
+
+def test_env_kwargs_and_time_limit_reach_the_gymnasium_env():
+    env = GymVecEnv("Pendulum-v1", num_envs=2, kwargs={"g": 3.0}, max_episode_steps=7)
+    assert env.max_episode_steps == 7 and env.envs.envs[0].unwrapped.g == 3.0
+    for _ in range(7):
+        _, _, _, truncated, _ = env.step(torch.zeros(2, 1))
+    assert truncated.all()
+
+
+# -------------------------------------------------------------- presets
+PRESETS = ["cart_pole_ppo", "cart_pole_grpo", "gym_cart_pole_ppo", "gym_pendulum_ppo",
+           pytest.param("gym_half_cheetah_ppo", marks=pytest.mark.skipif(
+               importlib.util.find_spec("mujoco") is None, reason='needs pip install "rlchain[mujoco]"'))]  # fmt: skip
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_task_presets_train_with_a_tiny_budget(compose_cfg, preset):
+    tiny = ["trainer.iterations=2", "trainer.rollout_steps=8", "trainer.eval_freq=1", "trainer.num_eval_envs=2",
+            "trainer.num_eval_episodes=2", "trainer.progress=false", "device=cpu"]  # fmt: skip
+    cfg = compose_cfg([f"+experiment={preset}", *tiny])
+    summary = build(cfg).train()
+    assert summary["status"] == "completed" and summary["global_step"] == 2 * 8 * cfg.env.num_envs
+    assert summary["objective_name"] == "eval/avg_reward" and summary["objective"] == summary["final"]["eval/avg_reward"]
+
+
+@pytest.mark.parametrize("overrides", [["env=cart_pole"], ["env=cart_pole", "algorithm=grpo"],
+                                       ["env=gym", "env.id=Pendulum-v1", "env.num_envs=4"]])  # fmt: skip
+def test_task_options_work_with_the_defaults(compose_cfg, overrides):
+    cfg = compose_cfg([*overrides, *TINY, "trainer.num_eval_envs=2", "trainer.num_eval_episodes=2"])
+    trainer = build(cfg)
+    assert trainer.train()["status"] == "completed"
