@@ -22,7 +22,10 @@ from gymnasium.vector import AutoresetMode
 
 from rlchain.utils import check_positive
 
-__all__ = ["TorchVecEnv", "VecEnv", "check_group_size"]
+__all__ = ["NON_FINITE_ACTION", "TorchVecEnv", "VecEnv", "check_group_size"]
+
+#: The error of a torch-native task's ``step`` on an action with NaN or inf.
+NON_FINITE_ACTION = "action contains NaN or inf: expected finite values (they are clipped to [-1, 1])"
 
 
 def check_group_size(group_size: Any, num_envs: int) -> int:
@@ -169,19 +172,24 @@ class TorchVecEnv(VecEnv):
         self._generator.set_state(state.pop("generator").cpu())  # generator states are CPU byte tensors
         self.set_state(state)
 
-    def _check_finite_deferred(self, action: torch.Tensor, message: str) -> None:
-        """On CUDA, check finiteness without a host sync; raise ``ValueError(message)`` when not.
+    def _check_finite(self, action: torch.Tensor) -> None:
+        """Raise ``ValueError`` for NaN or inf in ``action``: at once on the CPU;
+        on CUDA without a host sync, a few steps late.
 
-        The flag of a step is copied to pinned memory asynchronously and read
-        once its copy has completed (``Event.query`` never blocks), so a
-        non-finite action raises a few steps late instead of stalling every step.
+        On CUDA the flag of a step is copied to pinned memory asynchronously
+        and read once its copy has completed (``Event.query`` never blocks),
+        so a non-finite action does not stall every step.
         """
+        if self.device.type == "cpu":
+            if not bool(torch.isfinite(action).all()):
+                raise ValueError(NON_FINITE_ACTION)
+            return
         if self._pending_action_check is not None:
             flag, event = self._pending_action_check
             if event.query():
                 self._pending_action_check = None
                 if bool(flag):
-                    raise ValueError(message)
+                    raise ValueError(NON_FINITE_ACTION)
         if self._pending_action_check is None:
             flag = torch.empty((), dtype=torch.bool, pin_memory=True)
             flag.copy_(~torch.isfinite(action).all(), non_blocking=True)

@@ -67,7 +67,6 @@ TAU = 0.02  # s between state updates
 THETA_THRESHOLD = 12 * 2 * math.pi / 360  # rad
 X_THRESHOLD = 2.4  # m
 INIT_HALF_RANGE = 0.05  # initial states uniform in [-0.05, 0.05]
-_NON_FINITE = "action contains NaN or inf: expected finite values (they are clipped to [-1, 1])"
 
 
 class CartPoleEnv(TorchVecEnv):
@@ -156,11 +155,7 @@ class CartPoleEnv(TorchVecEnv):
         if tuple(action.shape) != (n, 1):
             raise ValueError(f"action has shape {tuple(action.shape)}: expected ({n}, 1) = (num_envs, 1)")
         action = action.to(device=self.device, dtype=torch.float32)[:, 0]
-        if self.device.type == "cpu":
-            if not bool(torch.isfinite(action).all()):
-                raise ValueError(_NON_FINITE)
-        else:
-            self._check_finite_deferred(action, _NON_FINITE)
+        self._check_finite(action)
         return action.clamp(-1.0, 1.0) * self.force_mag
 
     @torch.no_grad()

@@ -202,9 +202,6 @@ def square_contact(
     return signed, torch.copysign(nxa, lx), torch.copysign(nya, ly), r_cross_n
 
 
-_NON_FINITE = "action contains NaN or inf: expected finite values (they are clipped to [-1, 1])"
-
-
 class PushCubeEnv(TorchVecEnv):
     """Batched planar pushing task; see the module docstring for the model.
 
@@ -444,11 +441,7 @@ class PushCubeEnv(TorchVecEnv):
         if tuple(action.shape) != (self.num_envs, 2):
             raise ValueError(f"action has shape {tuple(action.shape)}: expected ({self.num_envs}, 2) = (num_envs, 2)")
         action = action.to(device=self.device, dtype=torch.float32)
-        if self.device.type == "cpu":
-            if not bool(torch.isfinite(action).all()):
-                raise ValueError(_NON_FINITE)
-        else:
-            self._check_finite_deferred(action, _NON_FINITE)
+        self._check_finite(action)
         return action.clamp(-1.0, 1.0)
 
     def _substep(self, dx: torch.Tensor, dy: torch.Tensor) -> None:
