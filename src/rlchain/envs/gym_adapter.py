@@ -105,7 +105,8 @@ def _unsupported(kind: str, space: gym.Space) -> str:
 def _check_obs_space(space: gym.Space) -> None:
     if not isinstance(space, _OBS_SPACES):
         raise ValueError(_unsupported("observation", space))
-    for sub in getattr(space, "spaces", {}).values() if isinstance(space, gym.spaces.Dict) else getattr(space, "spaces", ()):
+    subspaces = space.spaces.values() if isinstance(space, gym.spaces.Dict) else getattr(space, "spaces", ())
+    for sub in subspaces:
         _check_obs_space(sub)
 
 
@@ -189,7 +190,7 @@ class GymVecEnv(VecEnv):
             raise
         self._rng = np.random.default_rng(self.seed)
         self._no_success = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
-        self._obs, _ = self.envs.reset(seed=[self.seed + i for i in range(num_envs)])
+        self.envs.reset(seed=[self.seed + i for i in range(num_envs)])
 
     def _setup_spaces(self, obs_space: gym.Space, action_space: gym.Space) -> None:
         _check_obs_space(obs_space)
@@ -235,8 +236,8 @@ class GymVecEnv(VecEnv):
             group_size = check_group_size(options["group_size"], self.num_envs)
         base = int(seed) if seed is not None else int(self._rng.integers(0, 2**31 - self.num_envs))
         seeds = [base + i // group_size for i in range(self.num_envs)]
-        self._obs, info = self.envs.reset(seed=seeds)
-        return self._observe(self._obs), info
+        obs, info = self.envs.reset(seed=seeds)
+        return self._observe(obs), info
 
     def _action_to_numpy(self, action: torch.Tensor) -> np.ndarray:
         n = self.num_envs
@@ -273,40 +274,37 @@ class GymVecEnv(VecEnv):
         obs_t = self._to_torch(flat, torch.float32)
         final_t = obs_t  # no episode ended: the final observations are the observations
         done = np.logical_or(terminated, truncated)
-        success = None
-        if any(key in info for key in _SUCCESS_KEYS):
-            success = self._success(info, np.zeros(self.num_envs, dtype=bool))
+        success = self._success(info, None)
         if done.any():
             final = flat.copy()
             for i in np.flatnonzero(done):
                 final[i] = gym.spaces.flatten(self.gym_observation_space, info["final_obs"][i])
             final_t = self._to_torch(final, torch.float32)
-            if any(key in info.get("final_info", {}) for key in _SUCCESS_KEYS):
-                success = self._success(info["final_info"], np.zeros(self.num_envs, dtype=bool) if success is None
-                                        else success, rows=done)  # fmt: skip
+            success = self._success(info.get("final_info", {}), success, rows=done)
         out = {
             "final_obs": final_t,
             "rewards": {},
             "metrics": {},
             "success": self._no_success if success is None else self._to_torch(success, torch.bool),
         }
-        self._obs = obs
         return (
             obs_t, self._to_torch(reward, torch.float32),
             self._to_torch(terminated, torch.bool), self._to_torch(truncated, torch.bool), out,
         )  # fmt: skip
 
-    @staticmethod
-    def _success(info: dict[str, Any], success: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-        """``success`` with the rows that report ``is_success``/``success`` in ``info`` overwritten."""
-        for key in _SUCCESS_KEYS:
-            if key in info:
-                present = np.asarray(info.get(f"_{key}", np.ones_like(success)), dtype=bool)
-                if rows is not None:
-                    present = present & rows
-                success = np.where(present, np.asarray(info[key], dtype=bool), success)
-                break
-        return success
+    def _success(self, info: dict[str, Any], success: np.ndarray | None, rows: np.ndarray | None = None,
+                 ) -> np.ndarray | None:  # fmt: skip
+        """``success`` (all False when None) with the rows (of ``rows``) that report
+        ``is_success``/``success`` in ``info`` overwritten; ``success`` itself
+        when ``info`` has no such flag."""
+        key = next((k for k in _SUCCESS_KEYS if k in info), None)
+        if key is None:
+            return success
+        present = np.asarray(info.get(f"_{key}", np.ones(self.num_envs, dtype=bool)), dtype=bool)
+        if rows is not None:
+            present = present & rows
+        base = np.zeros(self.num_envs, dtype=bool) if success is None else success
+        return np.where(present, np.asarray(info[key], dtype=bool), base)
 
     def close(self, **kwargs: Any) -> None:
         """Close the underlying gymnasium vector env (and its subprocesses)."""
