@@ -202,7 +202,7 @@ def seed_groups(jobs: Sequence[JobResult], keys: Sequence[str]) -> dict[tuple[tu
 
 
 def write_summary(sweep_dir: str | Path, maximize: bool = True, plot: bool = True,
-                  metric: str = "eval/success_rate") -> dict[str, Path]:  # fmt: skip
+                  metric: str = "eval/success_rate", jobs: Sequence[JobResult] | None = None) -> dict[str, Path]:  # fmt: skip
     """Write ``summary.csv``, ``summary.md`` (and ``learning_curves.png``) into ``sweep_dir``.
 
     Args:
@@ -210,6 +210,7 @@ def write_summary(sweep_dir: str | Path, maximize: bool = True, plot: bool = Tru
         maximize: sort by the objective from highest (True) or lowest.
         plot: also draw the learning curves of ``metric``.
         metric: the ``metrics.jsonl`` key plotted against env steps.
+        jobs: the sweep's jobs when already loaded (:func:`load_jobs`).
 
     Returns:
         ``{"csv": path, "md": path}`` plus ``"png"`` when a plot was drawn.
@@ -220,7 +221,7 @@ def write_summary(sweep_dir: str | Path, maximize: bool = True, plot: bool = Tru
     from rlchain.checkpoint import atomic_write_text
 
     sweep_dir = Path(sweep_dir)
-    jobs = load_jobs(sweep_dir)
+    jobs = load_jobs(sweep_dir) if jobs is None else jobs
     keys = varying_keys(jobs)
     ranked = sorted(jobs, key=lambda j: (_sort_key(j.value("objective"), maximize), j.num))
     objective_name = next((j.summary["objective_name"] for j in jobs if j.summary.get("objective_name")), "objective")
@@ -231,12 +232,12 @@ def write_summary(sweep_dir: str | Path, maximize: bool = True, plot: bool = Tru
     for job in ranked:
         params = job.params()
         results = [job.value(key) for key, _ in RESULTS]
-        base = [job.num, *(params.get(k, "") for k in keys), job.status, job.device or "", job.wall_s,
-                job.summary.get("global_step")]  # fmt: skip
-        csv_rows.append([*base, *results, job.summary.get("error") or "", " ".join(job.overrides),
+        head = [job.num, *(params.get(k, "") for k in keys), job.status, job.device or ""]
+        step = job.summary.get("global_step")
+        csv_rows.append([*head, job.wall_s, step, *results, job.summary.get("error") or "", " ".join(job.overrides),
                          str(job.dir.relative_to(sweep_dir))])  # fmt: skip
-        md_rows.append([_fmt(v) for v in [*base[:-2], None if job.wall_s is None else round(job.wall_s, 1),
-                                          base[-1], *results]])  # fmt: skip
+        wall = None if job.wall_s is None else round(job.wall_s, 1)
+        md_rows.append([_fmt(v) for v in [*head, wall, step, *results]])
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow([*header, "error", "overrides", "dir"])
@@ -382,10 +383,10 @@ class SweepSummary(Callback):
         """Write the tables (and plot) into ``hydra.sweep.dir``; raise :class:`SweepFailed` on failures."""
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:
-            paths = write_summary(sweep_dir, plot=self.plot)
+            jobs = load_jobs(sweep_dir)
         except FileNotFoundError:
             return
-        jobs = load_jobs(sweep_dir)
+        paths = write_summary(sweep_dir, plot=self.plot, jobs=jobs)
         print(f"rlchain: sweep summary of {len(jobs)} jobs: {paths['md']}", flush=True)
         failed = [j for j in jobs if j.status not in ("completed", "interrupted")]
         if failed:
