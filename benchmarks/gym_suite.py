@@ -135,7 +135,6 @@ def main() -> None:
     parser.add_argument("--only", choices=["learning", "overhead"], default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     rows = []
     for num_envs in (16, 64) if args.only in (None, "overhead") else ():
         row = overhead_row(num_envs=num_envs, steps=64_000 // num_envs)
