@@ -274,6 +274,45 @@ def test_collector_bootstraps_truncations_from_final_obs_only():
     assert adv[t, n].item() == pytest.approx(expected.item(), abs=1e-6)
 
 
+def test_collector_stores_each_step_and_counts_episodes_across_rollouts():
+    # Step the env by hand next to the collector (same seed, same actions) and
+    # keep the episode sums the plain way; episodes span rollout boundaries.
+    torch.manual_seed(0)
+    env, twin = LineEnv(num_envs=6, max_episode_steps=3), LineEnv(num_envs=6, max_episode_steps=3)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    collector = SyncCollector(env, policy, rollout_steps=5)
+    twin_obs, _ = twin.reset()
+    ret, length, finished = torch.zeros(6), torch.zeros(6, dtype=torch.int64), []
+    for _ in range(3):
+        rollout = collector.collect().clone()
+        for t in range(5):
+            assert torch.equal(rollout["obs"][t], twin_obs)
+            twin_obs, reward, terminated, truncated, info = twin.step(rollout["action"][t])
+            done = terminated | truncated
+            ret, length = ret + reward, length + 1
+            for key, value in (("reward", reward), ("terminated", terminated), ("truncated", truncated),
+                               ("done", done), ("final_obs", info["final_obs"]), ("success", info["success"]),
+                               ("episode_return", ret), ("episode_length", length)):  # fmt: skip
+                torch.testing.assert_close(rollout[key][t], value, msg=f"{key} at step {t}")
+            finished += ret[done].tolist()
+            ret, length = ret.masked_fill(done, 0.0), length.masked_fill(done, 0)
+    assert len(finished) > 6 and collector.episode_returns == pytest.approx(finished[-len(collector.episode_returns):])
+
+
+def test_collector_rejects_reward_terms_that_come_and_go():
+    class FlakyTerms(LineEnv):
+        def step(self, action):
+            out = super().step(action)
+            if int(self.t[0]) % 2 == 0:
+                out[4]["rewards"] = {}
+            return out
+
+    env = FlakyTerms(num_envs=4, max_episode_steps=50)
+    policy = ActorOnly(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    with pytest.raises(ValueError, match=r"info\['rewards'\]\['progress'\] is missing at some step"):
+        SyncCollector(env, policy, rollout_steps=4).collect()
+
+
 def test_collector_group_reset_and_episode_stats():
     env = LineEnv(num_envs=8, max_episode_steps=4)
     policy = ActorOnly(env.single_observation_space, env.single_action_space, hidden_sizes=[8])

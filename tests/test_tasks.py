@@ -136,6 +136,20 @@ def test_box_env_matches_gymnasium_clips_actions_and_keeps_final_obs():
         env.step(torch.full((3, 1), float("nan")))
 
 
+@pytest.mark.parametrize("vectorization", ["sync", "async"])
+def test_returned_tensors_are_not_overwritten_by_later_steps(vectorization):
+    # The collector keeps a rollout's tensors until it stores them; gymnasium
+    # reuses its observation buffer, so the adapter must hand out copies.
+    env = GymVecEnv("Pendulum-v1", num_envs=2, vectorization=vectorization)
+    first = env.step(torch.zeros(2, 1))
+    kept = [first[0].clone(), first[1].clone(), first[4]["final_obs"].clone()]
+    for _ in range(3):
+        env.step(torch.full((2, 1), 2.0))
+    assert torch.equal(first[0], kept[0]) and torch.equal(first[1], kept[1])
+    assert torch.equal(first[4]["final_obs"], kept[2])
+    env.close()
+
+
 def test_discrete_env_matches_gymnasium_in_sync_and_async_modes():
     raw, raw_obs = raw_vec("CartPole-v1", 4, seed=0)
     envs = [GymVecEnv("CartPole-v1", num_envs=4), GymVecEnv("CartPole-v1", num_envs=4, vectorization="async")]

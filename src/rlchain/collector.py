@@ -14,14 +14,46 @@ from rlchain.policies import Policy
 
 __all__ = ["SyncCollector"]
 
+#: The per-step rollout keys, in the order the step loop records them.
+_STEP_KEYS = ("obs", "action", "sample_log_prob", "value", "reward", "terminated", "truncated", "final_obs", "success")
+
+
+def _term_means(infos: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Rollout means (0-d float32) of every ``info["rewards"]`` and ``info["metrics"]`` entry.
+
+    Keys are ``rewards/<term>`` and ``metrics/<name>``; the terms are those of
+    the first step, which every step must report.
+
+    Raises:
+        ValueError: a step that lacks a term of the first step.
+    """
+    first = infos[0]
+    means = {}
+    for group in ("rewards", "metrics"):
+        for name in first.get(group, {}):
+            try:
+                column = [info[group][name] for info in infos]
+            except KeyError:
+                raise ValueError(
+                    f"info[{group!r}][{name!r}] is missing at some step: an env must report the same terms every step"
+                ) from None
+            means[f"{group}/{name}"] = torch.stack(column).float().mean()
+    return means
+
 
 class SyncCollector:
     """Steps ``env`` with ``policy`` for ``rollout_steps`` steps and fills a :class:`RolloutBuffer`.
 
-    The step loop never synchronises host and device: every per-step write is
-    an in-place copy into preallocated storage, and episode statistics stay in
-    the rollout (``episode_return``, ``episode_length``, ``success`` at ``done``
-    steps) until :meth:`collect` reads them once at the end.
+    The step loop never synchronises host and device and does no bookkeeping:
+    it calls the policy and the env and keeps references to what they return.
+    After the loop one ``torch.stack`` per key writes the preallocated storage,
+    and ``episode_return``/``episode_length`` are computed for the whole
+    rollout at once from rewards and dones; :meth:`collect` reads the finished
+    episodes to the host once at the end. This relies on the
+    :class:`~rlchain.envs.base.VecEnv` contract that returned tensors are not
+    modified by later steps (policies' outputs likewise). The price is memory:
+    until the stacks, the step tensors of one rollout are alive next to the
+    storage, so peak rollout memory is about twice the buffer's.
 
     Bootstrapping (Pardo et al. 2018): after the loop one batched critic
     forward over ``final_obs`` gives ``next_value``, the value of the state each
@@ -51,6 +83,9 @@ class SyncCollector:
         self._obs: torch.Tensor | None = None
         self._episode_return = torch.zeros(n, device=dev)
         self._episode_length = torch.zeros(n, dtype=torch.int64, device=dev)
+        self._step = torch.arange(rollout_steps, device=dev).unsqueeze(1)  # [T, 1]
+        self._started = torch.zeros(rollout_steps, n, dtype=torch.bool, device=dev)
+        self._cum_reward = torch.zeros(rollout_steps + 1, n, dtype=torch.float64, device=dev)
         self.stats_window = stats_window
         self.episode_returns: deque[float] = deque()
         self.episode_lengths: deque[int] = deque()
@@ -75,31 +110,25 @@ class SyncCollector:
             self._obs, _ = env.reset(options=reset_options)
             self._episode_return.zero_()
             self._episode_length.zero_()
-        obs = self._obs
-        store = dict(data.items())  # plain tensors: per-step writes skip TensorDict dispatch
-        sums: dict[str, torch.Tensor] = {}
-        for t in range(self.rollout_steps):
-            td = policy.get_action(TensorDict({"obs": obs}, batch_size=[env.num_envs]))
-            next_obs, reward, terminated, truncated, info = env.step(td["action"])
-            done = terminated | truncated
-            self._episode_return += reward
-            self._episode_length += 1
-            for key, value in (
-                ("obs", obs), ("action", td["action"]), ("sample_log_prob", td["sample_log_prob"]),
-                ("value", td["value"]), ("reward", reward), ("terminated", terminated),
-                ("truncated", truncated), ("done", done), ("final_obs", info["final_obs"]),
-                ("episode_return", self._episode_return), ("episode_length", self._episode_length),
-                ("success", info["success"]),
-            ):  # fmt: skip
-                store[key][t].copy_(value)
-            for group in ("rewards", "metrics"):
-                for name, value in info.get(group, {}).items():
-                    key = f"{group}/{name}"
-                    sums[key] = sums[key] + value if key in sums else value.clone()
-            self._episode_return.masked_fill_(done, 0.0)
-            self._episode_length.masked_fill_(done, 0)
+        obs, batch_size = self._obs, torch.Size([env.num_envs])
+        # The loop only keeps references; after it, one stack per key writes the
+        # storage (T times fewer copies than writing every step).
+        steps: list[tuple[torch.Tensor, ...]] = []
+        infos: list[dict[str, Any]] = []
+        for _ in range(self.rollout_steps):
+            td = policy.get_action(TensorDict({"obs": obs}, batch_size=batch_size))
+            action = td["action"]
+            next_obs, reward, terminated, truncated, info = env.step(action)
+            steps.append((obs, action, td["sample_log_prob"], td["value"], reward, terminated, truncated,
+                          info["final_obs"], info["success"]))  # fmt: skip
+            infos.append(info)
             obs = next_obs
         self._obs = obs
+        for key, column in zip(_STEP_KEYS, zip(*steps)):
+            torch.stack(column, out=data[key])
+        del steps
+        torch.logical_or(data["terminated"], data["truncated"], out=data["done"])
+        self._episode_statistics(data)
 
         if getattr(policy, "has_critic", True):
             flat_final = data["final_obs"].reshape(-1, *data["final_obs"].shape[2:])
@@ -109,17 +138,42 @@ class SyncCollector:
             data["next_value"].zero_()
 
         # One host read per rollout: the finished episodes and the term means.
+        term_means = _term_means(infos)
+        del infos
         done = data["done"]
         finished = (data["episode_return"][done], data["episode_length"][done], data["success"][done])
-        means = torch.stack([v.float().mean() / self.rollout_steps for v in sums.values()]) if sums else None
         returns, lengths, successes = (x.tolist() for x in finished)
         keep = max(self.stats_window, len(returns))
         for dq, new in ((self.episode_returns, returns), (self.episode_lengths, lengths), (self.episode_successes, successes)):
             dq.extend(new)
             while len(dq) > keep:
                 dq.popleft()
-        self.last_stats = dict(zip(sums, means.tolist())) if means is not None else {}
+        self.last_stats = dict(zip(term_means, torch.stack(list(term_means.values())).tolist())) if term_means else {}
         return data
+
+    def _episode_statistics(self, data: TensorDict) -> None:
+        """Fill ``episode_return`` and ``episode_length`` of the rollout from its rewards and dones.
+
+        Step ``t`` of env ``n`` belongs to the episode that began after the
+        latest ``done`` before ``t`` or, without one, to the episode carried in
+        from the previous rollout, whose return and length so far are the
+        carries: they are folded in as an extra reward at step 0 and as a start
+        ``episode_length`` steps before step 0. Rewards are accumulated in
+        float64, so returns do not drift over long rollouts. Vectorised over
+        ``[T, N]``: a fixed number of tensor ops, no step loop.
+        """
+        reward, done = data["reward"], data["done"]
+        started = self._started  # started[t]: an episode began at t; row 0 stays False
+        started[1:] = done[:-1]
+        start = torch.where(started, self._step, -self._episode_length).cummax(dim=0).values  # [T, N]
+        torch.sub(self._step + 1, start, out=data["episode_length"])
+        reward = reward.double()
+        reward[0] += self._episode_return
+        cum = self._cum_reward  # cum[t]: reward sum over steps before t; row 0 stays 0
+        torch.cumsum(reward, dim=0, out=cum[1:])
+        torch.sub(cum[1:], cum.gather(0, start.clamp(min=0)), out=data["episode_return"])
+        self._episode_return.copy_(data["episode_return"][-1]).masked_fill_(done[-1], 0.0)
+        self._episode_length.copy_(data["episode_length"][-1]).masked_fill_(done[-1], 0)
 
     def episode_stats(self) -> dict[str, float]:
         """Means over the episode window (see ``stats_window``; empty before the first episode)."""

@@ -64,6 +64,11 @@ class VecEnv(gym.vector.VectorEnv):
     ``terminated | truncated``), ``rewards`` (dict of weighted terms, float32
     ``[N]`` each, summing to ``reward``), ``metrics`` (dict of float32 ``[N]``)
     and ``success`` (bool ``[N]``).
+
+    Returned tensors belong to the caller: a later ``step`` or ``reset`` must
+    not modify them in place (the collector keeps references to a whole
+    rollout's tensors before it stores them). Build new tensors each step, as
+    the built-in tasks do, or return copies of internal buffers.
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}

@@ -27,8 +27,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -71,17 +72,17 @@ _D = GymEnvConfig()
 
 
 def flatten_batch(space: gym.Space, x: Any) -> np.ndarray:
-    """Flatten a batch of observations of ``space`` to float32 ``[N, flatdim(space)]``.
+    """Flatten a batch of observations of ``space`` to a new float32 ``[N, flatdim(space)]`` array.
 
     Row ``i`` equals ``gymnasium.spaces.flatten(space, x_i)`` (see the module
-    docstring for the layout).
+    docstring for the layout). The result never shares memory with ``x``.
 
     Raises:
         ValueError: a space type other than those in the module docstring.
     """
     if isinstance(space, gym.spaces.Box):
         x = np.asarray(x)
-        return x.reshape(x.shape[0], -1).astype(np.float32, copy=False)
+        return np.array(x.reshape(x.shape[0], -1), dtype=np.float32)
     if isinstance(space, gym.spaces.Discrete):
         x = np.asarray(x).reshape(-1) - int(space.start)
         out = np.zeros((x.shape[0], int(space.n)), dtype=np.float32)
@@ -95,6 +96,10 @@ def flatten_batch(space: gym.Space, x: Any) -> np.ndarray:
     if isinstance(space, gym.spaces.Tuple):
         return np.concatenate([flatten_batch(sub, part) for sub, part in zip(space.spaces, x)], axis=1)
     raise ValueError(_unsupported("observation", space))
+
+
+def _to_device(x: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(x).to(device, non_blocking=True)
 
 
 def _unsupported(kind: str, space: gym.Space) -> str:
@@ -179,7 +184,9 @@ class GymVecEnv(VecEnv):
         try:
             self.envs = gym.make_vec(
                 spec, num_envs=num_envs, vectorization_mode=vectorization,
-                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **dict(kwargs),
+                # copy=False: flatten_batch copies every observation once, so
+                # gymnasium's own defensive deepcopy would be a second copy.
+                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False}, **dict(kwargs),
             )  # fmt: skip
         except gym.error.DependencyNotInstalled as err:
             raise ValueError(f"env.id={id!r} needs a package that is not installed: {err}") from err
@@ -189,6 +196,11 @@ class GymVecEnv(VecEnv):
             self.envs.close()
             raise
         self._rng = np.random.default_rng(self.seed)
+        # numpy -> torch for every array of a step. Each array passed is a fresh
+        # one, so on the CPU the tensor simply shares its memory.
+        self._to_torch: Callable[[np.ndarray], torch.Tensor] = (
+            torch.from_numpy if self.device.type == "cpu" else partial(_to_device, device=self.device)
+        )
         self._no_success = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
         self.envs.reset(seed=[self.seed + i for i in range(num_envs)])
 
@@ -201,6 +213,8 @@ class GymVecEnv(VecEnv):
             self._discrete = False
             self._low = action_space.low.astype(np.float32)
             self._high = action_space.high.astype(np.float32)
+            self._action_dtype = action_space.dtype
+            self._action_shape = (self.num_envs, action_space.shape[0])
             policy_action_space = action_space
         else:
             raise ValueError(_unsupported("action", action_space))
@@ -209,12 +223,8 @@ class GymVecEnv(VecEnv):
         low, high = flat.low.astype(np.float32), flat.high.astype(np.float32)
         self._set_spaces(gym.spaces.Box(low, high, flat.shape, np.float32), policy_action_space)
 
-    def _to_torch(self, x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        t = torch.from_numpy(np.ascontiguousarray(x))
-        return t.to(device=self.device, dtype=dtype, non_blocking=self.device.type == "cuda")
-
     def _observe(self, obs: Any) -> torch.Tensor:
-        return self._to_torch(flatten_batch(self.gym_observation_space, obs), torch.float32)
+        return self._to_torch(flatten_batch(self.gym_observation_space, obs))
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Reset every env.
@@ -241,18 +251,23 @@ class GymVecEnv(VecEnv):
 
     def _action_to_numpy(self, action: torch.Tensor) -> np.ndarray:
         n = self.num_envs
-        a = action.detach().cpu().numpy() if isinstance(action, torch.Tensor) else np.asarray(action)
+        if isinstance(action, torch.Tensor):
+            try:
+                a = action.numpy()  # a CPU tensor outside autograd: no copy
+            except (RuntimeError, TypeError):  # on an accelerator, or requiring grad
+                a = action.detach().cpu().numpy()
+        else:
+            a = np.asarray(action)
         if self._discrete:
             a = a.reshape(-1) if a.shape == (n, 1) else a
             if a.shape != (n,):
                 raise ValueError(f"action has shape {a.shape}: expected ({n},) = (num_envs,)")
             return a.astype(np.int64) + self._action_start
-        dim = self.single_action_space.shape[0]
-        if a.shape != (n, dim):
-            raise ValueError(f"action has shape {a.shape}: expected ({n}, {dim}) = (num_envs, action dim)")
+        if a.shape != self._action_shape:
+            raise ValueError(f"action has shape {a.shape}: expected {self._action_shape} = (num_envs, action dim)")
         if not np.isfinite(a).all():
             raise ValueError("action contains NaN or inf: expected finite values (they are clipped to the Box bounds)")
-        return np.clip(a, self._low, self._high).astype(self.envs.single_action_space.dtype, copy=False)
+        return a.clip(self._low, self._high).astype(self._action_dtype, copy=False)
 
     def step(self, action: torch.Tensor):
         """Step every env once (same-step auto-reset).
@@ -271,26 +286,29 @@ class GymVecEnv(VecEnv):
         """
         obs, reward, terminated, truncated, info = self.envs.step(self._action_to_numpy(action))
         flat = flatten_batch(self.gym_observation_space, obs)
-        obs_t = self._to_torch(flat, torch.float32)
+        obs_t = self._to_torch(flat)
         final_t = obs_t  # no episode ended: the final observations are the observations
-        done = np.logical_or(terminated, truncated)
-        success = self._success(info, None)
-        if done.any():
+        success = self._success(info, None) if "is_success" in info or "success" in info else None
+        if "final_obs" in info:  # gymnasium adds it exactly when an episode ended
+            done = np.logical_or(terminated, truncated)
             final = flat.copy()
             for i in np.flatnonzero(done):
                 final[i] = gym.spaces.flatten(self.gym_observation_space, info["final_obs"][i])
-            final_t = self._to_torch(final, torch.float32)
+            final_t = self._to_torch(final)
             success = self._success(info.get("final_info", {}), success, rows=done)
         out = {
             "final_obs": final_t,
             "rewards": {},
             "metrics": {},
-            "success": self._no_success if success is None else self._to_torch(success, torch.bool),
+            "success": self._no_success if success is None else self._to_torch(success),
         }
         return (
-            obs_t, self._to_torch(reward, torch.float32),
-            self._to_torch(terminated, torch.bool), self._to_torch(truncated, torch.bool), out,
-        )  # fmt: skip
+            obs_t,
+            self._to_torch(np.asarray(reward, dtype=np.float32)),
+            self._to_torch(np.asarray(terminated, dtype=np.bool_)),
+            self._to_torch(np.asarray(truncated, dtype=np.bool_)),
+            out,
+        )
 
     def _success(self, info: dict[str, Any], success: np.ndarray | None, rows: np.ndarray | None = None,
                  ) -> np.ndarray | None:  # fmt: skip
