@@ -38,7 +38,6 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
-from tensordict import TensorDict
 
 #: (name, preset, seeds, bar on eval/avg_reward, env-step budget)
 LEARNING = [
@@ -87,8 +86,9 @@ def learning_row(name: str, preset: str, seeds: list[int], bar: float, budget: i
 class ReplayPolicy:
     """Replays a fixed list of random actions through the policy interface the collector calls.
 
-    A plain class, not an ``nn.Module``: the harness should cost next to
-    nothing, and module attribute writes do not.
+    A plain class with the tensor form of ``get_action``
+    (:meth:`rlchain.policies.Policy.act`), as the built-in policies have: the
+    harness itself should cost next to nothing.
     """
 
     has_critic = False
@@ -97,11 +97,8 @@ class ReplayPolicy:
         self.actions = itertools.cycle(actions)
         self.zeros = torch.zeros(actions[0].shape[0])  # log-prob and value: never modified, so shared by every step
 
-    def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
-        td.set("action", next(self.actions))
-        td.set("sample_log_prob", self.zeros)
-        td.set("value", self.zeros)
-        return td
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return next(self.actions), self.zeros, self.zeros
 
 
 def overhead_row(env_id: str = "Pendulum-v1", num_envs: int = 16, block: int = 256, repeats: int = 30) -> dict:

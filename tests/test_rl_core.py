@@ -171,6 +171,47 @@ def test_categorical_policy_matches_torch_distributions():
     assert torch.equal(policy.get_action(td.clone(), True)["action"], dist.probs.argmax(-1))
 
 
+def test_act_is_get_action_on_tensors_and_follows_get_action_overrides():
+    torch.manual_seed(0)
+    spaces = (gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Box(-1, 1, (2,), np.float32))
+    policy = ActorCritic(*spaces, hidden_sizes=[8])
+    obs = torch.randn(6, 4)
+    torch.manual_seed(1)
+    action, log_prob, value = policy.act(obs)
+    torch.manual_seed(1)
+    td = policy.get_action(TensorDict({"obs": obs}, batch_size=[6]))
+    for key, tensor in (("action", action), ("sample_log_prob", log_prob), ("value", value)):
+        assert torch.equal(td[key], tensor), key
+
+    class Braking(ActorCritic):  # overrides the TensorDict form only
+        def get_action(self, td, deterministic=False):
+            td = super().get_action(td, deterministic)
+            td["action"] = torch.zeros_like(td["action"])
+            return td
+
+    class TensorDictOnly:  # no act at all, and not a Policy
+        has_critic = False
+
+        def get_action(self, td, deterministic=False):
+            n = td.batch_size[0]
+            return td.update({"action": torch.full((n, 1), 0.5), "sample_log_prob": torch.zeros(n), "value": torch.zeros(n)})
+
+    class Doubled(ActorCritic):  # overrides the tensor form only
+        def act(self, obs, deterministic=False):
+            action, log_prob, value = super().act(obs, deterministic)
+            return 2 * action, log_prob, value
+
+    assert torch.equal(Braking(*spaces, hidden_sizes=[8]).act(obs)[0], torch.zeros(6, 2))
+    doubled = Doubled(*spaces, hidden_sizes=[8])
+    td = doubled.get_action(TensorDict({"obs": obs}, batch_size=[6]), deterministic=True)
+    torch.testing.assert_close(td["action"], 2 * doubled.actor(obs))
+    for make, expected in ((lambda env: Braking(env.single_observation_space, env.single_action_space), 0.0),
+                           (lambda env: TensorDictOnly(), 0.5)):  # fmt: skip
+        env = LineEnv(num_envs=4)
+        rollout = SyncCollector(env, make(env), rollout_steps=3).collect()
+        assert rollout["action"].unique().tolist() == [expected]
+
+
 def test_actor_only_has_no_critic_and_zero_value():
     policy = ActorOnly(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Box(-1, 1, (2,), np.float32))
     assert policy.critic is None

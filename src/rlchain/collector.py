@@ -10,7 +10,7 @@ from tensordict import TensorDict
 
 from rlchain.buffer import RolloutBuffer
 from rlchain.envs.base import VecEnv
-from rlchain.policies import Policy
+from rlchain.policies import Policy, resolve_act
 
 __all__ = ["SyncCollector"]
 
@@ -45,7 +45,8 @@ class SyncCollector:
     """Steps ``env`` with ``policy`` for ``rollout_steps`` steps and fills a :class:`RolloutBuffer`.
 
     The step loop never synchronises host and device and does no bookkeeping:
-    it calls the policy and the env and keeps references to what they return.
+    it calls the policy (its tensor form, :meth:`~rlchain.policies.Policy.act`)
+    and the env and keeps references to what they return.
     After the loop one ``torch.stack`` per key writes the preallocated storage,
     and ``episode_return``/``episode_length`` are computed for the whole
     rollout at once from rewards and dones; :meth:`collect` reads the finished
@@ -110,16 +111,15 @@ class SyncCollector:
             self._obs, _ = env.reset(options=reset_options)
             self._episode_return.zero_()
             self._episode_length.zero_()
-        obs, batch_size = self._obs, torch.Size([env.num_envs])
+        obs, act = self._obs, resolve_act(policy)
         # The loop only keeps references; after it, one stack per key writes the
         # storage (T times fewer copies than writing every step).
         steps: list[tuple[torch.Tensor, ...]] = []
         infos: list[dict[str, Any]] = []
         for _ in range(self.rollout_steps):
-            td = policy.get_action(TensorDict({"obs": obs}, batch_size=batch_size))
-            action = td["action"]
+            action, sample_log_prob, value = act(obs)
             next_obs, reward, terminated, truncated, info = env.step(action)
-            steps.append((obs, action, td["sample_log_prob"], td["value"], reward, terminated, truncated,
+            steps.append((obs, action, sample_log_prob, value, reward, terminated, truncated,
                           info["final_obs"], info["success"]))  # fmt: skip
             infos.append(info)
             obs = next_obs

@@ -4,6 +4,9 @@ Every policy reads ``td["obs"]`` (float32 ``[B, obs_dim]``) and writes:
 
 * :meth:`Policy.get_action` -> ``action`` (``[B, act_dim]`` float32 for Box,
   ``[B]`` int64 for Discrete), ``sample_log_prob`` ``[B]``, ``value`` ``[B]``;
+  :meth:`Policy.act` is the same on plain tensors, ``obs -> (action,
+  sample_log_prob, value)``, which the step loops of collection and
+  evaluation call (a TensorDict per step costs about 4 us of Python);
 * :meth:`Policy.get_value` -> ``value`` ``[B]``;
 * :meth:`Policy.evaluate_actions` (reads ``action`` too) -> ``sample_log_prob``,
   ``entropy`` and ``value``, each ``[B]``, differentiable.
@@ -24,7 +27,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from functools import partial
+from typing import Callable, Sequence
 
 import gymnasium as gym
 import torch
@@ -41,7 +45,12 @@ __all__ = [
     "MLP",
     "Policy",
     "RunningMeanStd",
+    "act_via_get_action",
+    "resolve_act",
 ]
+
+#: ``act(obs, deterministic=False) -> (action, sample_log_prob, value)``.
+ActFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU,
@@ -174,9 +183,32 @@ class Policy(nn.Module):
     observation_space: gym.spaces.Box
     action_space: gym.spaces.Box | gym.spaces.Discrete
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        # get_action and act must choose the same action. A subclass that
+        # overrides one of them gets the other built on its override.
+        overrides_get_action, overrides_act = "get_action" in vars(cls), "act" in vars(cls)
+        if overrides_get_action and not overrides_act:
+            cls.act = Policy.act
+        elif overrides_act and not overrides_get_action:
+            cls.get_action = Policy.get_action_via_act
+
     def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
         """Sample (or, if ``deterministic``, take the mode of) an action; see the module docstring."""
         raise NotImplementedError
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`get_action` on tensors: ``obs [B, obs_dim]`` -> ``(action, sample_log_prob [B], value [B])``.
+
+        This default wraps :meth:`get_action`; policies override it (and
+        build ``get_action`` on it) to spare the step loops a TensorDict.
+        """
+        return act_via_get_action(self, obs, deterministic)
+
+    def get_action_via_act(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
+        """:meth:`get_action` built on :meth:`act`: writes its three outputs into ``td``."""
+        td["action"], td["sample_log_prob"], td["value"] = self.act(td["obs"], deterministic)
+        return td
 
     def get_value(self, td: TensorDict) -> TensorDict:
         """Write ``value`` ``[B]`` for ``td["obs"]``."""
@@ -188,6 +220,23 @@ class Policy(nn.Module):
 
     def update_obs_normalizer(self, obs: torch.Tensor) -> None:
         """Fold observations ``[..., obs_dim]`` into the running statistics (no-op without normalisation)."""
+
+
+def act_via_get_action(policy: object, obs: torch.Tensor, deterministic: bool = False,
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(action, sample_log_prob, value)`` of ``policy.get_action`` on ``{"obs": obs}``."""
+    td = policy.get_action(TensorDict({"obs": obs}, batch_size=obs.shape[:1]), deterministic)  # type: ignore[attr-defined]
+    return td["action"], td["sample_log_prob"], td["value"]
+
+
+def resolve_act(policy: object) -> ActFn:
+    """The tensor form of ``policy``'s ``get_action`` (see :meth:`Policy.act`).
+
+    ``policy.act`` when it has one; otherwise (an object that implements only
+    the TensorDict interface) :func:`act_via_get_action` bound to it.
+    """
+    act = getattr(policy, "act", None)
+    return act if act is not None else partial(act_via_get_action, policy)
 
 
 class ActorCritic(Policy):
@@ -272,20 +321,27 @@ class ActorCritic(Policy):
         return self.critic(x).squeeze(-1)
 
     # ----------------------------------------------------------- interface
-    def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
-        """Write ``action``, ``sample_log_prob`` and ``value`` into ``td`` and return it.
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(action, sample_log_prob [B], value [B])`` for ``obs [B, obs_dim]``.
 
         ``deterministic`` takes the Gaussian mean or the most likely category.
         """
-        x = self._features(td["obs"])
+        x = self._features(obs)
         dist = self._distribution(x)
         if deterministic:
             action = dist.probs.argmax(-1) if self.discrete else dist.mean
         else:
             action = dist.sample()
-        td["action"] = action
-        td["sample_log_prob"] = self._log_prob_entropy(dist, action)[0]
-        td["value"] = self._value(x)
+        return action, self._log_prob_entropy(dist, action)[0], self._value(x)
+
+    def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
+        """Write ``action``, ``sample_log_prob`` and ``value`` into ``td`` and return it.
+
+        Calls this class's :meth:`act` directly, not an override: a subclass
+        that overrides ``get_action`` gets an ``act`` that calls it (see
+        :class:`Policy`), and a virtual call here would loop back.
+        """
+        td["action"], td["sample_log_prob"], td["value"] = ActorCritic.act(self, td["obs"], deterministic)
         return td
 
     def get_value(self, td: TensorDict) -> TensorDict:

@@ -32,13 +32,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from tensordict import TensorDict
 
 from rlchain.algorithms.base import Algorithm
 from rlchain.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
 from rlchain.collector import SyncCollector
 from rlchain.envs.base import VecEnv
-from rlchain.policies import Policy
+from rlchain.policies import Policy, resolve_act
 from rlchain.utils import LAUNCHER_SLOT_ENV, check_positive
 from rlchain.writer import MetricWriter
 
@@ -135,8 +134,9 @@ def evaluate(env: VecEnv, policy: Policy, num_episodes: int, seed: int) -> dict[
     episode_limit = int(env.max_episode_steps)
     # Every env ends an episode at least every max_episode_steps steps.
     max_steps = per_env * episode_limit
+    act = resolve_act(policy)
     for step in range(1, max_steps + 1):
-        action = policy.get_action(TensorDict({"obs": obs}, batch_size=[n]), deterministic=True)["action"]
+        action = act(obs, True)[0]
         obs, reward, terminated, truncated, info = env.step(action)
         done = terminated | truncated
         counts = done & (finished < per_env)
