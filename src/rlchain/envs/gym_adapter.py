@@ -44,7 +44,6 @@ from rlchain.utils import check_choice, check_positive, resolve_device
 __all__ = ["GymEnvConfig", "GymVecEnv", "flatten_batch"]
 
 _OBS_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary, gym.spaces.Dict, gym.spaces.Tuple)
-_SUCCESS_KEYS = ("is_success", "success")
 
 
 @dataclass
@@ -288,7 +287,7 @@ class GymVecEnv(VecEnv):
         flat = flatten_batch(self.gym_observation_space, obs)
         obs_t = self._to_torch(flat)
         final_t = obs_t  # no episode ended: the final observations are the observations
-        success = self._success(info, None) if "is_success" in info or "success" in info else None
+        success = self._success(info, None)
         if "final_obs" in info:  # gymnasium adds it exactly when an episode ended
             done = np.logical_or(terminated, truncated)
             final = flat.copy()
@@ -315,7 +314,8 @@ class GymVecEnv(VecEnv):
         """``success`` (all False when None) with the rows (of ``rows``) that report
         ``is_success``/``success`` in ``info`` overwritten; ``success`` itself
         when ``info`` has no such flag."""
-        key = next((k for k in _SUCCESS_KEYS if k in info), None)
+        # Two membership tests, not a loop over the keys: this runs every step.
+        key = "is_success" if "is_success" in info else "success" if "success" in info else None
         if key is None:
             return success
         present = np.asarray(info.get(f"_{key}", np.ones(self.num_envs, dtype=bool)), dtype=bool)
