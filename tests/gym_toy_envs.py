@@ -53,6 +53,26 @@ class MultiDiscreteActionEnv(gym.Env):
         return np.zeros(2, np.float32), 0.0, False, False, {}
 
 
-for _id, _entry in (("rlchain_test/DictObs-v0", DictObsEnv), ("rlchain_test/MultiDiscrete-v0", MultiDiscreteActionEnv)):
+class EchoActionEnv(gym.Env):
+    """Observes the action it was given (float64 Box(-1, 1, (2,)) actions) and keeps its dtype in ``action_dtype``."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)
+    action_space = gym.spaces.Box(-1, 1, (2,), np.float64)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2), {}
+
+    def step(self, action):
+        self.action_dtype = action.dtype
+        return np.array(action, dtype=np.float64), 0.0, False, False, {}
+
+
+_ENVS = {
+    "rlchain_test/DictObs-v0": DictObsEnv,
+    "rlchain_test/MultiDiscrete-v0": MultiDiscreteActionEnv,
+    "rlchain_test/EchoAction-v0": EchoActionEnv,
+}
+for _id, _entry in _ENVS.items():
     if _id not in gym.registry:
         gym.register(id=_id, entry_point=_entry, max_episode_steps=10)

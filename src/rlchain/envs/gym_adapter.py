@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -37,6 +38,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import concatenate, create_empty_array
 
 from rlchain.envs.base import VecEnv, check_group_size
 from rlchain.utils import check_choice, check_positive, resolve_device
@@ -81,7 +83,7 @@ def flatten_batch(space: gym.Space, x: Any) -> np.ndarray:
     """
     if isinstance(space, gym.spaces.Box):
         x = np.asarray(x)
-        return np.array(x.reshape(x.shape[0], -1), dtype=np.float32)
+        return np.array(x if x.ndim == 2 else x.reshape(x.shape[0], -1), dtype=np.float32)
     if isinstance(space, gym.spaces.Discrete):
         x = np.asarray(x).reshape(-1) - int(space.start)
         out = np.zeros((x.shape[0], int(space.n)), dtype=np.float32)
@@ -212,7 +214,8 @@ class GymVecEnv(VecEnv):
             self._discrete = False
             self._low = action_space.low.astype(np.float32)
             self._high = action_space.high.astype(np.float32)
-            self._action_dtype = action_space.dtype
+            # None: the clipped float32 array is already of the Box's dtype.
+            self._action_dtype = None if action_space.dtype == np.float32 else action_space.dtype
             self._action_shape = (self.num_envs, action_space.shape[0])
             policy_action_space = action_space
         else:
@@ -264,9 +267,13 @@ class GymVecEnv(VecEnv):
             return a.astype(np.int64) + self._action_start
         if a.shape != self._action_shape:
             raise ValueError(f"action has shape {a.shape}: expected {self._action_shape} = (num_envs, action dim)")
-        if not np.isfinite(a).all():
+        # One reduction on the common path: the float64 sum is finite unless an
+        # entry is NaN or inf (float32 entries cannot overflow it; float64 ones
+        # near 1e308 can, so the exact test decides whenever it is not).
+        if not math.isfinite(a.sum(dtype=np.float64)) and not np.isfinite(a).all():
             raise ValueError("action contains NaN or inf: expected finite values (they are clipped to the Box bounds)")
-        return a.clip(self._low, self._high).astype(self._action_dtype, copy=False)
+        clipped = a.clip(self._low, self._high)
+        return clipped if self._action_dtype is None else clipped.astype(self._action_dtype)
 
     def step(self, action: torch.Tensor):
         """Step every env once (same-step auto-reset).
@@ -284,15 +291,19 @@ class GymVecEnv(VecEnv):
             ValueError: an action of the wrong shape or with non-finite entries.
         """
         obs, reward, terminated, truncated, info = self.envs.step(self._action_to_numpy(action))
-        flat = flatten_batch(self.gym_observation_space, obs)
+        space = self.gym_observation_space
+        flat = flatten_batch(space, obs)
         obs_t = self._to_torch(flat)
         final_t = obs_t  # no episode ended: the final observations are the observations
         success = self._success(info, None)
         if "final_obs" in info:  # gymnasium adds it exactly when an episode ended
             done = np.logical_or(terminated, truncated)
+            ended = np.flatnonzero(done)
+            # gymnasium keeps one final observation per env (None where none
+            # ended): batch those that ended, then flatten them all at once.
+            final_batch = concatenate(space, info["final_obs"][ended], create_empty_array(space, len(ended)))
             final = flat.copy()
-            for i in np.flatnonzero(done):
-                final[i] = gym.spaces.flatten(self.gym_observation_space, info["final_obs"][i])
+            final[ended] = flatten_batch(space, final_batch)
             final_t = self._to_torch(final)
             success = self._success(info.get("final_info", {}), success, rows=done)
         out = {
