@@ -221,12 +221,19 @@ class GymVecEnv(VecEnv):
         else:
             raise ValueError(_unsupported("action", action_space))
         self.gym_observation_space = obs_space
+        # The flattening of one batch, chosen once: a batch of 1-D Box
+        # observations is [N, dim] already and needs only the float32 copy.
+        self._flatten: Callable[[Any], np.ndarray] = (
+            partial(np.array, dtype=np.float32)
+            if isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1
+            else partial(flatten_batch, obs_space)
+        )
         flat = gym.spaces.flatten_space(obs_space)
         low, high = flat.low.astype(np.float32), flat.high.astype(np.float32)
         self._set_spaces(gym.spaces.Box(low, high, flat.shape, np.float32), policy_action_space)
 
     def _observe(self, obs: Any) -> torch.Tensor:
-        return self._to_torch(flatten_batch(self.gym_observation_space, obs))
+        return self._to_torch(self._flatten(obs))
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Reset every env.
@@ -291,8 +298,7 @@ class GymVecEnv(VecEnv):
             ValueError: an action of the wrong shape or with non-finite entries.
         """
         obs, reward, terminated, truncated, info = self.envs.step(self._action_to_numpy(action))
-        space = self.gym_observation_space
-        flat = flatten_batch(space, obs)
+        flat = self._flatten(obs)
         obs_t = self._to_torch(flat)
         final_t = obs_t  # no episode ended: the final observations are the observations
         success = self._success(info, None)
@@ -301,9 +307,10 @@ class GymVecEnv(VecEnv):
             ended = np.flatnonzero(done)
             # gymnasium keeps one final observation per env (None where none
             # ended): batch those that ended, then flatten them all at once.
+            space = self.gym_observation_space
             final_batch = concatenate(space, info["final_obs"][ended], create_empty_array(space, len(ended)))
             final = flat.copy()
-            final[ended] = flatten_batch(space, final_batch)
+            final[ended] = self._flatten(final_batch)
             final_t = self._to_torch(final)
             success = self._success(info.get("final_info", {}), success, rows=done)
         out = {
@@ -312,13 +319,9 @@ class GymVecEnv(VecEnv):
             "metrics": {},
             "success": self._no_success if success is None else self._to_torch(success),
         }
-        return (
-            obs_t,
-            self._to_torch(np.asarray(reward, dtype=np.float32)),
-            self._to_torch(np.asarray(terminated, dtype=np.bool_)),
-            self._to_torch(np.asarray(truncated, dtype=np.bool_)),
-            out,
-        )
+        # gymnasium's sync and async vector envs return fresh float64 rewards
+        # and fresh bool terminated/truncated arrays.
+        return obs_t, self._to_torch(reward.astype(np.float32)), self._to_torch(terminated), self._to_torch(truncated), out
 
     def _success(self, info: dict[str, Any], success: np.ndarray | None, rows: np.ndarray | None = None,
                  ) -> np.ndarray | None:  # fmt: skip
