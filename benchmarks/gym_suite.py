@@ -15,11 +15,13 @@ Targets:
 * gymnasium CartPole-v1 through env=gym, PPO: 500 within 100k env steps;
 * gymnasium Pendulum-v1, PPO: eval return >= -200, mean of 3 seeds, within 200k;
 * adapter overhead: with a random policy, ``env=gym`` collection steps/s at
-  least 0.9 of stepping the same ``gymnasium.make_vec`` env directly.
+  least 0.9 of stepping the same ``gymnasium.make_vec`` env directly
+  (Pendulum-v1 at 16, 32 and 64 envs; the median of 5 rounds).
 
-Reference rows (a bar to compare against, not a target; run only when the
-``rlchain[mujoco]`` extra is installed): HalfCheetah-v5, PPO, 3 seeds, eval
-return 3000 within 1M env steps.
+Reference rows (a bar to compare against, not a target): HalfCheetah-v5,
+PPO, 3 seeds, eval return 3000 within 1M env steps; the adapter overhead on
+CartPole-v1 and HalfCheetah-v5 at 16 envs. The HalfCheetah rows run only when
+the ``rlchain[mujoco]`` extra is installed.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ LEARNING = [
 REFERENCE = [
     ("gymnasium HalfCheetah-v5, PPO", "gym_half_cheetah_ppo", [0, 1, 2], 3000.0, 1_000_000),
 ]
+#: (env id, num_envs) of the adapter-overhead rows: the target, then the references.
+OVERHEAD = [("Pendulum-v1", 16), ("Pendulum-v1", 32), ("Pendulum-v1", 64)]
+OVERHEAD_REFERENCE = [("CartPole-v1", 16), ("HalfCheetah-v5", 16)]
 
 
 def eval_curve(run_dir: Path) -> list[tuple[int, float]]:
@@ -101,8 +106,8 @@ class ReplayPolicy:
         return next(self.actions), self.zeros, self.zeros
 
 
-def overhead_row(env_id: str = "Pendulum-v1", num_envs: int = 16, block: int = 256, repeats: int = 30) -> dict:
-    """Random-policy collection steps/s through env=gym against gymnasium's own vector env.
+def overhead_round(env_id: str, num_envs: int, block: int = 256, repeats: int = 30) -> tuple[float, float]:
+    """One round: ``(gymnasium steps/s, env=gym collection steps/s)`` with a random policy.
 
     Both sides replay the same 256 pre-sampled random actions, so the ratio is
     the cost of the adapter and the collector alone. They run in one process,
@@ -133,26 +138,45 @@ def overhead_row(env_id: str = "Pendulum-v1", num_envs: int = 16, block: int = 2
         adapted.append(block * num_envs / (time.perf_counter() - start))
     raw.close()
     env.close()
-    ratio = max(adapted) / max(direct)
-    return {"name": f"adapter overhead ({env_id}, {num_envs} envs, sync)", "direct_SPS": max(direct),
-            "rlchain_SPS": max(adapted), "ratio": ratio, "met": ratio >= 0.9}  # fmt: skip
+    return max(direct), max(adapted)
+
+
+def overhead_row(env_id: str, num_envs: int, rounds: int = 5) -> dict:
+    """:func:`overhead_round` ``rounds`` times, each with fresh envs: the median round and the spread.
+
+    ``overhead_us`` is the time the adapter and the collector add to one
+    vector step (all ``num_envs`` envs) in the median round, in microseconds.
+    """
+    results = sorted((adapted / direct, direct, adapted) for direct, adapted in
+                     (overhead_round(env_id, num_envs) for _ in range(rounds)))  # fmt: skip
+    ratio, direct, adapted = results[len(results) // 2]
+    return {"name": f"adapter overhead ({env_id}, {num_envs} envs, sync)", "env_id": env_id, "num_envs": num_envs,
+            "direct_SPS": direct, "rlchain_SPS": adapted, "ratio": ratio, "overhead_us": 1e6 * num_envs * (1 / adapted - 1 / direct),
+            "ratios": [r[0] for r in results], "met": ratio >= 0.9}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=["learning", "reference", "overhead"], default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of each overhead row (its median is reported)")
     args = parser.parse_args()
     rows = []
-    for num_envs in (16, 32, 64) if args.only in (None, "overhead") else ():
-        row = overhead_row(num_envs=num_envs)
+    mujoco = importlib.util.find_spec("mujoco") is not None
+    overhead = [(spec, True) for spec in OVERHEAD if args.only in (None, "overhead")]
+    if args.only in (None, "reference"):
+        overhead += [((env_id, n), False) for env_id, n in OVERHEAD_REFERENCE if mujoco or "HalfCheetah" not in env_id]
+    for (env_id, num_envs), target in overhead:
+        row = overhead_row(env_id, num_envs, rounds=args.rounds)
         rows.append(row)
-        print(f"{row['name']}: gymnasium {row['direct_SPS']:,.0f} steps/s, env=gym collection "
-              f"{row['rlchain_SPS']:,.0f} steps/s, ratio {row['ratio']:.3f} (target >= 0.9): "
-              f"{'met' if row['met'] else 'NOT met'}", flush=True)  # fmt: skip
+        verdict = ("met" if row["met"] else "NOT met") if target else "reference"
+        print(f"{row['name']}: median of {args.rounds} rounds: gymnasium {row['direct_SPS']:,.0f} steps/s, env=gym "
+              f"collection {row['rlchain_SPS']:,.0f} steps/s, ratio {row['ratio']:.3f} (rounds "
+              f"{min(row['ratios']):.3f}-{max(row['ratios']):.3f}), {row['overhead_us']:.1f} us per vector step "
+              f"(target >= 0.9): {verdict}", flush=True)  # fmt: skip
     specs = [(spec, "met", "NOT met") for spec in LEARNING if args.only in (None, "learning")]
     if args.only in (None, "reference"):
-        if importlib.util.find_spec("mujoco") is None:
+        if not mujoco:
             print('reference rows skipped: they need pip install "rlchain[mujoco]"', flush=True)
         else:
             specs += [(spec, "reached", "not reached") for spec in REFERENCE]
