@@ -83,7 +83,7 @@ def flatten_batch(space: gym.Space, x: Any) -> np.ndarray:
     """
     if isinstance(space, gym.spaces.Box):
         x = np.asarray(x)
-        return np.array(x if x.ndim == 2 else x.reshape(x.shape[0], -1), dtype=np.float32)
+        return np.array(x.reshape(x.shape[0], -1), dtype=np.float32)
     if isinstance(space, gym.spaces.Discrete):
         x = np.asarray(x).reshape(-1) - int(space.start)
         out = np.zeros((x.shape[0], int(space.n)), dtype=np.float32)
