@@ -54,10 +54,12 @@ class MultiDiscreteActionEnv(gym.Env):
 
 
 class EchoActionEnv(gym.Env):
-    """Observes the action it was given (float64 Box(-1, 1, (2,)) actions) and keeps its dtype in ``action_dtype``."""
+    """Observes the action it was given (float64 Box(low, high, (2,)) actions) and keeps its dtype in ``action_dtype``."""
 
     observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)
-    action_space = gym.spaces.Box(-1, 1, (2,), np.float64)
+
+    def __init__(self, low=-1.0, high=1.0):
+        self.action_space = gym.spaces.Box(*(np.broadcast_to(b, (2,)).astype(np.float64) for b in (low, high)), (2,), np.float64)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -138,18 +139,24 @@ def test_box_env_matches_gymnasium_clips_actions_and_keeps_final_obs():
 
 def test_box_actions_are_clipped_in_the_box_dtype_and_only_non_finite_ones_are_rejected():
     env = GymVecEnv("rlchain_test/EchoAction-v0", num_envs=3)
-    obs, *_ = env.step(torch.tensor([[3e38, 3e38], [0.5, -0.25], [-2.0, 7.0]]))
-    assert obs.tolist() == [[1.0, 1.0], [0.5, -0.25], [-1.0, 1.0]]
-    assert env.envs.envs[0].unwrapped.action_dtype == np.float64
-    # float64 entries near the largest double overflow any sum of them: finite all the same, so clipped
-    with np.errstate(over="ignore"):
+    # Entries near the largest float32 or float64 would overflow a sum of
+    # them: finite all the same, so clipped, and without numpy warnings.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        obs, *_ = env.step(torch.tensor([[3e38, 3e38], [0.5, -0.25], [-2.0, 7.0]]))
+        assert obs.tolist() == [[1.0, 1.0], [0.5, -0.25], [-1.0, 1.0]]
+        assert env.envs.envs[0].unwrapped.action_dtype == np.float64
         obs, *_ = env.step(torch.tensor([[1e308, 1e308], [-1e308, -1e308], [0.0, 0.0]], dtype=torch.float64))
-    assert obs.tolist() == [[1.0, 1.0], [-1.0, -1.0], [0.0, 0.0]]
+        assert obs.tolist() == [[1.0, 1.0], [-1.0, -1.0], [0.0, 0.0]]
     for bad in (float("inf"), float("-inf"), float("nan")):
         with pytest.raises(ValueError, match="action contains NaN or inf"):
             env.step(torch.tensor([[0.0, 0.0], [0.0, bad], [0.0, 0.0]]))
     with pytest.raises(ValueError, match=r"action has shape \(3, 1\): expected \(3, 2\)"):
         env.step(torch.zeros(3, 1))
+    # Bounds that differ per dimension clip each dimension to its own.
+    env = GymVecEnv("rlchain_test/EchoAction-v0", num_envs=2, kwargs={"low": [-1.0, 0.0], "high": [1.0, 0.5]})
+    obs, *_ = env.step(torch.tensor([[-2.0, -2.0], [2.0, 0.25]]))
+    assert obs.tolist() == [[-1.0, 0.0], [1.0, 0.25]]
 
 
 @pytest.mark.parametrize("vectorization", ["sync", "async"])

@@ -212,11 +212,15 @@ class GymVecEnv(VecEnv):
             policy_action_space: gym.Space = gym.spaces.Discrete(int(action_space.n))
         elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
             self._discrete = False
-            self._low = action_space.low.astype(np.float32)
-            self._high = action_space.high.astype(np.float32)
+            low, high = action_space.low.astype(np.float32), action_space.high.astype(np.float32)
+            # Scalar bounds when every dimension shares them (most Boxes):
+            # numpy clips against two scalars faster than against two arrays.
+            uniform = low.size > 0 and low.min() == low.max() and high.min() == high.max()
+            self._clip_bounds = (float(low[0]), float(high[0])) if uniform else (low, high)
             # None: the clipped float32 array is already of the Box's dtype.
             self._action_dtype = None if action_space.dtype == np.float32 else action_space.dtype
             self._action_shape = (self.num_envs, action_space.shape[0])
+            self._zero_action = np.zeros(self.num_envs * action_space.shape[0], dtype=np.float32)
             policy_action_space = action_space
         else:
             raise ValueError(_unsupported("action", action_space))
@@ -274,12 +278,11 @@ class GymVecEnv(VecEnv):
             return a.astype(np.int64) + self._action_start
         if a.shape != self._action_shape:
             raise ValueError(f"action has shape {a.shape}: expected {self._action_shape} = (num_envs, action dim)")
-        # One reduction on the common path: the float64 sum is finite unless an
-        # entry is NaN or inf (float32 entries cannot overflow it; float64 ones
-        # near 1e308 can, so the exact test decides whenever it is not).
-        if not math.isfinite(a.sum(dtype=np.float64)) and not np.isfinite(a).all():
+        # One BLAS call: a . 0 is 0 when every entry is finite and NaN when one
+        # is NaN or inf (inf * 0 = NaN); unlike a sum it cannot overflow.
+        if not math.isfinite(np.vdot(a, self._zero_action)):
             raise ValueError("action contains NaN or inf: expected finite values (they are clipped to the Box bounds)")
-        clipped = a.clip(self._low, self._high)
+        clipped = a.clip(*self._clip_bounds)
         return clipped if self._action_dtype is None else clipped.astype(self._action_dtype)
 
     def step(self, action: torch.Tensor):
