@@ -82,11 +82,16 @@ class SyncCollector:
         self.rollout_steps = rollout_steps
         n, dev = env.num_envs, env.device
         self._obs: torch.Tensor | None = None
-        self._episode_return = torch.zeros(n, device=dev)
+        self._episode_return = torch.zeros(n, dtype=torch.float64, device=dev)  # float64, as the reward sums
         self._episode_length = torch.zeros(n, dtype=torch.int64, device=dev)
-        self._step = torch.arange(rollout_steps, device=dev).unsqueeze(1)  # [T, 1]
-        self._started = torch.zeros(rollout_steps, n, dtype=torch.bool, device=dev)
-        self._cum_reward = torch.zeros(rollout_steps + 1, n, dtype=torch.float64, device=dev)
+        # Scratch of _episode_statistics, allocated once. Its ops run once per
+        # rollout but with caches cold from stepping the env, so each one counts.
+        self._step1 = torch.arange(1, rollout_steps + 1, device=dev).unsqueeze(1)  # [T, 1]: t + 1
+        self._mark = torch.empty(rollout_steps + 1, n, dtype=torch.int64, device=dev)
+        self._cum_reward = torch.empty(rollout_steps + 1, n, dtype=torch.float64, device=dev)
+        self._cummax = (torch.empty_like(self._mark), torch.empty_like(self._mark))
+        self._no_start = torch.tensor(torch.iinfo(torch.int64).min, device=dev)  # below every start
+        self._zero_length = torch.zeros((), dtype=torch.int64, device=dev)
         self.stats_window = stats_window
         self.episode_returns: deque[float] = deque()
         self.episode_lengths: deque[int] = deque()
@@ -156,24 +161,31 @@ class SyncCollector:
 
         Step ``t`` of env ``n`` belongs to the episode that began after the
         latest ``done`` before ``t`` or, without one, to the episode carried in
-        from the previous rollout, whose return and length so far are the
-        carries: they are folded in as an extra reward at step 0 and as a start
-        ``episode_length`` steps before step 0. Rewards are accumulated in
-        float64, so returns do not drift over long rollouts. Vectorised over
-        ``[T, N]``: a fixed number of tensor ops, no step loop.
+        from the previous rollout, which began ``episode_length`` (the carry)
+        steps before step 0 and brings its return so far. Rewards are summed
+        in float64, so returns do not drift over long rollouts. Vectorised over
+        ``[T, N]``: a dozen tensor ops, no step loop.
         """
         reward, done = data["reward"], data["done"]
-        started = self._started  # started[t]: an episode began at t; row 0 stays False
-        started[1:] = done[:-1]
-        start = torch.where(started, self._step, -self._episode_length).cummax(dim=0).values  # [T, N]
-        torch.sub(self._step + 1, start, out=data["episode_length"])
-        reward = reward.double()
-        reward[0] += self._episode_return
-        cum = self._cum_reward  # cum[t]: reward sum over steps before t; row 0 stays 0
-        torch.cumsum(reward, dim=0, out=cum[1:])
-        torch.sub(cum[1:], cum.gather(0, start.clamp(min=0)), out=data["episode_return"])
-        self._episode_return.copy_(data["episode_return"][-1]).masked_fill_(done[-1], 0.0)
-        self._episode_length.copy_(data["episode_length"][-1]).masked_fill_(done[-1], 0)
+        # mark[t + 1] = t + 1 where an episode ended at t (the next one starts
+        # there), else the int64 minimum; mark[0] = the carried episode's start
+        # (<= 0). Its running max over rows 0..t is the start of step t's episode.
+        mark = self._mark
+        torch.neg(self._episode_length, out=mark[0])
+        torch.where(done, self._step1, self._no_start, out=mark[1:])
+        start = torch.cummax(mark, dim=0, out=self._cummax).values[:-1]  # [T, N]
+        torch.sub(self._step1, start, out=data["episode_length"])
+        # cum[t + 1] = rewards of steps 0..t; cum[0] = minus the carried return,
+        # so the carried episode (the only one with start <= 0) gets it added.
+        cum = self._cum_reward
+        torch.neg(self._episode_return, out=cum[0])
+        torch.cumsum(reward, dim=0, dtype=torch.float64, out=cum[1:])
+        cum_at_start = cum.gather(0, start.clamp(min=0))
+        torch.sub(cum[1:], cum_at_start, out=data["episode_return"])
+        # The carries into the next rollout: zero where an episode just ended.
+        last_done = done[-1]
+        torch.sub(cum[-1], cum_at_start[-1], out=self._episode_return).masked_fill_(last_done, 0.0)
+        torch.where(last_done, self._zero_length, data["episode_length"][-1], out=self._episode_length)
 
     def episode_stats(self) -> dict[str, float]:
         """Means over the episode window (see ``stats_window``; empty before the first episode)."""
