@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import warnings
 
@@ -249,7 +250,11 @@ def test_env_kwargs_and_time_limit_reach_the_gymnasium_env():
 
 
 # -------------------------------------------------------------- presets
-PRESETS = ["cart_pole_ppo", "cart_pole_grpo", "gym_cart_pole_ppo", "gym_pendulum_ppo", "gym_half_cheetah_ppo"]
+# `make test` installs the mujoco extra, so CI runs the HalfCheetah preset; a
+# machine without it skips that one preset.
+PRESETS = ["cart_pole_ppo", "cart_pole_grpo", "gym_cart_pole_ppo", "gym_pendulum_ppo",
+           pytest.param("gym_half_cheetah_ppo", marks=pytest.mark.skipif(
+               importlib.util.find_spec("mujoco") is None, reason='needs pip install "rlchain[mujoco]"'))]  # fmt: skip
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -91,7 +91,6 @@ class SyncCollector:
         self._cum_reward = torch.empty(rollout_steps + 1, n, dtype=torch.float64, device=dev)
         self._cummax = (torch.empty_like(self._mark), torch.empty_like(self._mark))
         self._no_start = torch.tensor(torch.iinfo(torch.int64).min, device=dev)  # below every start
-        self._zero_length = torch.zeros((), dtype=torch.int64, device=dev)
         self.stats_window = stats_window
         self.episode_returns: deque[float] = deque()
         self.episode_lengths: deque[int] = deque()
@@ -185,7 +184,7 @@ class SyncCollector:
         # The carries into the next rollout: zero where an episode just ended.
         last_done = done[-1]
         torch.sub(cum[-1], cum_at_start[-1], out=self._episode_return).masked_fill_(last_done, 0.0)
-        torch.where(last_done, self._zero_length, data["episode_length"][-1], out=self._episode_length)
+        self._episode_length.copy_(data["episode_length"][-1]).masked_fill_(last_done, 0)
 
     def episode_stats(self) -> dict[str, float]:
         """Means over the episode window (see ``stats_window``; empty before the first episode)."""
