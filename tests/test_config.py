@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 import json
 import os
+import site
 import subprocess
 import sys
 import venv
@@ -199,14 +200,33 @@ def test_hydra_full_error_shows_the_traceback(tmp_path):
 
 
 # ------------------------------------------------------------ the wheel
+def _running_site_dirs() -> list[str]:
+    """The site-packages directories of the interpreter running the tests (a venv, conda or the system).
+
+    ``venv.create(system_site_packages=True)`` would link the new venv to the *base*
+    interpreter's site-packages, which inside a venv or conda env lacks hydra, torch & co.
+    """
+    dirs = [*site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return [d for d in dict.fromkeys(dirs) if Path(d).is_dir()]
+
+
 def test_wheel_ships_the_configs_and_runs_outside_the_repo(tmp_path):
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
                    check=True, capture_output=True, timeout=300)  # fmt: skip
     (wheel,) = list(wheels.glob("rlchain-*.whl"))
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, system_site_packages=True, with_pip=False)  # torch & co. from this interpreter
+    venv.create(env_dir, system_site_packages=False, with_pip=False)
     python = env_dir / "bin" / "python"
+    # torch & co. come from this interpreter's site-packages, listed in a .pth after the venv's own
+    # site-packages (so the wheel installed there wins). Directories named in a .pth are only put on
+    # sys.path; their own .pth files are not run, so an editable install of rlchain there (its finder
+    # or path .pth) cannot bring the source tree back.
+    venv_site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    Path(venv_site, "running_interpreter.pth").write_text("".join(f"{d}\n" for d in _running_site_dirs()))
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
                    check=True, capture_output=True, timeout=300)  # fmt: skip
     outside = tmp_path / "elsewhere"
@@ -214,12 +234,14 @@ def test_wheel_ships_the_configs_and_runs_outside_the_repo(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     where = subprocess.run([str(python), "-c", "import rlchain; print(rlchain.__file__)"], cwd=outside, env=env,
                            capture_output=True, text=True, check=True)  # fmt: skip
-    assert str(env_dir) in where.stdout, "the venv must import the installed wheel, not the source tree"
-    # Hydra discovers the devices launcher in the installed hydra_plugins namespace package
-    discover = ("from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; "
-                "print(sorted(c.__name__ for c in Plugins.instance().discover(Launcher)))")  # fmt: skip
+    in_venv = lambda file: Path(file.strip()).resolve().is_relative_to(env_dir.resolve())  # noqa: E731
+    assert in_venv(where.stdout), "the venv must import the installed wheel, not the source tree"
+    # Hydra discovers the devices launcher in the installed hydra_plugins namespace package, once: the wheel's
+    discover = ("import sys; from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; "
+                "[print(c.__name__, sys.modules[c.__module__].__file__) for c in Plugins.instance().discover(Launcher)]")  # fmt: skip
     found = subprocess.run([str(python), "-c", discover], cwd=outside, env=env, capture_output=True, text=True, check=True)
-    assert "DevicesLauncher" in found.stdout
+    devices = [line.split(" ", 1)[1] for line in found.stdout.splitlines() if line.startswith("DevicesLauncher ")]
+    assert len(devices) == 1 and in_venv(devices[0]), found.stdout
     proc = subprocess.run([str(env_dir / "bin" / "rlchain-train"), "--cfg", "job", "algorithm=grpo"], cwd=outside,
                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
