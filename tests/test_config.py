@@ -20,7 +20,7 @@ from rlchain.algorithms import GRPO, PPO
 from rlchain.config import SCHEMAS
 from rlchain.envs import PushCubeEnv
 from rlchain.policies import ActorCritic, ActorOnly
-from rlchain.train import build
+from rlchain.train import ConfigError, build, train
 from rlchain.trainer import Trainer
 
 from conftest import TESTS, TINY, run_cli
@@ -197,6 +197,55 @@ def test_a_run_rejected_at_build_still_records_its_failure(tmp_path):
 def test_hydra_full_error_shows_the_traceback(tmp_path):
     proc = run_cli(["env.num_envs=0"], tmp_path, HYDRA_FULL_ERROR="1")
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+TOP_LEVEL_KEYS = "expected one of algorithm, device, env, exp_name, policy, seed, trainer"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [("+sed=3", f"Invalid config: unknown top-level key 'sed' (did you mean 'seed'?): {TOP_LEVEL_KEYS}"),
+     ("+nonexistent=1", f"Invalid config: unknown top-level key 'nonexistent': {TOP_LEVEL_KEYS}")],
+)  # fmt: skip
+def test_a_new_top_level_key_is_rejected_with_one_clear_message(tmp_path, override, message):
+    # Hydra's +key=value adds a key even to a struct config: +sed=3 used to train with seed 0 and exit 0.
+    proc = run_cli([override, *TINY], tmp_path)
+    assert proc.returncode != 0
+    assert message in proc.stderr.splitlines(), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.rglob("*.pt")), "no checkpoint may be left behind"
+    (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["global_step"] == 0 and summary["error"] == message
+
+
+def test_a_users_config_group_may_add_a_top_level_key(tmp_path):
+    # robot_train.yaml, a primary config of the user's, selects their group `robot` (key `robot`).
+    user = ["--config-dir", str(TESTS / "user_conf"), "--config-name", "robot_train", "trainer.iterations=2",
+            "trainer.rollout_steps=4", "trainer.num_eval_envs=4", "trainer.num_eval_episodes=4",
+            "trainer.progress=false", "algorithm.batch_size=32"]  # fmt: skip
+    (tmp_path / "ok").mkdir(), (tmp_path / "misspelt").mkdir()
+    proc = run_cli(user, tmp_path / "ok")
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = list((tmp_path / "ok" / "outputs").glob("*/*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["global_step"] == 2 * 4 * 16
+    proc = run_cli([*user, "+sed=3"], tmp_path / "misspelt")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert ("Invalid config: unknown top-level key 'sed' (did you mean 'seed'?): "
+            "expected one of algorithm, device, env, exp_name, policy, robot, seed, trainer") in proc.stderr.splitlines()  # fmt: skip
+
+
+def test_a_preset_at_global_adds_no_top_level_key(compose_cfg, tmp_path):
+    # +experiment=... is a group choice whose option is `# @package _global_`: it sets
+    # env, algorithm, ... and adds no key `experiment`, so +experiment.<anything> is a mistake.
+    cfg = compose_cfg(["+experiment=cart_pole_ppo", "+experiment.algorithm.learning_rate=1e-3", *TINY])
+    with pytest.raises(ConfigError, match=r"^Invalid config: unknown top-level key 'experiment': expected one of "
+                                          r"algorithm, device, env, exp_name, policy, seed, trainer$"):  # fmt: skip
+        train(cfg)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "unknown top-level key 'experiment'" in summary["error"]
+    assert isinstance(build(compose_cfg(["+experiment=cart_pole_ppo", *TINY])), Trainer)
 
 
 # ------------------------------------------------------------ the wheel

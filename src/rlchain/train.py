@@ -16,6 +16,8 @@ eval success rate by default) for Hydra sweepers.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import difflib
 import re
 import time
 from pathlib import Path
@@ -23,16 +25,17 @@ from typing import Any, Iterator
 
 import hydra
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException, InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-import rlchain.config  # noqa: F401  (registers the schemas)
+from rlchain.config import TrainConfig  # importing rlchain.config registers the schemas
 from rlchain.checkpoint import atomic_write_json
 from rlchain.trainer import Trainer, run_placement
 from rlchain.utils import resolve_device
 
-__all__ = ["ConfigError", "build", "main", "train"]
+__all__ = ["ConfigError", "build", "check_top_level_keys", "main", "train"]
 
 
 class ConfigError(CompactHydraException):
@@ -56,13 +59,95 @@ def _component(group: str) -> Iterator[None]:
         raise ConfigError(f"Invalid config: {message}") from cause
 
 
+def _package_header(group: str, option: str) -> str | None:
+    """The ``# @package`` header of option ``option`` of config group ``group``, None without one.
+
+    Read from the config sources of the current Hydra run
+    (``HydraConfig.get().runtime.config_sources``), so it also finds a
+    user's ``--config-dir`` options.
+    """
+    # Hydra has no public API for a config's header; these two classes are
+    # the ones Hydra itself composes with (stable since Hydra 1.1).
+    from hydra._internal.config_repository import ConfigRepository
+    from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
+
+    search_path = ConfigSearchPathImpl()
+    for source in HydraConfig.get().runtime.config_sources:
+        search_path.append(source.provider, f"{source.schema}://{source.path}")
+    loaded = ConfigRepository(search_path).load_config(f"{group}/{option}")
+    return None if loaded is None else loaded.header.get("package")
+
+
+def _group_keys(candidates: set[str]) -> set[str]:
+    """Those of ``candidates`` that are the top-level key of a config group Hydra selected.
+
+    Hydra records every selected group in ``HydraConfig.get().runtime.choices``
+    as ``group`` (its option lands at the group's path, or where the option's
+    ``# @package`` header says) or ``group@package`` (placed by a defaults
+    list). An option at ``_global_`` (the presets: ``+experiment=...``) sets
+    keys that exist already and adds none. Without a Hydra run (a config
+    composed with ``return_hydra_config=False``) no group is known.
+    """
+    if not candidates or not HydraConfig.initialized():
+        return set()
+    found = set()
+    for choice, options in HydraConfig.get().runtime.choices.items():
+        group, _, package = choice.partition("@")
+        if options is None or group == "hydra" or group.startswith("hydra/"):
+            continue
+        if package:
+            packages = [package]
+        elif group.split("/")[0] not in candidates:
+            continue  # whatever its header says, it cannot account for a candidate
+        else:
+            options = list(options) if OmegaConf.is_list(options) else [options]
+            packages = [_package_header(group, str(option)) or group.replace("/", ".") for option in options]
+        for package in packages:
+            top = package.removeprefix("_global_").lstrip(".").split(".")[0]
+            if top in candidates:
+                found.add(top)
+    return found
+
+
+def check_top_level_keys(cfg: DictConfig) -> None:
+    """Reject a top-level key that neither the schema nor a selected config group accounts for.
+
+    Hydra's ``+key=value`` adds a key even to a struct config, so a misspelt
+    ``+sed=3`` would otherwise train with seed 0 and exit 0. The allowed
+    top-level keys are the fields of :class:`rlchain.config.TrainConfig` and
+    the top-level key of the package of every config group Hydra selected
+    (e.g. a user's own group ``robot`` from ``--config-dir`` at key ``robot``);
+    an option with ``# @package _global_`` adds none.
+
+    Raises:
+        ConfigError: naming the unknown key(s) (with a close match when there
+            is one) and every allowed top-level key.
+    """
+    fields = {field.name for field in dataclasses.fields(TrainConfig)}
+    candidates = {str(key) for key in cfg.keys()} - fields - {"hydra"}
+    unknown = sorted(candidates - _group_keys(candidates))
+    if not unknown:
+        return
+    allowed = sorted(fields | (candidates - set(unknown)))
+    close = [match for key in unknown for match in difflib.get_close_matches(key, allowed, n=1)]
+    hint = f" (did you mean {', '.join(repr(m) for m in close)}?)" if close else ""
+    keys = ", ".join(repr(key) for key in unknown)
+    raise ConfigError(
+        f"Invalid config: unknown top-level key{'s' if len(unknown) > 1 else ''} {keys}{hint}: "
+        f"expected one of {', '.join(allowed)}"
+    )
+
+
 def build(cfg: DictConfig) -> Trainer:
     """Instantiate env, policy, algorithm and trainer from a composed config.
 
     Raises:
-        ConfigError: a value a component rejects, naming ``group.key``, the
-            value and what is allowed; raised before any env step is taken.
+        ConfigError: a top-level key no schema field or selected config group
+            accounts for (see :func:`check_top_level_keys`); a value a component
+            rejects, naming ``group.key``, the value and what is allowed; both
+            raised before any env step is taken.
     """
+    check_top_level_keys(cfg)
     with _component(""):
         resolve_device(cfg.device, name="device")
     with _component("env"):
