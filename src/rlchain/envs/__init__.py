@@ -4,6 +4,7 @@
   (``env=cart_pole``): torch-native, batched on one device.
 * :class:`GymVecEnv` (``env=gym env.id=...``): any registered gymnasium id
   through ``gymnasium.make_vec``.
+* :func:`check_vec_env`: checks a user's env against the VecEnv contract.
 
 ``gymnasium.make_vec("rlchain/PushCube-v0", num_envs=N,
 vectorization_mode="vector_entry_point")`` returns a batched
@@ -15,12 +16,13 @@ import gymnasium as gym
 
 from rlchain.envs.base import TorchVecEnv, VecEnv, check_group_size
 from rlchain.envs.cart_pole import CartPoleConfig, CartPoleEnv
+from rlchain.envs.checker import VecEnvContractError, check_vec_env
 from rlchain.envs.gym_adapter import GymEnvConfig, GymVecEnv
 from rlchain.envs.push_cube import PushCubeConfig, PushCubeEnv, PushCubeGymEnv
 
 __all__ = [
     "CartPoleConfig", "CartPoleEnv", "GymEnvConfig", "GymVecEnv", "PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv",
-    "TorchVecEnv", "VecEnv", "check_group_size",
+    "TorchVecEnv", "VecEnv", "VecEnvContractError", "check_group_size", "check_vec_env",
 ]
 
 if "rlchain/PushCube-v0" not in gym.registry:

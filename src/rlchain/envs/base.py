@@ -59,11 +59,26 @@ class VecEnv(gym.vector.VectorEnv):
     blocks.
 
     ``step(action) -> (obs, reward, terminated, truncated, info)`` with
-    ``reward`` float32 ``[N]``, ``terminated``/``truncated`` bool ``[N]``;
-    ``info`` holds ``final_obs`` ``[N, *obs_shape]`` (meaningful where
-    ``terminated | truncated``), ``rewards`` (dict of weighted terms, float32
-    ``[N]`` each, summing to ``reward``), ``metrics`` (dict of float32 ``[N]``)
-    and ``success`` (bool ``[N]``).
+    ``obs`` float32 ``[N, *obs_shape]``, ``reward`` float32 ``[N]``,
+    ``terminated``/``truncated`` bool ``[N]``; ``info`` holds ``final_obs``
+    float32 ``[N, *obs_shape]``, ``rewards`` (dict of weighted terms, float32
+    ``[N]`` each, summing to ``reward``; the same terms every step),
+    ``metrics`` (dict of float32 ``[N]``; the same names every step) and
+    ``success`` (bool ``[N]``). Actions are float32 ``[N, *act_shape]`` (Box)
+    or int64 ``[N]`` (Discrete).
+
+    Only the done rows (``terminated | truncated``) of ``final_obs`` carry
+    meaning: there it is the observation the episode ended on, before the
+    reset. Elsewhere its content is unspecified (gymnasium leaves those
+    entries ``None``); the state a running episode moved to is the returned
+    ``obs``, and that is what the collector bootstraps from.
+
+    ``reports_success`` declares whether ``info["success"]`` is a task
+    success signal. An env without one (a locomotion task, Pendulum) sets it
+    False, still returns an all-False ``info["success"]``, and rlchain then
+    neither logs nor shows a success rate for it.
+
+    :func:`rlchain.envs.check_vec_env` checks an env against every rule here.
 
     Returned tensors belong to the caller: a later ``step`` or ``reset`` must
     not modify them in place (the collector keeps references to a whole
@@ -73,6 +88,8 @@ class VecEnv(gym.vector.VectorEnv):
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
 
+    #: Whether ``info["success"]`` is a task success signal (see the class docstring).
+    reports_success: bool = True
     num_envs: int
     device: torch.device
     max_episode_steps: int

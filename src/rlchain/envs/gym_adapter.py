@@ -18,6 +18,7 @@ Spaces:
 
 ``info["success"]`` is gymnasium's ``is_success`` (or ``success``) flag of
 the step, read from ``final_info`` for envs whose episode ended there.
+``reports_success`` turns True the first time an info shows such a flag.
 ``reset(options={"group_size": G})`` seeds the ``G`` envs of each group with
 one seed, so they start from one state (GRPO, Shao et al. 2024).
 """
@@ -203,6 +204,9 @@ class GymVecEnv(VecEnv):
             torch.from_numpy if self.device.type == "cpu" else partial(_to_device, device=self.device)
         )
         self._no_success = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
+        # gymnasium envs do not declare a success signal: it counts once an
+        # info has shown is_success / success.
+        self.reports_success = False
         self.envs.reset(seed=[self.seed + i for i in range(num_envs)])
 
     def _setup_spaces(self, obs_space: gym.Space, action_space: gym.Space) -> None:
@@ -335,6 +339,7 @@ class GymVecEnv(VecEnv):
         key = "is_success" if "is_success" in info else "success" if "success" in info else None
         if key is None:
             return success
+        self.reports_success = True
         present = np.asarray(info.get(f"_{key}", np.ones(self.num_envs, dtype=bool)), dtype=bool)
         if rows is not None:
             present = present & rows
