@@ -27,8 +27,8 @@ from rlchain.algorithms.functional import (
 )
 from rlchain.algorithms.ppo import ppo_loss
 from rlchain.collector import SyncCollector
-from rlchain.envs import PushCubeEnv
-from rlchain.policies import ActorCritic, ActorOnly
+from rlchain.envs import GymVecEnv, PushCubeEnv
+from rlchain.policies import ActorCritic, ActorOnly, bounded
 from rlchain.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -229,6 +229,38 @@ def test_log_std_is_clamped():
     assert ev["entropy"].item() == pytest.approx(0.5 + 0.5 * math.log(2 * math.pi) + 0.5)
 
 
+@pytest.mark.parametrize("start", [-3.0, 2.0])
+def test_a_log_std_past_its_bound_can_come_back(start):
+    # log_std bounded to [-1, 1] but carried past a bound (by an optimiser
+    # step, or Adam's momentum): a loss whose optimum is inside the range
+    # (log_std = 0) must bring it back; a loss that wants it further out must
+    # not move it.
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32),
+                         init_log_std=0.0, log_std_min=-1.0, log_std_max=1.0)  # fmt: skip
+    td = TensorDict({"obs": torch.zeros(4, 2), "action": torch.zeros(4, 1)}, batch_size=[4])
+    entropy_at_0 = 0.5 * math.log(2 * math.pi * math.e)  # Gaussian entropy = log_std + this
+    entropy = lambda: policy.evaluate_actions(td)["entropy"].mean()  # noqa: E731
+    with torch.no_grad():
+        policy.log_std.fill_(start)
+    optimizer = torch.optim.Adam([policy.log_std], lr=0.05)
+    for _ in range(200):
+        optimizer.zero_grad()
+        (entropy() - entropy_at_0).square().backward()
+        optimizer.step()
+    assert abs(policy.log_std.item()) < 0.05
+    with torch.no_grad():
+        policy.log_std.fill_(start)
+    policy.zero_grad()
+    (entropy() * (1.0 if start < 0 else -1.0)).backward()  # falls as log_std moves further out
+    assert policy.log_std.grad.item() == 0.0
+
+
+def test_bounded_has_the_plain_gradient_inside_its_range():
+    x = torch.tensor([-0.5, 0.0, 0.7], requires_grad=True)
+    bounded(x, -1.0, 1.0).exp().sum().backward()
+    torch.testing.assert_close(x.grad, x.detach().exp())
+
+
 def test_obs_normalizer_tracks_mean_and_var_and_is_in_the_state_dict():
     policy = ActorCritic(gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32), obs_normalization=True)
     gen = torch.Generator().manual_seed(0)
@@ -313,6 +345,35 @@ def test_collector_bootstraps_truncations_from_final_obs_only():
     t, n = torch.nonzero(truncated)[0].tolist()
     expected = rollout["reward"][t, n] + 0.9 * v_final[t, n] - rollout["value"][t, n]
     assert adv[t, n].item() == pytest.approx(expected.item(), abs=1e-6)
+
+
+def test_collector_reads_final_obs_only_on_done_rows():
+    # An env that follows the contract to the letter: final_obs carries
+    # meaning on done rows only (here zeros elsewhere, as a user converting
+    # gymnasium's None entries would write). Running episodes must bootstrap
+    # from the next observation, not from those zeros.
+    class FinalObsOnDoneRowsOnly(LineEnv):
+        def step(self, action):
+            obs, reward, terminated, truncated, info = super().step(action)
+            info["final_obs"] = torch.where((terminated | truncated)[:, None], info["final_obs"], 0.0)
+            return obs, reward, terminated, truncated, info
+
+    torch.manual_seed(0)
+    env = FinalObsOnDoneRowsOnly(num_envs=16, max_episode_steps=3)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    collector = SyncCollector(env, policy, rollout_steps=12)
+    rollout = collector.collect()
+    done = rollout["done"]
+    assert done.any() and (~done).any()
+    next_obs = torch.cat((rollout["obs"][1:], collector._obs[None]))  # the state each transition moved to
+    s_prime = torch.where(done[..., None], rollout["final_obs"], next_obs)
+    with torch.no_grad():
+        expected = policy.critic(s_prime).squeeze(-1)
+    torch.testing.assert_close(rollout["next_value"], expected)
+    # and so GAE equals the reference loop on the true next states
+    adv, _ = compute_gae(rollout["reward"], rollout["value"], rollout["next_value"], rollout["terminated"], done, 0.9, 0.8)
+    ref = reference_gae(rollout["reward"], rollout["value"], expected, rollout["terminated"], rollout["truncated"], 0.9, 0.8)
+    torch.testing.assert_close(adv.double(), ref, atol=1e-5, rtol=1e-5)
 
 
 def test_collector_stores_each_step_and_counts_episodes_across_rollouts():
@@ -404,8 +465,49 @@ def test_lr_schedules():
     lrs = [linear.update(rollout)["learning_rate"] for _ in range(4)]
     assert lrs == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
     adaptive = PPO(policy, learning_rate=1e-3, lr_schedule="adaptive", target_kl=1.0, batch_size=16, n_epochs=1)
-    # KL of the tiny updates is far below target/2: the rate grows by 1.5 per minibatch.
-    assert adaptive.update(rollout)["learning_rate"] == pytest.approx(1e-3 * 1.5**2)
+    # The KL of one small update is far below target/2: the rate grows by 1.5 once per update.
+    assert adaptive.update(rollout)["learning_rate"] == pytest.approx(1e-3 * 1.5)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_the_adaptive_rate_follows_the_kl_the_update_caused(algo):
+    # One minibatch and one epoch: before its step the policy is the rollout
+    # policy, so the KL it sees is 0. The update itself moves the policy by far
+    # more than a target of 1e-9: the rate must fall, not grow.
+    torch.manual_seed(0)
+    env = LineEnv(num_envs=8)
+    make = ActorCritic if algo == "ppo" else ActorOnly
+    policy = make(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    rollout = SyncCollector(env, policy, 4).collect()
+    if algo == "ppo":
+        algorithm = PPO(policy, learning_rate=1e-3, lr_schedule="adaptive", target_kl=1e-9, batch_size=32, n_epochs=1)
+    else:
+        algorithm = GRPO(policy, learning_rate=1e-3, lr_schedule="adaptive", target_kl=1e-9, batch_size=32, n_epochs=1,
+                         group_size=4)  # fmt: skip
+        rollout = SyncCollector(env, policy, 4).collect(reset_options={"group_size": 4})
+    stats = algorithm.update(rollout)
+    assert stats["learning_rate"] == pytest.approx(1e-3 / 1.5)
+    # update_kl is the KL from the rollout policy to the updated one over the (live) samples
+    with torch.no_grad():
+        new_log_prob = policy.evaluate_actions(rollout.reshape(-1))["sample_log_prob"]
+    log_ratio = new_log_prob - rollout.reshape(-1)["sample_log_prob"]
+    kl = (log_ratio.exp() - 1) - log_ratio
+    if algo == "grpo":
+        live = algorithm.advantages(rollout)[1].reshape(-1)
+        kl = kl[live]
+    assert stats["update_kl"] == pytest.approx(kl.mean().item(), rel=1e-2) and stats["update_kl"] > 1e-9
+
+
+def test_explained_variance_of_constant_returns_is_nan():
+    # gamma = 0 and a constant reward make every return 1; the old values vary.
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32))
+    rollout = SyncCollector(LineEnv(num_envs=8), policy, 4).collect().clone()
+    rollout["reward"].fill_(1.0)
+    rollout["value"].copy_(torch.linspace(-1, 1, 32).view(4, 8))
+    stats = PPO(policy, gamma=0.0, batch_size=32, n_epochs=1).update(rollout)
+    assert math.isnan(stats["explained_variance"])
+    rollout["reward"].copy_(torch.arange(32.0).view(4, 8))  # varying returns: a finite value
+    assert math.isfinite(PPO(policy, gamma=0.0, batch_size=32, n_epochs=1).update(rollout)["explained_variance"])
 
 
 def test_ppo_stops_epochs_at_target_kl():
@@ -483,6 +585,79 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     for (name, a), b in zip(straight.policy.state_dict().items(), resumed.policy.state_dict().values()):
         assert torch.equal(a, b), name
     assert torch.equal(straight.env.cube_x, resumed.env.cube_x)
+
+
+def test_resume_on_an_env_that_cannot_save_its_state_restarts_it_fresh(tmp_path, capsys):
+    # gymnasium envs cannot save their state: after a resume the env starts
+    # afresh, so the policy must act on the env's own observation and no
+    # episode may be carried over from the checkpoint.
+    def make(out, iterations, resume_from=None):
+        env = GymVecEnv("Pendulum-v1", num_envs=4, seed=0)  # 200-step episodes: in progress at every checkpoint
+        policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+        return Trainer(env, policy, PPO(policy, batch_size=16), iterations=iterations, rollout_steps=8,
+                       output_dir=str(out), progress=False, resume_from=resume_from)  # fmt: skip
+
+    make(tmp_path / "a", iterations=2).train()
+    capsys.readouterr()
+    resumed = make(tmp_path / "b", iterations=3, resume_from=str(tmp_path / "a" / "checkpoints" / "latest.pt"))
+    twin = GymVecEnv("Pendulum-v1", num_envs=4, seed=0)
+    fresh_obs, _ = twin.reset()  # what the restarted env's first reset gives
+    rollout = resumed.collector.collect()
+    assert torch.equal(rollout["obs"][0], fresh_obs)
+    assert torch.equal(rollout["episode_length"], torch.arange(1, 9)[:, None].expand(8, 4))
+    assert resumed.global_step == 2 * 8 * 4 and resumed.iteration == 2
+    notice = capsys.readouterr().err.strip().splitlines()
+    assert len(notice) == 1 and "GymVecEnv cannot restore its state" in notice[0] and "every env reset" in notice[0]
+
+
+class ScoredByEvaluation(LineEnv):
+    """No success signal; every step of the k-th reset's episodes pays k, so evaluation k scores k * limit."""
+
+    reports_success = False
+
+    def reset(self, **kwargs):
+        self.resets = getattr(self, "resets", 0) + 1
+        return super().reset(**kwargs)
+
+    def step(self, action):
+        self.t = self.t + 1
+        truncated = self.t >= self.max_episode_steps
+        final_obs = self._obs()
+        self._fresh(truncated, 1)
+        never = torch.zeros_like(truncated)
+        info = {"final_obs": final_obs, "success": never, "rewards": {}, "metrics": {}}
+        return self._obs(), torch.full((self.num_envs,), float(self.resets)), never, truncated, info
+
+
+@pytest.mark.parametrize("direction, best_eval", [("maximize", 4), ("minimize", 1)])
+def test_best_checkpoint_follows_the_objective_and_its_direction(tmp_path, direction, best_eval):
+    env = ScoredByEvaluation(num_envs=4, max_episode_steps=3)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    trainer = Trainer(env, policy, PPO(policy, batch_size=8), eval_env=ScoredByEvaluation(num_envs=4, max_episode_steps=3),
+                      iterations=4, rollout_steps=3, eval_freq=1, num_eval_envs=4, num_eval_episodes=4,
+                      objective="eval/avg_reward", output_dir=str(tmp_path), progress=False,
+                      **({} if direction == "maximize" else {"objective_direction": direction}))  # maximize: the default
+    summary = trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["eval/avg_reward"] for r in rows] == [3.0, 6.0, 9.0, 12.0]
+    best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=True)
+    assert best["global_step"] == 12 * best_eval and best["best_objective"] == 3.0 * best_eval
+    assert summary["best_objective"] == 3.0 * best_eval and summary["best_objective_step"] == 12 * best_eval
+    assert summary["objective_direction"] == direction
+
+
+def test_a_task_without_success_logs_and_shows_no_success_rate(tmp_path, capsys):
+    env = ScoredByEvaluation(num_envs=4, max_episode_steps=3)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    summary = Trainer(env, policy, PPO(policy, batch_size=8), eval_env=ScoredByEvaluation(num_envs=4, max_episode_steps=3),
+                      iterations=2, rollout_steps=3, eval_freq=1, num_eval_envs=4, num_eval_episodes=4,
+                      objective="eval/avg_reward", output_dir=str(tmp_path), progress=True).train()  # fmt: skip
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iter ")]
+    assert len(lines) == 2 and all("success" not in line and "eval return" in line for line in lines)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(not any("success" in key for key in row) for row in rows)
+    assert "charts/episode_reward_avg_100" in rows[-1] and "eval/avg_reward" in rows[-1]
+    assert summary["best_eval_success_rate"] is None and "eval/success_rate" not in summary["final"]
 
 
 def test_trainer_writes_the_run_directory(tmp_path):

@@ -31,10 +31,13 @@ class RolloutBuffer:
     terminated          bool [T,N]          episode ended in a terminal state
     truncated           bool [T,N]          episode cut by the time limit
     done                bool [T,N]          ``terminated | truncated``
-    final_obs           f32 [T,N,*obs]      observation the transition ended in
-                                            (before any auto-reset)
-    next_value          f32 [T,N]           value of ``final_obs``: the bootstrap target;
-                                            filled after the rollout by the collector
+    final_obs           f32 [T,N,*obs]      on done rows, the observation the episode
+                                            ended on (before the auto-reset); elsewhere
+                                            as the env left it (unspecified)
+    next_value          f32 [T,N]           value of the state the transition ended in:
+                                            ``V(final_obs)`` on done rows, else the next
+                                            step's value; the bootstrap target, filled
+                                            after the rollout by the collector
     episode_return      f32 [T,N]           undiscounted return so far, incl. this step
     episode_length      i64 [T,N]           steps so far, incl. this step
     success             bool [T,N]          the env reported success on this step

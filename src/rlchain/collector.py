@@ -56,10 +56,15 @@ class SyncCollector:
     until the stacks, the step tensors of one rollout are alive next to the
     storage, so peak rollout memory is about twice the buffer's.
 
-    Bootstrapping (Pardo et al. 2018): after the loop one batched critic
-    forward over ``final_obs`` gives ``next_value``, the value of the state each
-    transition ended in. Algorithms multiply it by ``1 - terminated``, so
-    time-limit truncations bootstrap and true terminations do not.
+    Bootstrapping (Pardo et al. 2018): ``next_value[t]`` is the value of the
+    state transition ``t`` ended in. For a running episode that is the next
+    step's observation, whose value the policy already returned with its
+    action (``value[t + 1]``; one critic forward on the last observation for
+    ``t = T - 1``); for a done row it is ``V(final_obs)``, from one critic
+    forward over the done rows only, the only rows where the
+    :class:`~rlchain.envs.base.VecEnv` contract gives ``final_obs`` a meaning.
+    Algorithms multiply it by ``1 - terminated``, so time-limit truncations
+    bootstrap and true terminations do not.
 
     Args:
         env: a :class:`rlchain.envs.base.VecEnv`.
@@ -134,12 +139,7 @@ class SyncCollector:
         torch.logical_or(data["terminated"], data["truncated"], out=data["done"])
         self._episode_statistics(data)
 
-        if getattr(policy, "has_critic", True):
-            flat_final = data["final_obs"].reshape(-1, *data["final_obs"].shape[2:])
-            final_value = policy.get_value(TensorDict({"obs": flat_final}, batch_size=[flat_final.shape[0]]))["value"]
-            data["next_value"].copy_(final_value.view(self.rollout_steps, env.num_envs))
-        else:
-            data["next_value"].zero_()
+        self._bootstrap_values(data, obs)
 
         # One host read per rollout: the finished episodes and the term means.
         term_means = _term_means(infos)
@@ -154,6 +154,25 @@ class SyncCollector:
                 dq.popleft()
         self.last_stats = dict(zip(term_means, torch.stack(list(term_means.values())).tolist())) if term_means else {}
         return data
+
+    def _bootstrap_values(self, data: TensorDict, last_obs: torch.Tensor) -> None:
+        """Fill ``next_value`` ``[T, N]``: ``V(s'_t)`` for every transition (see the class docstring).
+
+        Args:
+            data: the rollout, with ``value``, ``done`` and ``final_obs`` filled.
+            last_obs: ``[N, *obs_shape]``, the observation after the rollout's last step.
+        """
+        next_value = data["next_value"]
+        if not getattr(self.policy, "has_critic", True):
+            next_value.zero_()
+            return
+        value = lambda x: self.policy.get_value(TensorDict({"obs": x}, batch_size=x.shape[:1]))["value"]  # noqa: E731
+        next_value[:-1].copy_(data["value"][1:])
+        next_value[-1].copy_(value(last_obs))
+        # One host read per rollout: which rows ended (their count sizes the forward).
+        ended = data["done"].nonzero(as_tuple=True)
+        if ended[0].numel():
+            next_value[ended] = value(data["final_obs"][ended])
 
     def _episode_statistics(self, data: TensorDict) -> None:
         """Fill ``episode_return`` and ``episode_length`` of the rollout from its rewards and dones.
@@ -187,15 +206,31 @@ class SyncCollector:
         self._episode_length.copy_(data["episode_length"][-1]).masked_fill_(last_done, 0)
 
     def episode_stats(self) -> dict[str, float]:
-        """Means over the episode window (see ``stats_window``; empty before the first episode)."""
+        """Means over the episode window (see ``stats_window``; empty before the first episode).
+
+        ``success_rate`` only for an env whose ``reports_success`` is true.
+        """
         if not self.episode_returns:
             return {}
         k = len(self.episode_returns)
-        return {
+        stats = {
             "episode_reward_avg_100": sum(self.episode_returns) / k,
             "episode_length_avg_100": sum(self.episode_lengths) / k,
-            "success_rate": sum(self.episode_successes) / k,
         }
+        if getattr(self.env, "reports_success", True):
+            stats["success_rate"] = sum(self.episode_successes) / k
+        return stats
+
+    def restart(self) -> None:
+        """Start afresh: reset every env before the next rollout and carry no episode into it.
+
+        For a resume whose env could not restore its state: the saved
+        observation and episode carries belong to an env state that is gone.
+        The finished episodes of the statistics window are kept.
+        """
+        self._obs = None
+        self._episode_return.zero_()
+        self._episode_length.zero_()
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue collecting exactly where this collector stopped."""

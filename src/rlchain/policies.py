@@ -46,6 +46,7 @@ __all__ = [
     "Policy",
     "RunningMeanStd",
     "act_via_get_action",
+    "bounded",
     "resolve_act",
 ]
 
@@ -76,9 +77,9 @@ class ActorCriticConfig:
     init_log_std: float = -0.5
     """Initial log standard deviation of the Gaussian (Box actions)."""
     log_std_min: float = -5.0
-    """Lower clamp of the log-std."""
+    """Lower bound of the log-std (see :func:`bounded`: a log-std past it still gets the gradient that brings it back)."""
     log_std_max: float = 2.0
-    """Upper clamp of the log-std."""
+    """Upper bound of the log-std (likewise)."""
     obs_normalization: bool = True
     """Normalise observations with running mean and variance."""
 
@@ -91,6 +92,44 @@ class ActorOnlyConfig(ActorCriticConfig):
 
 
 _D = ActorCriticConfig()
+
+
+class _InwardClamp(torch.autograd.Function):
+    """``clamp`` whose backward passes every gradient that moves the input back into range."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, low: float, high: float) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x)
+        ctx.low, ctx.high = low, high
+        return x.clamp(low, high)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (x,) = ctx.saved_tensors
+        # A descent step moves x by -grad: below the range only a negative
+        # gradient (x grows) passes, above it only a positive one.
+        keep = ((x >= ctx.low) | (grad < 0)) & ((x <= ctx.high) | (grad > 0))
+        return grad.masked_fill(~keep, 0.0), None, None
+
+
+def bounded(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """``x.clamp(low, high)`` with a gradient that can always bring ``x`` back into ``[low, high]``.
+
+    A plain clamp has zero gradient outside its bounds, so a parameter that an
+    optimiser step (or Adam's momentum) carried past a bound stays there for
+    good: the policy's standard deviation freezes. Here the value is the same
+    as the clamp's; the gradient is the identity's inside the range and,
+    outside it, is kept where gradient descent would move ``x`` back towards
+    the range and zeroed where it would push ``x`` further out.
+
+    Args:
+        x: any float tensor (e.g. the log-std parameter ``[act_dim]``).
+        low, high: the bounds, ``low <= high``.
+
+    Returns:
+        a tensor of ``x``'s shape and dtype, in ``[low, high]``.
+    """
+    return _InwardClamp.apply(x, low, high)
 
 
 class MLP(nn.Sequential):
@@ -307,7 +346,7 @@ class ActorCritic(Policy):
         out = self.actor(x)
         if self.discrete:
             return torch.distributions.Categorical(logits=out, validate_args=False)
-        std = self.log_std.clamp(self.log_std_min, self.log_std_max).exp().expand_as(out)
+        std = bounded(self.log_std, self.log_std_min, self.log_std_max).exp().expand_as(out)
         return torch.distributions.Normal(out, std, validate_args=False)
 
     def _log_prob_entropy(self, dist, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -201,13 +201,15 @@ def seed_groups(jobs: Sequence[JobResult], keys: Sequence[str]) -> dict[tuple[tu
     return groups
 
 
-def write_summary(sweep_dir: str | Path, maximize: bool = True, plot: bool = True,
+def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: bool = True,
                   metric: str = "eval/success_rate", jobs: Sequence[JobResult] | None = None) -> dict[str, Path]:  # fmt: skip
     """Write ``summary.csv``, ``summary.md`` (and ``learning_curves.png``) into ``sweep_dir``.
 
     Args:
         sweep_dir: a multirun's sweep directory.
-        maximize: sort by the objective from highest (True) or lowest.
+        maximize: sort by the objective from highest (True) or lowest; None
+            follows the jobs' ``trainer.objective_direction`` (lowest first
+            when they minimise).
         plot: also draw the learning curves of ``metric``.
         metric: the ``metrics.jsonl`` key plotted against env steps.
         jobs: the sweep's jobs when already loaded (:func:`load_jobs`).
@@ -223,6 +225,8 @@ def write_summary(sweep_dir: str | Path, maximize: bool = True, plot: bool = Tru
     sweep_dir = Path(sweep_dir)
     jobs = load_jobs(sweep_dir) if jobs is None else jobs
     keys = varying_keys(jobs)
+    if maximize is None:
+        maximize = all(j.summary.get("objective_direction", "maximize") != "minimize" for j in jobs)
     ranked = sorted(jobs, key=lambda j: (_sort_key(j.value("objective"), maximize), j.num))
     objective_name = next((j.summary["objective_name"] for j in jobs if j.summary.get("objective_name")), "objective")
 
@@ -407,11 +411,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("sweep_dir", type=Path, help="the multirun directory, e.g. multirun/2026-11-21/10-00-00")
     parser.add_argument("--metric", default="eval/success_rate", help="metrics.jsonl key to plot (default: %(default)s)")
-    parser.add_argument("--minimize", action="store_true", help="rank jobs by lowest objective first")
+    parser.add_argument("--minimize", action="store_true",
+                        help="rank jobs by lowest objective first (default: as the jobs' trainer.objective_direction)")
     parser.add_argument("--no-plot", action="store_true", help="write the tables only")
     args = parser.parse_args(argv)
     try:
-        paths = write_summary(args.sweep_dir, maximize=not args.minimize, plot=not args.no_plot, metric=args.metric)
+        paths = write_summary(args.sweep_dir, maximize=False if args.minimize else None, plot=not args.no_plot, metric=args.metric)
     except FileNotFoundError as err:
         print(f"rlchain-report: {err}", file=sys.stderr)
         return 2

@@ -6,7 +6,8 @@ iteration); ``eval_freq`` and ``save_freq`` count iterations. A run directory
 
 * ``tensorboard/`` and ``metrics.jsonl`` (one JSON row per logged step);
 * ``checkpoints/latest.pt`` (every ``save_freq`` iterations and at the end) and
-  ``checkpoints/best.pt`` (highest ``eval/success_rate``, ties to the earlier);
+  ``checkpoints/best.pt`` (the evaluation with the best ``objective``, by
+  ``objective_direction``; ties go to the earlier);
 * ``summary.json`` at the end, also returned by :meth:`Trainer.train`: status
   (completed, interrupted or failed, with the error), steps, wall time,
   ``start_time``/``end_time`` (Unix seconds), final and best metrics, the
@@ -14,8 +15,13 @@ iteration); ``eval_freq`` and ``save_freq`` count iterations. A run directory
 
 Checkpoints hold the policy, the algorithm (optimiser, schedule, reference
 policy), the collector and env state, ``global_step``, ``iteration``, the
-torch RNG states and the run's config, so a resumed run continues exactly
-where the saved one stopped (bit-identical on the CPU).
+torch RNG states and the run's config. An env that can save its state
+(``state_dict``/``load_state_dict``, as every torch-native task has) resumes
+exactly where the saved run stopped (bit-identical on the CPU). An env that
+cannot (``env=gym``: gymnasium envs have no such API) restarts instead: every
+env is reset, the episodes in progress at the checkpoint are dropped from the
+statistics, and a one-line notice says so; policy, optimiser and step count
+continue as saved.
 """
 
 from __future__ import annotations
@@ -38,10 +44,12 @@ from rlchain.checkpoint import atomic_write_json, load_checkpoint, save_checkpoi
 from rlchain.collector import SyncCollector
 from rlchain.envs.base import VecEnv
 from rlchain.policies import Policy, resolve_act
-from rlchain.utils import LAUNCHER_SLOT_ENV, check_positive
+from rlchain.utils import LAUNCHER_SLOT_ENV, check_choice, check_positive
 from rlchain.writer import MetricWriter
 
-__all__ = ["Trainer", "TrainerConfig", "evaluate", "run_placement"]
+__all__ = ["OBJECTIVE_DIRECTIONS", "Trainer", "TrainerConfig", "evaluate", "run_placement"]
+
+OBJECTIVE_DIRECTIONS = ("maximize", "minimize")
 
 
 @dataclass
@@ -68,7 +76,9 @@ class TrainerConfig:
     exp_name: str = "rlchain"
     """Experiment name: the W&B run name."""
     objective: str = "eval/success_rate"
-    """Key of summary['final'] returned as the run objective for sweepers."""
+    """Key of summary['final'] returned as the run objective for sweepers; best.pt is the evaluation that is best by it."""
+    objective_direction: str = "maximize"
+    """'maximize' or 'minimize': which way the objective is better (best.pt, sweep tables)."""
     resume_from: str | None = None
     """Checkpoint to continue from (its step count continues)."""
     use_wandb: bool = False
@@ -113,9 +123,10 @@ def evaluate(env: VecEnv, policy: Policy, num_episodes: int, seed: int) -> dict[
 
     Returns:
         ``avg_reward`` (undiscounted episode return), ``avg_length`` (steps),
-        ``success_rate`` (share of episodes whose last step reported success),
-        ``episodes``, and for every task metric its mean over the episodes'
-        last steps (e.g. the final ``distance_to_goal``).
+        ``success_rate`` (share of episodes whose last step reported success;
+        only for an env whose ``reports_success`` is true), ``episodes``, and
+        for every task metric its mean over the episodes' last steps (e.g. the
+        final ``distance_to_goal``).
 
     Raises:
         RuntimeError: an env that does not end its episodes within
@@ -161,12 +172,10 @@ def evaluate(env: VecEnv, policy: Policy, num_episodes: int, seed: int) -> dict[
     if was_training:
         policy.train()
     total = n * per_env
-    out = {
-        "avg_reward": tot_ret.sum().item() / total,
-        "avg_length": tot_len.sum().item() / total,
-        "success_rate": tot_succ.sum().item() / total,
-        "episodes": float(total),
-    }
+    out = {"avg_reward": tot_ret.sum().item() / total, "avg_length": tot_len.sum().item() / total}
+    if getattr(env, "reports_success", True):
+        out["success_rate"] = tot_succ.sum().item() / total
+    out["episodes"] = float(total)
     out.update({name: value.sum().item() / total for name, value in metric_sums.items()})
     return out
 
@@ -208,6 +217,7 @@ class Trainer:
         seed: int = _D.seed,
         exp_name: str = _D.exp_name,
         objective: str = _D.objective,
+        objective_direction: str = _D.objective_direction,
         resume_from: str | None = _D.resume_from,
         use_wandb: bool = _D.use_wandb,
         wandb_project: str = _D.wandb_project,
@@ -224,11 +234,13 @@ class Trainer:
             ("num_eval_episodes", num_eval_episodes),
         ]:
             check_positive(name, value, integer=True)
+        check_choice("objective_direction", objective_direction, OBJECTIVE_DIRECTIONS)
         algorithm.check_env(env)
         self.env, self.policy, self.algorithm = env, policy, algorithm
         self.iterations, self.rollout_steps = iterations, rollout_steps
         self.eval_freq, self.save_freq = eval_freq, save_freq
         self.num_eval_episodes, self.seed, self.objective = num_eval_episodes, seed, objective
+        self.objective_direction = objective_direction
         self.config = run_config or {}
         self.exp_name = exp_name
         self.progress = progress
@@ -245,6 +257,8 @@ class Trainer:
         self.iteration = 0
         self.best_success: float | None = None
         self.best_step: int | None = None
+        self.best_objective: float | None = None
+        self.best_objective_step: int | None = None
         self.last_train: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
         self._stop_requested = False
@@ -262,6 +276,8 @@ class Trainer:
             "iteration": self.iteration,
             "best_success": self.best_success,
             "best_step": self.best_step,
+            "best_objective": self.best_objective,
+            "best_objective_step": self.best_objective_step,
             "torch_rng": torch.get_rng_state(),
             "config": self.config,
         }
@@ -276,15 +292,28 @@ class Trainer:
         return save_checkpoint(self.checkpoint_dir / name, self.state_dict())
 
     def load(self, path: str | Path) -> None:
-        """Restore a checkpoint written by :meth:`save`; training continues its step count."""
+        """Restore a checkpoint written by :meth:`save`; training continues its step count.
+
+        With an env that cannot restore its state (no ``load_state_dict``, or a
+        checkpoint without env state) the collector starts afresh instead of
+        acting on the saved observation: every env is reset before the next
+        rollout and no episode is carried over (see the module docstring). A
+        one-line notice on stderr says so.
+        """
         state = load_checkpoint(path, map_location=self.env.device)
         self.policy.load_state_dict(state["policy"])
         self.algorithm.load_state_dict(state["algorithm"])
         self.collector.load_state_dict(state["collector"])
         if "env" in state and hasattr(self.env, "load_state_dict"):
             self.env.load_state_dict(state["env"])
+        else:
+            self.collector.restart()
+            print(f"rlchain: {type(self.env).__name__} cannot restore its state: resuming from {path} with every env "
+                  "reset (episodes in progress at the checkpoint are dropped)", file=sys.stderr, flush=True)  # fmt: skip
         self.global_step, self.iteration = state["global_step"], state["iteration"]
         self.best_success, self.best_step = state["best_success"], state["best_step"]
+        self.best_objective = state.get("best_objective")
+        self.best_objective_step = state.get("best_objective_step")
         torch.set_rng_state(state["torch_rng"].cpu())
         if "cuda_rng" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
@@ -383,15 +412,24 @@ class Trainer:
             self.last_eval["eval/global_step"] = self.global_step
             row.update(self.last_eval)
             row["time/eval_s"] = time.perf_counter() - t3
-            success = eval_stats["success_rate"]
-            if self.best_success is None or success > self.best_success:
+            success = eval_stats.get("success_rate")
+            if success is not None and (self.best_success is None or success > self.best_success):
                 self.best_success, self.best_step = success, self.global_step
+            value = row.get(self.objective)
+            if value is not None and math.isfinite(value) and self._improves(value):
+                self.best_objective, self.best_objective_step = value, self.global_step
                 self.save("best.pt")
         writer.log(row, self.global_step)
         if self.iteration % self.save_freq == 0 and not last:
             self.save()
             writer.flush()
         bar.update(self.iteration, self.global_step, row)
+
+    def _improves(self, value: float) -> bool:
+        """Whether ``value`` of the objective beats the best so far (strictly: ties keep the earlier)."""
+        if self.best_objective is None:
+            return True
+        return value > self.best_objective if self.objective_direction == "maximize" else value < self.best_objective
 
     def _summary(self, status: str, error: str | None, elapsed: float, steps: int) -> dict[str, Any]:
         final = {**self.last_train, **self.last_eval}
@@ -407,7 +445,10 @@ class Trainer:
             "elapsed_s": elapsed,
             "SPS": steps / elapsed if elapsed > 0 else 0.0,
             "objective_name": self.objective,
+            "objective_direction": self.objective_direction,
             "objective": objective,
+            "best_objective": self.best_objective,
+            "best_objective_step": self.best_objective_step,
             "best_eval_success_rate": self.best_success,
             "best_eval_step": self.best_step,
             "final": final,
@@ -439,9 +480,13 @@ class _Progress:
             return
         info = f"step {global_step:,} | SPS {row['charts/SPS']:,.0f}"
         if "charts/episode_reward_avg_100" in row:
-            info += f" | reward {row['charts/episode_reward_avg_100']:.2f} | success {row['charts/success_rate']:.2f}"
+            info += f" | reward {row['charts/episode_reward_avg_100']:.2f}"
+        if "charts/success_rate" in row:
+            info += f" | success {row['charts/success_rate']:.2f}"
         if "eval/success_rate" in row:
             info += f" | eval success {row['eval/success_rate']:.2f}"
+        elif "eval/avg_reward" in row:
+            info += f" | eval return {row['eval/avg_reward']:.2f}"
         if self._rich is not None:
             self._rich.update(self._task, completed=iteration, info=info)
             return

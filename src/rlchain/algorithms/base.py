@@ -53,11 +53,17 @@ class Algorithm:
     :class:`rlchain.collector.SyncCollector` in, a ``dict[str, float]`` of
     training statistics out). Shared here: Adam, the learning-rate schedule
     (``constant``, ``linear`` decay to 0 over ``total_iterations``, or
-    ``adaptive``: divided by 1.5 when the KL of an update exceeds
-    ``2 * target_kl``, multiplied by 1.5 when it is below ``target_kl / 2``,
-    clamped to [1e-5, 1e-2], as in rsl_rl), the seeded minibatch generator, a
-    non-finite loss check and ``state_dict`` / ``load_state_dict`` covering
-    optimiser, schedule and generator.
+    ``adaptive``, the rule of rsl_rl: divided by 1.5 when the KL of an update
+    exceeds ``2 * target_kl``, multiplied by 1.5 when it is below
+    ``target_kl / 2``, clamped to [1e-5, 1e-2]), the seeded minibatch
+    generator, a non-finite loss check and ``state_dict`` /
+    ``load_state_dict`` covering optimiser, schedule and generator.
+
+    The adaptive rule reads ``update_kl``, the KL from the rollout policy to
+    the updated one averaged over the rollout's samples, measured once after
+    each update and applied to the next. The KL a minibatch sees before its
+    own step would not do: on an update's first minibatch the policy is still
+    the rollout policy, so that KL is 0 whatever ``target_kl`` is.
 
     Raises:
         ValueError: out-of-range hyperparameters, an unknown schedule,
@@ -117,14 +123,33 @@ class Algorithm:
         if self.lr_schedule == "linear":
             self._set_lr(self.learning_rate * max(0.0, 1.0 - self.iteration / self.total_iterations))
 
-    def _schedule_after_minibatch(self, approx_kl: float) -> None:
-        if self.lr_schedule == "adaptive":
-            lr = self.current_lr
-            if approx_kl > 2.0 * self.target_kl:
-                lr = max(1e-5, lr / 1.5)
-            elif approx_kl < self.target_kl / 2.0:
-                lr = min(1e-2, lr * 1.5)
-            self._set_lr(lr)
+    def _schedule_after_update(self, update_kl: float) -> None:
+        """The adaptive rule (see the class docstring) on the KL an update caused."""
+        lr = self.current_lr
+        if update_kl > 2.0 * self.target_kl:
+            lr = max(1e-5, lr / 1.5)
+        elif update_kl < self.target_kl / 2.0:
+            lr = min(1e-2, lr * 1.5)
+        self._set_lr(lr)
+
+    @torch.no_grad()
+    def _update_kl(self, data: TensorDict) -> float:
+        """Mean KL(rollout policy || current policy) over ``data``'s samples (live ones where it has a ``mask``).
+
+        Uses the ``(r - 1) - log r`` estimator (Schulman 2020) of the
+        probability ratio ``r`` of each stored action; one forward pass over
+        ``data`` in chunks of ``batch_size``.
+        """
+        flat = data.reshape(-1)
+        total = weight = 0.0
+        for start in range(0, flat.batch_size[0], self.batch_size):
+            chunk = flat[start : start + self.batch_size]
+            log_ratio = self.policy.evaluate_actions(chunk)["sample_log_prob"] - chunk["sample_log_prob"]
+            kl = torch.expm1(log_ratio) - log_ratio
+            mask = chunk["mask"] if "mask" in chunk.keys() else torch.ones_like(kl)
+            total = total + (kl * mask).sum()
+            weight = weight + mask.sum()
+        return float(total / weight) if float(weight) > 0 else 0.0
 
     def _step(self, loss: torch.Tensor, what: str) -> float:
         """Backpropagate ``loss``, clip gradients, step; return the pre-clip gradient norm.
@@ -156,7 +181,8 @@ class Algorithm:
 
         Returns:
             the mean of every reported term over the minibatches run (plus
-            ``grad_norm``), and the number of epochs run.
+            ``grad_norm``, and ``update_kl`` under the adaptive schedule), and
+            the number of epochs run.
 
         Raises:
             FloatingPointError: a non-finite loss (see :meth:`_step`).
@@ -173,13 +199,15 @@ class Algorithm:
                     totals[key] = totals.get(key, 0.0) + value.detach()
                 count += 1
                 epoch_kl.append(terms["approx_kl"].detach())
-                if self.lr_schedule == "adaptive":
-                    self._schedule_after_minibatch(terms["approx_kl"].item())
             epochs += 1
             if stop_kl is not None and torch.stack(epoch_kl).mean().item() > stop_kl:
                 break
         self.iteration += 1
-        return {key: (value / count).item() for key, value in totals.items()}, epochs
+        stats = {key: (value / count).item() for key, value in totals.items()}
+        if self.lr_schedule == "adaptive":
+            stats["update_kl"] = self._update_kl(data)
+            self._schedule_after_update(stats["update_kl"])
+        return stats, epochs
 
     def check_env(self, env: Any) -> None:
         """Raise ``ValueError`` if this algorithm cannot train on ``env`` (before any step)."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
 import torch
 from tensordict import TensorDict
 
@@ -85,7 +87,8 @@ class PPO(Algorithm):
     ``update(rollout)`` reads the collector's ``[T, N]`` TensorDict and returns
     ``policy_loss``, ``value_loss``, ``entropy``, ``approx_kl``,
     ``clip_fraction`` (means over the minibatches run), ``explained_variance``
-    (of the returns by the old values), ``grad_norm`` (mean, before clipping),
+    (of the returns by the old values; NaN when the returns do not vary),
+    ``grad_norm`` (mean, before clipping),
     ``learning_rate`` and ``epochs`` (run, < n_epochs after a KL stop).
 
     Raises:
@@ -139,8 +142,11 @@ class PPO(Algorithm):
             rollout["reward"], rollout["value"], rollout["next_value"],
             rollout["terminated"], rollout["done"], self.gamma, self.gae_lambda,
         )  # fmt: skip
-        var_returns = returns.var()
-        explained_variance = 1 - (returns - rollout["value"]).var() / var_returns.clamp_min(1e-12)
+        # As CleanRL: undefined (NaN) for returns that do not vary, here up to
+        # float32 rounding (returns = advantages + values can leave a residue).
+        var_returns = float(returns.var())
+        constant = var_returns <= (1e-6 * float(returns.abs().max())) ** 2
+        explained_variance = math.nan if constant else 1 - float((returns - rollout["value"]).var()) / var_returns
         if self.norm_adv:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         data = rollout.select("obs", "action", "sample_log_prob", "value").clone(False)
