@@ -20,9 +20,12 @@ from hydra_plugins.rlchain_launcher._core import LauncherConfigError, TaskRef, m
 from rlchain.report import learning_curves, load_jobs
 
 from conftest import TESTS, TINY, run_cli
+from sweep_barrier import barrier_env
 
-#: A tiny job that still runs for a couple of seconds, so parallel jobs overlap.
+#: A tiny job with eight evaluations, for the summary tables and learning curves.
 SHORT = [*TINY, "trainer.iterations=8"]
+#: Build each job's env with the barrier of :mod:`sweep_barrier` (give its variables with ``barrier_env``).
+MEET = "env._target_=sweep_barrier.meeting_push_cube"
 
 
 def sweep_dir_of(cwd: Path) -> Path:
@@ -34,14 +37,17 @@ def summaries(sweep: Path) -> dict[int, dict]:
     return {j.num: j.summary for j in load_jobs(sweep)}
 
 
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    """Most intervals open at one instant."""
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda x: (x[0], x[1]))
-    open_, most = 0, 0
-    for _, delta in events:
-        open_ += delta
-        most = max(most, open_)
-    return most
+def one_job_at_a_time_per_slot(records) -> bool:
+    """Whether each slot's jobs, in start order, each ended before the next one started.
+
+    A slot is one worker process that runs its jobs one after another, and both times
+    come from that process's clock: this holds by construction, however loaded the machine.
+    """
+    by_slot: dict[int, list[tuple[float, float]]] = {}
+    for r in records:
+        by_slot.setdefault(r["slot"], []).append((r["start_time"], r["end_time"]))
+    spans = [sorted(s) for s in by_slot.values()]
+    return all(end <= start for s in spans for (_, end), (start, _) in zip(s, s[1:]))
 
 
 # ------------------------------------------------------------------ slots
@@ -101,13 +107,13 @@ def test_task_reference_unwraps_hydra_main_and_refuses_what_cannot_travel():
 # ------------------------------------------------- a 4-job sweep on 2 slots
 @pytest.fixture(scope="module")
 def cpu_sweep(tmp_path_factory):
-    """The GRPO preset cut to 2 learning rates x 2 seeds, on 2 CPU slots."""
+    """The GRPO preset cut to 2 learning rates x 2 seeds, on 2 CPU slots; jobs 0 and 1, then 2 and 3, meet."""
     cwd = tmp_path_factory.mktemp("cpu_sweep")
     proc = run_cli([
         "-m", "+sweep=grpo_push_cube", "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2",
         # command-line values replace the preset's for the same key
-        "algorithm.group_size=8", "algorithm.kl_coef=0.0", "algorithm.learning_rate=1e-3,3e-4", "seed=0,1", *SHORT,
-    ], cwd)  # fmt: skip
+        "algorithm.group_size=8", "algorithm.kl_coef=0.0", "algorithm.learning_rate=1e-3,3e-4", "seed=0,1", *SHORT, MEET,
+    ], cwd, **barrier_env(2, cwd / "barrier"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return sweep_dir_of(cwd), proc
 
@@ -120,7 +126,9 @@ def test_two_slots_run_exactly_two_jobs_at_a_time(cpu_sweep):
     records = [s["launcher"] for s in runs.values()]
     assert {r["slot"] for r in records} == {0, 1}
     assert all(r["device"] == "cpu" and r["cuda_visible_devices"] == "" for r in records)
-    assert max_overlap([(r["start_time"], r["end_time"]) for r in records]) == 2
+    # every job completed, so each met the other job of its pair at the barrier: two jobs ran at a time;
+    # two slots, each running its jobs one after another: never more than two
+    assert one_job_at_a_time_per_slot(records)
     # the preset's grid, cut down on the command line, reached the jobs
     configs = [OmegaConf.load(sweep / str(n) / ".hydra" / "config.yaml") for n in runs]
     assert {c.algorithm._target_ for c in configs} == {"rlchain.algorithms.GRPO"}
@@ -202,7 +210,8 @@ def test_rlchain_report_regenerates_tables_and_draws_curves(cpu_sweep, tmp_path)
 # ------------------------------------------ pinning, failures, crashes
 def test_pinned_devices_and_a_failing_job(tmp_path):
     """devices=[0,1] on a CPU machine: concurrent jobs get distinct CUDA_VISIBLE_DEVICES; failures are recorded."""
-    proc = run_cli(["-m", "hydra.launcher.devices=[0,1]", "algorithm.clip_coef=0.2,-1", "seed=0,1", *SHORT], tmp_path)
+    proc = run_cli(["-m", "hydra.launcher.devices=[0,1]", "algorithm.clip_coef=0.2,-1", "seed=0,1", *TINY, MEET],
+                   tmp_path, **barrier_env(2, tmp_path / "barrier"))  # fmt: skip
     assert proc.returncode != 0
     assert "algorithm.clip_coef=-1.0 is not allowed: expected a number > 0" in proc.stderr
     sweep = sweep_dir_of(tmp_path)
@@ -213,11 +222,11 @@ def test_pinned_devices_and_a_failing_job(tmp_path):
     assert all(s["cuda_visible_devices"] == records[n]["cuda_visible_devices"] for n, s in runs.items())
     assert {r["cuda_visible_devices"] for r in records.values()} == {"0", "1"}
     assert all(r["device"] == f"cuda:{r['cuda_visible_devices']}" for r in records.values())
-    for a in records.values():
-        for b in records.values():
-            if a is not b and a["start_time"] < b["end_time"] and b["start_time"] < a["end_time"]:
-                assert a["cuda_visible_devices"] != b["cuda_visible_devices"]
-    assert max_overlap([(r["start_time"], r["end_time"]) for r in records.values()]) == 2
+    # each slot is one device, the two slots two devices, and a slot runs one job at a time:
+    # jobs that run together see distinct devices, as jobs 0 and 1 did (they met at the barrier)
+    assert len({(r["slot"], r["cuda_visible_devices"]) for r in records.values()}) == 2
+    assert one_job_at_a_time_per_slot(records.values())
+    assert records[0]["cuda_visible_devices"] != records[1]["cuda_visible_devices"]
     with open(sweep / "summary.csv") as f:
         rows = {int(r["job"]): r for r in csv.DictReader(f)}
     assert [rows[n]["status"] for n in range(4)] == ["completed", "completed", "failed", "failed"]
@@ -295,7 +304,8 @@ def test_slurm_launcher_option_composes():
 def test_optuna_search_runs_batches_in_parallel_and_reports_the_best(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     proc = run_cli(["-m", "+hparams_search=ppo_push_cube_optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2",
-                    "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", *SHORT], tmp_path)  # fmt: skip
+                    "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", *TINY, MEET],
+                   tmp_path, **barrier_env(2, tmp_path / "barrier"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     sweep = sweep_dir_of(tmp_path)
     runs = summaries(sweep)
@@ -305,9 +315,10 @@ def test_optuna_search_runs_batches_in_parallel_and_reports_the_best(tmp_path):
                                         "algorithm.n_epochs"}  # fmt: skip
     assert results.best_value == max(s["objective"] for s in runs.values())
     assert "Best parameters:" in proc.stdout
-    for batch in ((0, 1), (2, 3)):  # each batch of n_jobs trials ran side by side
+    # each batch of n_jobs trials ran side by side: its jobs met at the barrier, so on distinct slots
+    for batch in ((0, 1), (2, 3)):
         a, b = (runs[n]["launcher"] for n in batch)
-        assert a["slot"] != b["slot"] and a["start_time"] < b["end_time"] and b["start_time"] < a["end_time"]
+        assert a["slot"] != b["slot"]
     assert (sweep / "summary.csv").is_file()
 
 
