@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import warnings
 
@@ -12,13 +13,14 @@ import pytest
 import torch
 
 import gym_toy_envs  # noqa: F401  (registers rlchain_test/* ids)
-from rlchain.envs import CartPoleEnv, GymVecEnv
+from rlchain.envs import CartPoleEnv, GymVecEnv, TorchVecEnv
 from rlchain.envs.gym_adapter import flatten_batch
 from rlchain.train import build
 
 from conftest import TINY
 
 STATE = ("x", "x_dot", "theta", "theta_dot")
+INVALID_DISCRETE_ACTION = "action contains values other than 0 and 1: expected 0 (push left) or 1 (push right)"
 
 
 def set_cart_pole(env: CartPoleEnv, states: np.ndarray) -> None:
@@ -94,6 +96,30 @@ def test_cart_pole_truncates_at_the_limit_reports_success_and_resets_in_the_same
         env.step(torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="values other than 0 and 1"):
         env.step(torch.tensor([0, 1, 2]))
+
+
+def test_invalid_discrete_cart_pole_actions_raise_through_the_device_agnostic_check(monkeypatch):
+    env = CartPoleEnv(num_envs=3)
+    for action in (torch.tensor([0, 1, 2]), torch.tensor([0.0, 1.0, 0.5]), torch.tensor([-1, 0, 0])):
+        with pytest.raises(ValueError, match=rf"^{re.escape(INVALID_DISCRETE_ACTION)}$"):
+            env.step(action)
+    # The check used to be CPU-only: on CUDA an invalid action pushed left, silently. It now goes
+    # through TorchVecEnv._check_flag, which raises at once on the CPU and without a host sync on CUDA.
+    seen = []
+    monkeypatch.setattr(TorchVecEnv, "_check_flag", lambda self, bad, message: seen.append((bool(bad), message)))
+    env.step(torch.tensor([0, 1, 2]))
+    env.step(torch.tensor([1, 0, 1]))
+    assert seen == [(True, INVALID_DISCRETE_ACTION), (False, INVALID_DISCRETE_ACTION)]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_invalid_discrete_cart_pole_action_raises_on_cuda_a_step_later():
+    env = CartPoleEnv(num_envs=4, device="cuda")
+    env.step(torch.tensor([0, 1, 2, 1], device="cuda"))  # checked without a host sync: no error yet
+    torch.cuda.synchronize()  # the check's flag has reached the host
+    with pytest.raises(ValueError, match=re.escape(INVALID_DISCRETE_ACTION)):
+        env.step(torch.tensor([0, 1, 1, 1], device="cuda"))
 
 
 @pytest.mark.parametrize("make", [lambda: CartPoleEnv(num_envs=12), lambda: GymVecEnv("Pendulum-v1", num_envs=12)])

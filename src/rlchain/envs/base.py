@@ -124,7 +124,7 @@ class TorchVecEnv(VecEnv):
 
     _STATE: tuple[str, ...] = ()
     _generator: torch.Generator
-    _pending_action_check: tuple[torch.Tensor, Any] | None = None
+    _pending_action_check: tuple[torch.Tensor, Any, str] | None = None
 
     def get_state(self) -> dict[str, torch.Tensor]:
         """Every state tensor by name (references, not copies)."""
@@ -195,26 +195,32 @@ class TorchVecEnv(VecEnv):
         self.set_state(state)
 
     def _check_finite(self, action: torch.Tensor) -> None:
-        """Raise ``ValueError`` for NaN or inf in ``action``: at once on the CPU;
-        on CUDA without a host sync, a few steps late.
+        """Raise ``ValueError`` for NaN or inf in ``action``; see :meth:`_check_flag` for when."""
+        self._check_flag(~torch.isfinite(action).all(), NON_FINITE_ACTION)
+
+    def _check_flag(self, bad: torch.Tensor, message: str) -> None:
+        """Raise ``ValueError(message)`` if ``bad`` (a 0-d bool tensor on the env's device) is set:
+        at once on the CPU; on CUDA without a host sync, a few steps late.
 
         On CUDA the flag of a step is copied to pinned memory asynchronously
         and read once its copy has completed (``Event.query`` never blocks),
-        so a non-finite action does not stall every step.
+        so a bad action does not stall every step. One check is in flight at a
+        time: a step that finds the previous check's copy unfinished is not
+        checked.
         """
         if self.device.type == "cpu":
-            if not bool(torch.isfinite(action).all()):
-                raise ValueError(NON_FINITE_ACTION)
+            if bool(bad):
+                raise ValueError(message)
             return
         if self._pending_action_check is not None:
-            flag, event = self._pending_action_check
+            flag, event, pending_message = self._pending_action_check
             if event.query():
                 self._pending_action_check = None
                 if bool(flag):
-                    raise ValueError(NON_FINITE_ACTION)
+                    raise ValueError(pending_message)
         if self._pending_action_check is None:
             flag = torch.empty((), dtype=torch.bool, pin_memory=True)
-            flag.copy_(~torch.isfinite(action).all(), non_blocking=True)
+            flag.copy_(bad, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
-            self._pending_action_check = (flag, event)
+            self._pending_action_check = (flag, event, message)

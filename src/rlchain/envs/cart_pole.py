@@ -33,7 +33,10 @@ import torch
 from rlchain.envs.base import TorchVecEnv
 from rlchain.utils import check_choice, check_positive, resolve_device
 
-__all__ = ["CartPoleConfig", "CartPoleEnv"]
+__all__ = ["CartPoleConfig", "CartPoleEnv", "INVALID_DISCRETE_ACTION"]
+
+#: The error of a discrete :class:`CartPoleEnv` step on an action outside {0, 1}.
+INVALID_DISCRETE_ACTION = "action contains values other than 0 and 1: expected 0 (push left) or 1 (push right)"
 
 
 @dataclass
@@ -86,11 +89,15 @@ class CartPoleEnv(TorchVecEnv):
 
     Raises:
         ValueError: an unknown ``action_mode``, non-positive counts or force,
-            a CUDA device on a machine without one; ``step`` on an action of
-            the wrong shape, a discrete action outside {0, 1} or a non-finite
-            continuous one (on CUDA the non-finite check raises a few steps
-            late, without a host sync); ``reset`` on a ``group_size`` that
-            does not divide ``num_envs``.
+            a CUDA device on a machine without one; ``reset`` on a
+            ``group_size`` that does not divide ``num_envs``; ``step`` on an
+            action of the wrong shape, a discrete action outside {0, 1} or a
+            non-finite continuous one. The shape is checked at once, the
+            values at once on the CPU and on CUDA without a host sync (see
+            :meth:`~rlchain.envs.base.TorchVecEnv._check_flag`): there the
+            error comes a few steps late, and a step taken while the previous
+            check is still in flight goes unchecked (an invalid discrete
+            action in it pushes left).
     """
 
     _STATE = ("x", "x_dot", "theta", "theta_dot", "elapsed_steps")
@@ -149,8 +156,7 @@ class CartPoleEnv(TorchVecEnv):
             if tuple(action.shape) != (n,):
                 raise ValueError(f"action has shape {tuple(action.shape)}: expected ({n},) = (num_envs,) of 0 or 1")
             action = action.to(self.device)
-            if self.device.type == "cpu" and not bool(((action == 0) | (action == 1)).all()):
-                raise ValueError(f"action contains values other than 0 and 1: {action.unique().tolist()}")
+            self._check_flag(~((action == 0) | (action == 1)).all(), INVALID_DISCRETE_ACTION)
             return torch.where(action == 1, self.force_mag, -self.force_mag).float()
         if tuple(action.shape) != (n, 1):
             raise ValueError(f"action has shape {tuple(action.shape)}: expected ({n}, 1) = (num_envs, 1)")
