@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from gymnasium.utils.env_checker import check_env
 
 import gym_toy_envs  # noqa: F401  (registers rlchain_test/* ids)
 from rlchain.envs import CartPoleEnv, GymVecEnv, TorchVecEnv
@@ -120,6 +121,53 @@ def test_invalid_discrete_cart_pole_action_raises_on_cuda_a_step_later():
     torch.cuda.synchronize()  # the check's flag has reached the host
     with pytest.raises(ValueError, match=re.escape(INVALID_DISCRETE_ACTION)):
         env.step(torch.tensor([0, 1, 1, 1], device="cuda"))
+
+
+def balance(obs: np.ndarray) -> int:
+    """A linear controller that keeps CartPole up for well over 500 steps."""
+    return int(obs[2] + 0.5 * obs[3] + 0.01 * obs[0] + 0.1 * obs[1] > 0)
+
+
+@pytest.mark.filterwarnings("ignore:.*Box observation space m.*:UserWarning")
+def test_gymnasium_make_cart_pole_is_the_batched_env_one_at_a_time():
+    env = gym.make("rlchain/CartPole-v1")
+    check_env(env.unwrapped)
+    assert env.spec.max_episode_steps == 500 and env.action_space == gym.spaces.Discrete(2)
+    obs, _ = env.reset(seed=3)
+    batched = CartPoleEnv(num_envs=1)
+    set_cart_pole(batched, obs[None])
+    for t in range(200):
+        obs, reward, terminated, truncated, info = env.step(t % 3 % 2)  # an open-loop pattern: the pole falls
+        _, _, b_terminated, _, b_info = batched.step(torch.tensor([t % 3 % 2]))
+        np.testing.assert_array_equal(obs, b_info["final_obs"][0].numpy())
+        assert reward == 1.0 and terminated == bool(b_terminated[0]) and not truncated
+        assert info == {"abs_theta": abs(float(obs[2])), "abs_x": abs(float(obs[0]))}
+        if terminated:
+            break
+    assert terminated
+    with pytest.raises(ValueError, match="other than 0 and 1"):
+        gym.make("rlchain/CartPole-v1", disable_env_checker=True).unwrapped.step(2)
+
+
+@pytest.mark.parametrize("limit", [3, 800])
+def test_gymnasium_make_cart_pole_takes_its_time_limit_from_gymnasium(limit):
+    # The single env never truncates by itself, so make's max_episode_steps holds above 500 too.
+    env = gym.make("rlchain/CartPole-v1", max_episode_steps=limit)
+    obs, _ = env.reset(seed=0)
+    for t in range(1, limit + 1):
+        obs, _, terminated, truncated, _ = env.step(balance(obs))
+        assert not terminated and truncated == (t == limit)
+
+
+def test_rlchain_cart_pole_keyword_arguments_reach_make_and_make_vec():
+    single = gym.make("rlchain/CartPole-v1", action_mode="continuous")
+    assert single.action_space == gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    single.reset(seed=0)
+    single.step(np.array([0.5], np.float32))
+    vec = gym.make_vec("rlchain/CartPole-v1", num_envs=4, vectorization_mode="vector_entry_point",
+                       action_mode="continuous", max_episode_steps=7)  # fmt: skip
+    assert isinstance(vec, CartPoleEnv) and vec.num_envs == 4
+    assert vec.action_mode == "continuous" and vec.max_episode_steps == 7
 
 
 @pytest.mark.parametrize("make", [lambda: CartPoleEnv(num_envs=12), lambda: GymVecEnv("Pendulum-v1", num_envs=12)])

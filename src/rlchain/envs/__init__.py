@@ -12,8 +12,6 @@ vectorization_mode="vector_entry_point")`` returns a batched
 numpy :class:`PushCubeGymEnv`.
 """
 
-import gymnasium as gym
-
 from rlchain.envs.base import TorchVecEnv, VecEnv, check_group_size
 from rlchain.envs.cart_pole import CartPoleConfig, CartPoleEnv
 from rlchain.envs.checker import VecEnvContractError, check_vec_env
@@ -25,9 +23,5 @@ __all__ = [
     "TorchVecEnv", "VecEnv", "VecEnvContractError", "check_group_size", "check_vec_env",
 ]
 
-if "rlchain/PushCube-v0" not in gym.registry:
-    gym.register(
-        id="rlchain/PushCube-v0",
-        entry_point="rlchain.envs.push_cube:PushCubeGymEnv",
-        vector_entry_point="rlchain.envs.push_cube:PushCubeEnv",
-    )
+# The gymnasium ids rlchain/PushCube-v0 and rlchain/CartPole-v1 are registered
+# by `import rlchain` (rlchain._registration), which importing this package implies.
