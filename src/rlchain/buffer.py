@@ -92,9 +92,6 @@ class RolloutBuffer:
             device=device,
         )
 
-    def __len__(self) -> int:
-        return self.rollout_steps * self.num_envs
-
 
 def minibatches(data: TensorDict, batch_size: int, generator: torch.Generator) -> Iterator[TensorDict]:
     """Yield random minibatches covering every sample of ``data`` once.

@@ -49,17 +49,15 @@ def check_non_negative(name: str, value: Any) -> None:
         raise ValueError(f"{name}={value!r} is not allowed: expected a number >= 0")
 
 
-def check_in_range(name: str, value: Any, low: float, high: float, *, low_open: bool = False) -> None:
-    """Raise unless ``low <= value <= high`` (``low < value`` when ``low_open``).
+def check_in_range(name: str, value: Any, low: float, high: float) -> None:
+    """Raise unless ``value`` is a finite number with ``low <= value <= high``.
 
     Raises:
         ValueError: naming ``name``, the value and the allowed interval.
     """
-    bracket = "(" if low_open else "["
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > low if low_open else value >= low) and value <= high
-    if not ok:
-        raise ValueError(f"{name}={value!r} is not allowed: expected a number in {bracket}{low}, {high}]")
+    if not (ok and low <= value <= high):
+        raise ValueError(f"{name}={value!r} is not allowed: expected a number in [{low}, {high}]")
 
 
 def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
