@@ -12,7 +12,7 @@ help:
 
 # torch first: on a machine without it, `pip install torch==2.13.0` takes the
 # local CPU wheel. A torch that is already installed (CPU or CUDA) is left alone,
-# and the package's own `torch>=2.1` requirement is then already satisfied.
+# and the package's own `torch>=2.4` requirement is then already satisfied.
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet --disable-pip-version-check -e ".[dev]"

@@ -51,7 +51,7 @@ def run_python(code: str) -> subprocess.CompletedProcess:
                           timeout=120)  # fmt: skip
 
 
-def test_import_rlchain_registers_every_task_without_importing_torch_or_gymnasium():
+def test_import_rlchain_registers_every_task_without_importing_torch():
     # Before: gymnasium.make("rlchain/PushCube-v0") after `import rlchain` raised NamespaceNotFound
     # (only `import rlchain.envs` registered it) and rlchain/CartPole-v1 was registered nowhere.
     proc = run_python(
@@ -59,7 +59,7 @@ def test_import_rlchain_registers_every_task_without_importing_torch_or_gymnasiu
             """
             import sys
             import rlchain
-            heavy = sorted({"torch", "gymnasium", "numpy"} & set(sys.modules))
+            heavy = sorted({"torch", "rlchain.envs"} & set(sys.modules))
             assert not heavy, f"import rlchain imported {heavy}"
             """
         )
@@ -86,26 +86,6 @@ def test_registration_is_idempotent_and_never_overrides(first):
         import rlchain.envs
         ids = sorted(env_id for env_id in gymnasium.registry if env_id.startswith("rlchain/"))
         assert ids == ["rlchain/CartPole-v1", "rlchain/PushCube-v0"], ids
-        """
-    )
-    assert proc.returncode == 0, proc.stderr
-
-
-def test_the_import_hook_survives_a_find_spec_and_leaves_no_trace():
-    # A library that checks for gymnasium with find_spec before importing it must not
-    # use the hook up; once gymnasium is imported the hook is gone and its loader is gymnasium's own.
-    proc = run_python(
-        """
-        import importlib.util
-        import sys
-        import rlchain
-
-        assert importlib.util.find_spec("gymnasium") is not None
-        import gymnasium
-        assert "rlchain/CartPole-v1" in gymnasium.registry
-        assert not [finder for finder in sys.meta_path if type(finder).__module__.startswith("rlchain")]
-        assert not type(gymnasium.__loader__).__module__.startswith("rlchain")
-        assert gymnasium.__spec__.loader is gymnasium.__loader__
         """
     )
     assert proc.returncode == 0, proc.stderr

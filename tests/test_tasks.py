@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 import warnings
@@ -18,7 +19,7 @@ from rlchain.envs import CartPoleEnv, GymVecEnv, TorchVecEnv
 from rlchain.envs.gym_adapter import flatten_batch
 from rlchain.train import build
 
-from conftest import TINY
+from conftest import TINY, run_cli
 
 STATE = ("x", "x_dot", "theta", "theta_dot")
 INVALID_DISCRETE_ACTION = "action contains values other than 0 and 1: expected 0 (push left) or 1 (push right)"
@@ -339,6 +340,22 @@ def test_task_presets_train_with_a_tiny_budget(compose_cfg, preset):
     summary = build(cfg).train()
     assert summary["status"] == "completed" and summary["global_step"] == 2 * 8 * cfg.env.num_envs
     assert summary["objective_name"] == "eval/avg_reward" and summary["objective"] == summary["final"]["eval/avg_reward"]
+
+
+def test_a_task_without_success_shows_and_logs_none(tmp_path):
+    # Pendulum has no success signal: no "success 0.00" in the progress lines,
+    # the final line or the logs; the objective (eval/avg_reward) instead.
+    proc = run_cli(["+experiment=gym_pendulum_ppo", "trainer.iterations=2", "trainer.rollout_steps=8",
+                    "trainer.eval_freq=1", "trainer.num_eval_envs=2", "trainer.num_eval_episodes=2",
+                    "device=cpu"], tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    shown = proc.stdout.replace(str(tmp_path), "<tmp>")  # the test name is in the path
+    assert "success" not in shown and "eval/avg_reward" in shown.splitlines()[-1]
+    (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows and not [key for row in rows for key in row if "success" in key]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["best_eval_success_rate"] is None and summary["best_objective"] is not None
 
 
 @pytest.mark.parametrize("overrides", [["env=cart_pole"], ["env=cart_pole", "algorithm=grpo"],

@@ -67,9 +67,13 @@ def _package_header(group: str, option: str) -> str | None:
     user's ``--config-dir`` options.
     """
     # Hydra has no public API for a config's header; these two classes are
-    # the ones Hydra itself composes with (stable since Hydra 1.1).
-    from hydra._internal.config_repository import ConfigRepository
-    from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
+    # the ones Hydra itself composes with (stable since Hydra 1.1). Should they
+    # move, the option counts at its group's own key.
+    try:
+        from hydra._internal.config_repository import ConfigRepository
+        from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
+    except ImportError:  # pragma: no cover - a future Hydra
+        return None
 
     search_path = ConfigSearchPathImpl()
     for source in HydraConfig.get().runtime.config_sources:
@@ -200,16 +204,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         atomic_write_json(Path(cfg.trainer.output_dir) / "summary.json", summary)
         raise
     summary = trainer.train()
-    success = summary["final"].get("eval/success_rate")
-    shown = "n/a" if success is None else f"{success:.3f}"
-    objective = ""
+    results = []
+    success = summary["final"].get("eval/success_rate")  # absent for a task without success
+    if success is not None:
+        results.append(f"final eval success rate {success:.3f}")
     if summary["objective_name"] != "eval/success_rate" and isinstance(summary["objective"], (int, float)):
-        objective = f" | {summary['objective_name']} {summary['objective']:.4g}"
-    print(
-        f"rlchain: {summary['status']} {summary['global_step']:,} env steps in {summary['elapsed_s']:.0f} s "
-        f"| final eval success rate {shown}{objective} | {trainer.output_dir}",
-        flush=True,
-    )
+        results.append(f"{summary['objective_name']} {summary['objective']:.4g}")
+    print(" | ".join([f"rlchain: {summary['status']} {summary['global_step']:,} env steps in "
+                      f"{summary['elapsed_s']:.0f} s", *results, str(trainer.output_dir)]), flush=True)  # fmt: skip
     return summary
 
 

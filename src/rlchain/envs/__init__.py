@@ -1,4 +1,4 @@
-"""Built-in batched tasks, the gymnasium adapter, and their gymnasium registration.
+"""Built-in batched tasks, the gymnasium adapter, and the VecEnv contract checker.
 
 * :class:`PushCubeEnv` (``env=push_cube``), :class:`CartPoleEnv`
   (``env=cart_pole``): torch-native, batched on one device.
@@ -6,20 +6,22 @@
   through ``gymnasium.make_vec``.
 * :func:`check_vec_env`: checks a user's env against the VecEnv contract.
 
+``import rlchain`` registers the tasks with gymnasium:
 ``gymnasium.make_vec("rlchain/PushCube-v0", num_envs=N,
 vectorization_mode="vector_entry_point")`` returns a batched
-:class:`PushCubeEnv`; ``gymnasium.make("rlchain/PushCube-v0")`` a single
-numpy :class:`PushCubeGymEnv`.
+:class:`PushCubeEnv`, ``gymnasium.make("rlchain/PushCube-v0")`` a single
+numpy :class:`PushCubeGymEnv`; ``rlchain/CartPole-v1`` likewise gives
+:class:`CartPoleEnv` and :class:`CartPoleGymEnv`.
 """
 
 from rlchain.envs.base import TorchVecEnv, VecEnv, check_group_size
-from rlchain.envs.cart_pole import CartPoleConfig, CartPoleEnv
+from rlchain.envs.cart_pole import CartPoleConfig, CartPoleEnv, CartPoleGymEnv
 from rlchain.envs.checker import VecEnvContractError, check_vec_env
 from rlchain.envs.gym_adapter import GymEnvConfig, GymVecEnv
 from rlchain.envs.push_cube import PushCubeConfig, PushCubeEnv, PushCubeGymEnv
 
 __all__ = [
-    "CartPoleConfig", "CartPoleEnv", "GymEnvConfig", "GymVecEnv", "PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv",
+    "CartPoleConfig", "CartPoleEnv", "CartPoleGymEnv", "GymEnvConfig", "GymVecEnv", "PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv",
     "TorchVecEnv", "VecEnv", "VecEnvContractError", "check_group_size", "check_vec_env",
 ]
 
