@@ -124,6 +124,19 @@ def test_invalid_discrete_cart_pole_action_raises_on_cuda_a_step_later():
         env.step(torch.tensor([0, 1, 1, 1], device="cuda"))
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_bad_action_taken_while_a_check_is_in_flight_is_still_caught_on_cuda():
+    env = CartPoleEnv(num_envs=4, device="cuda")
+    good = torch.ones(4, dtype=torch.int64, device="cuda")
+    env.step(good)  # its check is in flight
+    env.step(torch.tensor([0, 1, 2, 1], device="cuda"))  # may find that check unfinished: kept on the device
+    with pytest.raises(ValueError, match=re.escape(INVALID_DISCRETE_ACTION)):
+        for _ in range(3):
+            torch.cuda.synchronize()
+            env.step(good)
+
+
 def balance(obs: np.ndarray) -> int:
     """A linear controller that keeps CartPole up for well over 500 steps."""
     return int(obs[2] + 0.5 * obs[3] + 0.01 * obs[0] + 0.1 * obs[1] > 0)
@@ -142,7 +155,7 @@ def test_gymnasium_make_cart_pole_is_the_batched_env_one_at_a_time():
         _, _, b_terminated, _, b_info = batched.step(torch.tensor([t % 3 % 2]))
         np.testing.assert_array_equal(obs, b_info["final_obs"][0].numpy())
         assert reward == 1.0 and terminated == bool(b_terminated[0]) and not truncated
-        assert info == {"abs_theta": abs(float(obs[2])), "abs_x": abs(float(obs[0]))}
+        assert info == {"abs_theta": abs(float(obs[2])), "abs_x": abs(float(obs[0])), "reward_alive": 1.0}
         if terminated:
             break
     assert terminated

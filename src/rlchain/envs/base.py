@@ -17,12 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
 from rlchain.utils import check_positive
 
-__all__ = ["NON_FINITE_ACTION", "TorchVecEnv", "VecEnv", "check_group_size"]
+__all__ = ["NON_FINITE_ACTION", "SingleGymEnv", "TorchVecEnv", "VecEnv", "check_group_size"]
 
 #: The error of a torch-native task's ``step`` on an action with NaN or inf.
 NON_FINITE_ACTION = "action contains NaN or inf: expected finite values (they are clipped to [-1, 1])"
@@ -124,7 +125,8 @@ class TorchVecEnv(VecEnv):
 
     _STATE: tuple[str, ...] = ()
     _generator: torch.Generator
-    _pending_action_check: tuple[torch.Tensor, Any, str] | None = None
+    _pending_action_check: tuple[torch.Tensor, Any] | None = None
+    _bad_action: torch.Tensor | None = None
 
     def get_state(self) -> dict[str, torch.Tensor]:
         """Every state tensor by name (references, not copies)."""
@@ -199,28 +201,72 @@ class TorchVecEnv(VecEnv):
         self._check_flag(~torch.isfinite(action).all(), NON_FINITE_ACTION)
 
     def _check_flag(self, bad: torch.Tensor, message: str) -> None:
-        """Raise ``ValueError(message)`` if ``bad`` (a 0-d bool tensor on the env's device) is set:
+        """Raise ``ValueError(message)`` once ``bad`` (a 0-d bool tensor on the env's device) has been set:
         at once on the CPU; on CUDA without a host sync, a few steps late.
 
-        On CUDA the flag of a step is copied to pinned memory asynchronously
-        and read once its copy has completed (``Event.query`` never blocks),
-        so a bad action does not stall every step. One check is in flight at a
-        time: a step that finds the previous check's copy unfinished is not
-        checked.
+        On CUDA every step's flag is OR-ed into one device-side flag, which is
+        copied to pinned memory asynchronously and read once its copy has
+        completed (``Event.query`` never blocks), so a bad action neither
+        stalls every step nor goes unseen: a later step raises for it. An env
+        checks one kind of action, so one ``message`` per env.
         """
         if self.device.type == "cpu":
             if bool(bad):
                 raise ValueError(message)
             return
+        if self._bad_action is None:
+            self._bad_action = torch.zeros((), dtype=torch.bool, device=self.device)
+        self._bad_action.logical_or_(bad)
         if self._pending_action_check is not None:
-            flag, event, pending_message = self._pending_action_check
-            if event.query():
-                self._pending_action_check = None
-                if bool(flag):
-                    raise ValueError(pending_message)
-        if self._pending_action_check is None:
-            flag = torch.empty((), dtype=torch.bool, pin_memory=True)
-            flag.copy_(bad, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-            self._pending_action_check = (flag, event, message)
+            flag, event = self._pending_action_check
+            if not event.query():
+                return
+            self._pending_action_check = None
+            if bool(flag):
+                raise ValueError(message)
+        flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+        flag.copy_(self._bad_action, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        self._pending_action_check = (flag, event)
+
+
+class SingleGymEnv(gym.Env):
+    """One env of a batched :class:`VecEnv` as a plain numpy gymnasium env (what ``gymnasium.make`` returns).
+
+    Subclasses build their batched env with ``num_envs=1`` (on the CPU) and
+    pass it here. Observations are numpy ``single_observation_space`` arrays;
+    actions a Discrete's int or a Box's array. Episodes end as gymnasium
+    expects: the observation returned on an episode's last step is its final
+    one, and the caller resets. ``info`` holds ``success`` (where
+    ``reports_success``, by default the batched env's), every task metric,
+    and every reward term as ``reward_<term>``, all as Python scalars.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, env: VecEnv) -> None:
+        self._env = env
+        self.reports_success = bool(getattr(env, "reports_success", True))
+        self.observation_space = env.single_observation_space
+        self.action_space = env.single_action_space
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        # The batched env is reseeded from gymnasium's np_random on every
+        # reset, so reset(seed=s) followed by plain resets is reproducible.
+        obs, _ = self._env.reset(seed=int(self.np_random.integers(2**31 - 1)))
+        return obs[0].cpu().numpy(), {}
+
+    def step(self, action: Any):
+        if isinstance(self.action_space, gym.spaces.Discrete):
+            act = torch.as_tensor(np.asarray(action).reshape(1))  # no cast: 0.5 must fail the env's own check
+        else:
+            act = torch.as_tensor(np.asarray(action, dtype=np.float32).reshape(1, *self.action_space.shape))
+        obs, reward, terminated, truncated, info = self._env.step(act)
+        done = bool(terminated[0] | truncated[0])
+        last = (info["final_obs"] if done else obs)[0].cpu().numpy()  # final_obs means something on done rows only
+        out = {"success": bool(info["success"][0])} if self.reports_success else {}
+        out.update({name: float(value[0]) for name, value in info["metrics"].items()})
+        out.update({f"reward_{name}": float(value[0]) for name, value in info["rewards"].items()})
+        return last, float(reward[0]), bool(terminated[0]), bool(truncated[0]), out

@@ -37,7 +37,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlchain.envs.base import TorchVecEnv
+from rlchain.envs.base import SingleGymEnv, TorchVecEnv
 from rlchain.utils import check_choice, check_positive, resolve_device
 
 __all__ = ["CartPoleConfig", "CartPoleEnv", "CartPoleGymEnv", "INVALID_DISCRETE_ACTION"]
@@ -102,9 +102,8 @@ class CartPoleEnv(TorchVecEnv):
             non-finite continuous one. The shape is checked at once, the
             values at once on the CPU and on CUDA without a host sync (see
             :meth:`~rlchain.envs.base.TorchVecEnv._check_flag`): there the
-            error comes a few steps late, and a step taken while the previous
-            check is still in flight goes unchecked (an invalid discrete
-            action in it pushes left).
+            error comes a few steps late (meanwhile an invalid discrete
+            action pushes left).
     """
 
     _STATE = ("x", "x_dot", "theta", "theta_dot", "elapsed_steps")
@@ -218,49 +217,29 @@ class CartPoleEnv(TorchVecEnv):
         """Release nothing: the env holds only tensors."""
 
 
-class CartPoleGymEnv(gym.Env):
+class CartPoleGymEnv(SingleGymEnv):
     """A single rlchain CartPole as a plain numpy gymnasium env (``gymnasium.make("rlchain/CartPole-v1")``).
 
-    Wraps a one-env :class:`CartPoleEnv` on the CPU. Observations float32
-    ``(4,)``; actions an int in {0, 1} (discrete, the default) or float32
-    ``(1,)`` (``action_mode="continuous"``). Keyword arguments are those of
+    A one-env :class:`CartPoleEnv` on the CPU behind
+    :class:`~rlchain.envs.base.SingleGymEnv`. Observations float32 ``(4,)``;
+    actions an int in {0, 1} (discrete, the default) or float32 ``(1,)``
+    (``action_mode="continuous"``). Keyword arguments are those of
     :class:`CartPoleConfig` except ``num_envs``.
 
     Like gymnasium's own CartPole it never truncates by itself: the time limit
     is gymnasium's ``TimeLimit`` wrapper, which ``gymnasium.make`` adds from
     the registered spec (500 steps, or ``make(..., max_episode_steps=...)``).
     Given ``max_episode_steps`` directly, the wrapped env truncates there too.
-    The observation returned on the last step of an episode is its final one
-    and the caller resets.
 
     Raises:
         ValueError: as :class:`CartPoleEnv` (on the CPU, so at once).
     """
-
-    metadata = {"render_modes": []}
 
     def __init__(self, max_episode_steps: int | None = None, **kwargs: Any) -> None:
         kwargs.pop("num_envs", None)
         kwargs.setdefault("device", "cpu")
         # No limit of its own: 2**31 - 1 steps is beyond any episode and fits the int32 step counter.
         limit = 2**31 - 1 if max_episode_steps is None else max_episode_steps
-        self._env = CartPoleEnv(num_envs=1, max_episode_steps=limit, **kwargs)
-        self.observation_space = self._env.single_observation_space
-        self.action_space = self._env.single_action_space
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        super().reset(seed=seed)
-        # The torch generator is reseeded from gymnasium's np_random on every
-        # reset, so reset(seed=s) followed by plain resets is reproducible.
-        obs, _ = self._env.reset(seed=int(self.np_random.integers(2**31 - 1)))
-        return obs[0].cpu().numpy(), {}
-
-    def step(self, action: Any):
-        if self._env.action_mode == "discrete":
-            act = torch.as_tensor(np.asarray(action).reshape(1))  # no cast: 0.5 must fail the {0, 1} check
-        else:
-            act = torch.as_tensor(np.asarray(action, dtype=np.float32).reshape(1, 1))
-        _, reward, terminated, truncated, info = self._env.step(act)
-        obs = info["final_obs"][0].cpu().numpy()
-        out_info = {k: float(v[0]) for k, v in info["metrics"].items()}
-        return obs, float(reward[0]), bool(terminated[0]), bool(truncated[0]), out_info
+        super().__init__(CartPoleEnv(num_envs=1, max_episode_steps=limit, **kwargs))
+        # Success is reaching the time limit, which gymnasium's TimeLimit enforces, not this env.
+        self.reports_success = max_episode_steps is not None

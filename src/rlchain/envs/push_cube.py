@@ -95,7 +95,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlchain.envs.base import TorchVecEnv
+from rlchain.envs.base import SingleGymEnv, TorchVecEnv
 from rlchain.utils import check_non_negative, check_positive, resolve_device
 
 __all__ = ["PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv"]
@@ -553,41 +553,18 @@ class PushCubeEnv(TorchVecEnv):
         """Release nothing: the env holds only tensors."""
 
 
-class PushCubeGymEnv(gym.Env):
-    """A single PushCube as a plain numpy gymnasium env (``gymnasium.make``).
+class PushCubeGymEnv(SingleGymEnv):
+    """A single PushCube as a plain numpy gymnasium env (``gymnasium.make("rlchain/PushCube-v0")``).
 
-    Wraps a one-env :class:`PushCubeEnv` on the CPU. Observations float32
-    ``(15,)``, actions float32 ``(2,)``. Episodes end as gymnasium expects:
-    the observation returned on the last step is the final one and the caller
-    resets. Keyword arguments are those of :class:`PushCubeConfig`.
+    A one-env :class:`PushCubeEnv` on the CPU behind :class:`~rlchain.envs.base.SingleGymEnv`.
+    Observations float32 ``(15,)``, actions float32 ``(2,)``. Keyword
+    arguments are those of :class:`PushCubeConfig`.
     """
-
-    metadata = {"render_modes": []}
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.pop("num_envs", None)
         kwargs.setdefault("device", "cpu")
-        self._env = PushCubeEnv(num_envs=1, **kwargs)
-        self.observation_space = self._env.single_observation_space
-        self.action_space = self._env.single_action_space
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        super().reset(seed=seed)
-        # The torch generator is reseeded from gymnasium's np_random on every
-        # reset, so reset(seed=s) followed by plain resets is reproducible.
-        obs, _ = self._env.reset(seed=int(self.np_random.integers(2**31 - 1)))
-        return obs[0].cpu().numpy(), {}
-
-    def step(self, action: np.ndarray):
-        act = torch.as_tensor(np.asarray(action, dtype=np.float32).reshape(1, 2))
-        _, reward, terminated, truncated, info = self._env.step(act)
-        obs = info["final_obs"][0].cpu().numpy()
-        out_info = {
-            "success": bool(info["success"][0]),
-            **{k: float(v[0]) for k, v in info["metrics"].items()},
-            **{f"reward_{k}": float(v[0]) for k, v in info["rewards"].items()},
-        }
-        return obs, float(reward[0]), bool(terminated[0]), bool(truncated[0]), out_info
+        super().__init__(PushCubeEnv(num_envs=1, **kwargs))
 
 
 def scripted_action(obs: torch.Tensor, env: PushCubeEnv) -> torch.Tensor:
