@@ -245,7 +245,7 @@ def test_a_preset_at_global_adds_no_top_level_key(compose_cfg, tmp_path):
         train(cfg)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and "unknown top-level key 'experiment'" in summary["error"]
-    assert isinstance(build(compose_cfg(["+experiment=cart_pole_ppo", *TINY])), Trainer)
+    assert isinstance(build(compose_cfg(["+experiment=cart_pole_ppo", *TINY, f"trainer.output_dir={tmp_path / 'ok'}"])), Trainer)
 
 
 # ------------------------------------------------------------ the wheel

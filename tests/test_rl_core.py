@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import torch
 from tensordict import TensorDict
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rlchain.algorithms import GRPO, PPO
+from rlchain.algorithms import GRPO, PPO, NonFiniteError
 from rlchain.algorithms.functional import (
     compute_gae,
     discounted_returns,
@@ -27,6 +28,7 @@ from rlchain.algorithms.functional import (
 from rlchain.algorithms.ppo import ppo_loss
 from rlchain.collector import SyncCollector
 from rlchain.envs import GymVecEnv, PushCubeEnv
+from rlchain.envs.base import NON_FINITE_ACTION
 from rlchain.policies import ActorCritic, ActorOnly, bounded
 from rlchain.trainer import Trainer
 
@@ -526,7 +528,7 @@ def test_non_finite_loss_stops_the_run_naming_the_iteration_and_keeps_the_checkp
     trainer.iterations = 5
     with torch.no_grad():
         policy.critic[0].weight.fill_(float("nan"))
-    with pytest.raises(RuntimeError, match=r"non-finite loss at iteration 4: .*last good checkpoint: .*latest.pt"):
+    with pytest.raises(RuntimeError, match=r"non-finite loss at iteration 4 \(nan\); last good checkpoint: .*latest.pt"):
         trainer.train()
     assert (tmp_path / "checkpoints" / "latest.pt").read_bytes() == good
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -606,7 +608,8 @@ def test_resume_on_an_env_that_cannot_save_its_state_restarts_it_fresh(tmp_path,
     assert torch.equal(rollout["episode_length"], torch.arange(1, 9)[:, None].expand(8, 4))
     assert resumed.global_step == 2 * 8 * 4 and resumed.iteration == 2
     notice = capsys.readouterr().err.strip().splitlines()
-    assert len(notice) == 1 and "GymVecEnv cannot restore its state" in notice[0] and "every env reset" in notice[0]
+    assert len(notice) == 1 and "resumed from" in notice[0] and "GymVecEnv cannot restore its state" in notice[0]
+    assert "every env reset" in notice[0]
 
 
 class ScoredByEvaluation(LineEnv):
@@ -759,3 +762,100 @@ def test_grpo_learns_push_cube(tmp_path):
     )  # fmt: skip
     assert before < 0.1
     assert after >= 0.12
+
+
+# ------------------------------------------------------- non-finite training
+class InfiniteGradientPPO(PPO):
+    """PPO plus a term that is 0 but has an infinite gradient (d sqrt(x) / dx at 0)."""
+
+    def update(self, rollout):
+        weight = self.policy.actor[0].weight
+        original = ppo_loss
+
+        def loss_with_a_kink(*args, **kwargs):
+            terms = original(*args, **kwargs)
+            terms["loss"] = terms["loss"] + torch.sqrt(weight[0, 0] - weight[0, 0].detach())
+            return terms
+
+        import rlchain.algorithms.ppo as ppo_module
+
+        ppo_module.ppo_loss = loss_with_a_kink
+        try:
+            return super().update(rollout)
+        finally:
+            ppo_module.ppo_loss = original
+
+
+def non_finite_run(tmp_path, make_algorithm, policy_cls=ActorCritic, **trainer_kwargs):
+    torch.manual_seed(0)
+    env = PushCubeEnv(num_envs=64, seed=0)
+    policy = policy_cls(env.single_observation_space, env.single_action_space, hidden_sizes=[32])
+    trainer = Trainer(env, policy, make_algorithm(policy), iterations=4, rollout_steps=16, save_freq=1,
+                      output_dir=str(tmp_path), progress=False, **trainer_kwargs)  # fmt: skip
+    with pytest.raises(RuntimeError) as info:
+        trainer.train()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == str(info.value)
+    assert "Traceback" in summary["traceback"] and "NonFiniteError" in summary["traceback"]
+    for path in (tmp_path / "checkpoints").glob("*.pt"):
+        state = torch.load(path, weights_only=True)
+        assert all(torch.isfinite(v).all() for v in state["policy"].values() if v.is_floating_point()), path
+    return str(info.value)
+
+
+def test_a_non_finite_gradient_norm_stops_the_run(tmp_path):
+    message = non_finite_run(tmp_path, lambda policy: InfiniteGradientPPO(policy, batch_size=256))
+    assert message == "non-finite grad_norm at iteration 1 (inf); last good checkpoint: none written yet"
+
+
+def test_grpo_with_a_huge_learning_rate_stops_at_its_non_finite_kl(tmp_path):
+    # The issue's case: GRPO at learning_rate=1e8 completed with approx_kl = inf in every row.
+    message = non_finite_run(tmp_path, lambda policy: GRPO(policy, learning_rate=1e8, batch_size=512, group_size=8),
+                             policy_cls=ActorOnly)  # fmt: skip
+    assert message.startswith("non-finite approx_kl at iteration 1 (inf); last good checkpoint: none written yet")
+
+
+def test_a_non_finite_parameter_stops_the_run(tmp_path):
+    # A parameter outside the loss's path (here one a user's policy holds) goes NaN:
+    # loss and gradient norm stay finite, so only the parameter check can see it.
+    def make(policy):
+        policy.temperature = torch.nn.Parameter(torch.tensor([float("nan")]))
+        return PPO(policy, batch_size=512)
+
+    message = non_finite_run(tmp_path, make)
+    assert message == "non-finite parameter temperature at iteration 1 (nan); last good checkpoint: none written yet"
+
+
+def test_no_checkpoint_is_written_from_a_non_finite_policy(tmp_path):
+    env = LineEnv(num_envs=8)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    trainer = Trainer(env, policy, PPO(policy, batch_size=16), iterations=1, rollout_steps=4,
+                      output_dir=str(tmp_path), progress=False)  # fmt: skip
+    trainer.train()
+    good = (tmp_path / "checkpoints" / "latest.pt").read_bytes()
+    policy.obs_normalizer.mean.fill_(float("nan"))  # as NaN observations would leave it
+    with pytest.raises(NonFiniteError, match=r"policy obs_normalizer.mean is nan"):
+        trainer.save()
+    assert (tmp_path / "checkpoints" / "latest.pt").read_bytes() == good
+    assert not list((tmp_path / "checkpoints").glob(".*.tmp"))
+
+
+class NaNObservations(LineEnv):
+    """Its observations turn NaN after two steps (a diverged simulation); it rejects
+    non-finite actions, as the built-in envs and env=gym do."""
+
+    def _obs(self):
+        obs = super()._obs()
+        return torch.where(self.t[:, None] >= 2, float("nan"), obs)
+
+    def step(self, action):
+        if not bool(torch.isfinite(action).all()):
+            raise ValueError(NON_FINITE_ACTION)
+        return super().step(action)
+
+
+def test_nan_observations_are_reported_as_observations(tmp_path):
+    env = NaNObservations(num_envs=4, max_episode_steps=50)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8], obs_normalization=False)
+    with pytest.raises(ValueError, match=r"^observation contains NaN or inf: NaNObservations returned a non-finite obs"):
+        SyncCollector(env, policy, rollout_steps=8).collect()

@@ -12,7 +12,7 @@ from rlchain.buffer import RolloutBuffer
 from rlchain.envs.base import VecEnv
 from rlchain.policies import Policy, resolve_act
 
-__all__ = ["SyncCollector"]
+__all__ = ["SyncCollector", "step_env"]
 
 #: The per-step rollout keys, in the order the step loop records them.
 _STEP_KEYS = ("obs", "action", "sample_log_prob", "value", "reward", "terminated", "truncated", "final_obs", "success")
@@ -39,6 +39,29 @@ def _term_means(infos: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
                 ) from None
             means[f"{group}/{name}"] = torch.stack(column).float().mean()
     return means
+
+
+def step_env(env: VecEnv, obs: torch.Tensor, action: torch.Tensor) -> tuple:
+    """``env.step(action)``, with an env's rejection of a non-finite action traced to its cause.
+
+    A policy turns NaN or inf observations into NaN actions, which the env
+    then rejects as actions; the real fault is the env's observation. The
+    check costs nothing on the normal path: ``obs`` is inspected only once
+    ``step`` has raised.
+
+    Raises:
+        ValueError: ``env.step``'s own error, or, when ``obs`` (what the
+            policy acted on) is not finite, one that names the observation.
+    """
+    try:
+        return env.step(action)
+    except ValueError as err:
+        if bool(torch.isfinite(obs).all()):
+            raise
+        raise ValueError(
+            f"observation contains NaN or inf: {type(env).__name__} returned a non-finite observation, "
+            f"and the policy's action from it was rejected ({err})"
+        ) from err
 
 
 class SyncCollector:
@@ -127,7 +150,7 @@ class SyncCollector:
         infos: list[dict[str, Any]] = []
         for _ in range(self.rollout_steps):
             action, sample_log_prob, value = act(obs)
-            next_obs, reward, terminated, truncated, info = env.step(action)
+            next_obs, reward, terminated, truncated, info = step_env(env, obs, action)
             steps.append((obs, action, sample_log_prob, value, reward, terminated, truncated,
                           info["final_obs"], info["success"]))  # fmt: skip
             infos.append(info)

@@ -20,6 +20,7 @@ from omegaconf import MISSING
 from rlchain.algorithms import GRPOConfig, PPOConfig
 from rlchain.envs import CartPoleConfig, GymEnvConfig, PushCubeConfig
 from rlchain.policies import ActorCriticConfig, ActorOnlyConfig
+from rlchain.run_dir import register_resolver
 from rlchain.trainer import TrainerConfig
 
 __all__ = ["SCHEMAS", "TrainConfig", "register_configs", "register_launcher"]
@@ -83,3 +84,4 @@ def register_launcher() -> None:
 
 register_configs()
 register_launcher()
+register_resolver()

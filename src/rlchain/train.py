@@ -18,7 +18,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import os
 import re
+import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -26,6 +29,7 @@ from typing import Any, Iterator
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.errors import CompactHydraException, InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -33,9 +37,9 @@ from omegaconf import DictConfig, OmegaConf
 from rlchain.config import TrainConfig  # importing rlchain.config registers the schemas
 from rlchain.checkpoint import atomic_write_json
 from rlchain.trainer import Trainer, run_placement
-from rlchain.utils import resolve_device
+from rlchain.utils import check_seed, resolve_device
 
-__all__ = ["ConfigError", "build", "check_top_level_keys", "main", "train"]
+__all__ = ["ConfigError", "RunFailed", "build", "check_top_level_keys", "cli", "exit_code", "main", "train"]
 
 
 class ConfigError(CompactHydraException):
@@ -180,14 +184,22 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     A run that fails before training starts (a rejected config, an env that
     cannot be built) still leaves ``summary.json`` in ``trainer.output_dir``
-    with ``status="failed"`` and the error, so sweep tables list it.
+    with ``status="failed"`` and the error, so sweep tables list it (where
+    that directory can be written).
 
     Raises:
-        ConfigError: see :func:`build`; other errors of the components as raised.
+        ConfigError: see :func:`build`, and a ``seed`` out of range.
+        RunFailed: training failed (a non-finite loss, an env error, a full
+            disk, ...): one line naming what went wrong; ``summary.json`` has
+            the traceback. With ``HYDRA_FULL_ERROR=1`` the original error is
+            raised instead.
+        Exception: other errors of the components while they are built, as raised.
     """
-    torch.manual_seed(cfg.seed)
     start_time = time.time()
     try:
+        with _component(""):
+            check_seed("seed", cfg.seed)
+        torch.manual_seed(cfg.seed)
         trainer = build(cfg)
     except Exception as err:
         summary = {
@@ -201,25 +213,76 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             "start_time": start_time,
             "end_time": time.time(),
         }
-        atomic_write_json(Path(cfg.trainer.output_dir) / "summary.json", summary)
+        with contextlib.suppress(OSError):  # an unwritable run directory: the error itself is what matters
+            atomic_write_json(Path(cfg.trainer.output_dir) / "summary.json", summary)
         raise
-    summary = trainer.train()
-    results = []
+    try:
+        summary = trainer.train()
+    except Exception as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        error = trainer.summary.get("error") or f"{type(err).__name__}: {err}"
+        where = "the traceback is in its summary.json" if trainer.summary else "no summary.json could be written"
+        raise RunFailed(f"rlchain: failed: {error} | {trainer.output_dir} ({where})") from err
+    print(_result_line(summary, trainer), flush=True)
+    return summary
+
+
+def _result_line(summary: dict[str, Any], trainer: Trainer) -> str:
+    """The one line a run ends with: what happened, how far it got, its results and where it is."""
+    status = summary["status"]
+    if summary.get("signal"):
+        status = f"{status} by {summary['signal']}"
+    parts = [f"rlchain: {status} at {summary['global_step']:,} env steps in {summary['elapsed_s']:.0f} s"]
+    if summary["status"] == "completed":
+        parts[0] = f"rlchain: completed {summary['global_step']:,} env steps in {summary['elapsed_s']:.0f} s"
     success = summary["final"].get("eval/success_rate")  # absent for a task without success
     if success is not None:
-        results.append(f"final eval success rate {success:.3f}")
+        parts.append(f"final eval success rate {success:.3f}")
     if summary["objective_name"] != "eval/success_rate" and isinstance(summary["objective"], (int, float)):
-        results.append(f"{summary['objective_name']} {summary['objective']:.4g}")
-    print(" | ".join([f"rlchain: {summary['status']} {summary['global_step']:,} env steps in "
-                      f"{summary['elapsed_s']:.0f} s", *results, str(trainer.output_dir)]), flush=True)  # fmt: skip
-    return summary
+        parts.append(f"{summary['objective_name']} {summary['objective']:.4g}")
+    parts.append(str(trainer.output_dir))
+    if summary["status"] in ("interrupted", "aborted"):
+        latest = trainer.checkpoint_dir / "latest.pt"
+        parts.append(f"resume with trainer.resume_from={latest}" if latest.exists() else "no checkpoint was written")
+    return " | ".join(parts)
+
+
+class RunFailed(CompactHydraException):
+    """A run that failed while training; Hydra prints just this one line (``HYDRA_FULL_ERROR=1`` for the traceback)."""
+
+
+def exit_code(summary: dict[str, Any]) -> int:
+    """The process exit status of a run: 0 completed, 128 + the signal's number when stopped by one, else 1."""
+    if summary.get("signal") and summary["status"] in ("interrupted", "aborted"):
+        return 128 + signal.Signals[summary["signal"]].value
+    return 0 if summary["status"] == "completed" else 1
 
 
 @hydra.main(version_base="1.3", config_path="pkg://rlchain.conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    """Hydra entry point: returns the run objective for sweepers."""
-    return train(cfg)["objective"]
+    """Hydra entry point: returns the run objective for sweepers.
+
+    A single run stopped by a signal exits with 128 + its number (130 for
+    Ctrl-C, 143 for SIGTERM), so a shell or a scheduler can tell it from a
+    completed run; inside a multirun the launcher reports it instead.
+    """
+    summary = train(cfg)
+    code = exit_code(summary)
+    if code and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN:
+        raise SystemExit(code)
+    return summary["objective"]
+
+
+def cli() -> None:
+    """The ``rlchain-train`` command: :func:`main`, and a Ctrl-C before training starts
+    (while Hydra composes, or the env is built) ends with one line and exit status 130."""
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("\nrlchain: interrupted by SIGINT before training started", file=sys.stderr, flush=True)
+        sys.exit(128 + signal.SIGINT.value)
 
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -26,6 +26,7 @@ continue as saved.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import signal
@@ -33,23 +34,37 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from rlchain.algorithms.base import Algorithm
-from rlchain.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
-from rlchain.collector import SyncCollector
+from rlchain.algorithms.base import Algorithm, NonFiniteError
+from rlchain.checkpoint import atomic_write_json, check_state_matches, load_checkpoint, save_checkpoint
+from rlchain.collector import SyncCollector, step_env
 from rlchain.envs.base import VecEnv
 from rlchain.policies import Policy, resolve_act
-from rlchain.utils import LAUNCHER_SLOT_ENV, check_choice, check_positive
+from rlchain.run_dir import existing_run
+from rlchain.utils import LAUNCHER_SLOT_ENV, check_choice, check_positive, check_seed
 from rlchain.writer import MetricWriter
 
-__all__ = ["OBJECTIVE_DIRECTIONS", "Trainer", "TrainerConfig", "evaluate", "run_placement"]
+__all__ = ["OBJECTIVE_DIRECTIONS", "STOP_SIGNALS", "ObjectiveError", "WANDB_MODES", "Trainer", "TrainerConfig", "evaluate", "run_placement"]
 
 OBJECTIVE_DIRECTIONS = ("maximize", "minimize")
+WANDB_MODES = (None, "online", "offline", "disabled")
+#: Signals that stop a run after its current iteration (a second one aborts it):
+#: Ctrl-C, and what scancel, Kubernetes and most preemptions send.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class ObjectiveError(ValueError):
+    """``trainer.objective`` names a metric the run never logs (found after its first iteration)."""
+
+
+class _Abort(BaseException):
+    """Raised by a second stop signal: leave the iteration at once (the last checkpoint stands)."""
 
 
 @dataclass
@@ -75,12 +90,14 @@ class TrainerConfig:
     """Seeds torch's global RNG (action sampling) and, plus 1, the eval env."""
     exp_name: str = "rlchain"
     """Experiment name: the W&B run name."""
-    objective: str = "eval/success_rate"
-    """Key of summary['final'] returned as the run objective for sweepers; best.pt is the evaluation that is best by it."""
+    objective: str = "auto"
+    """Key of summary['final'] returned as the run objective for sweepers; best.pt is the evaluation that is best
+    by it. 'auto': eval/success_rate for a task that reports success, else eval/avg_reward."""
     objective_direction: str = "maximize"
     """'maximize' or 'minimize': which way the objective is better (best.pt, sweep tables)."""
     resume_from: str | None = None
-    """Checkpoint to continue from (its step count continues)."""
+    """Checkpoint to continue from (its step count continues); 'auto': this run directory's own
+    checkpoints/latest.pt when there is one (a requeued or restarted job), else a fresh start."""
     use_wandb: bool = False
     """Mirror every logged row to Weights & Biases."""
     wandb_project: str = "rlchain"
@@ -148,7 +165,7 @@ def evaluate(env: VecEnv, policy: Policy, num_episodes: int, seed: int) -> dict[
     act = resolve_act(policy)
     for step in range(1, max_steps + 1):
         action = act(obs, True)[0]
-        obs, reward, terminated, truncated, info = env.step(action)
+        obs, reward, terminated, truncated, info = step_env(env, obs, action)
         done = terminated | truncated
         counts = done & (finished < per_env)
         ret += reward
@@ -195,8 +212,11 @@ class Trainer:
         Others: see :class:`TrainerConfig`.
 
     Raises:
-        ValueError: non-positive counts, or an env the algorithm rejects
-            (e.g. GRPO's ``group_size`` not dividing ``num_envs``), before any step.
+        ValueError: non-positive counts, an env the algorithm rejects (e.g.
+            GRPO's ``group_size`` not dividing ``num_envs``), an ``output_dir``
+            that holds another run while not resuming, a ``resume_from`` that
+            is not an rlchain checkpoint or whose policy does not match this
+            one (naming the parameters and shapes); all before any step.
         FileNotFoundError: ``resume_from`` does not exist.
     """
 
@@ -234,7 +254,9 @@ class Trainer:
             ("num_eval_episodes", num_eval_episodes),
         ]:
             check_positive(name, value, integer=True)
+        check_seed("seed", seed)
         check_choice("objective_direction", objective_direction, OBJECTIVE_DIRECTIONS)
+        check_choice("wandb_mode", wandb_mode, WANDB_MODES)
         algorithm.check_env(env)
         self.env, self.policy, self.algorithm = env, policy, algorithm
         self.iterations, self.rollout_steps = iterations, rollout_steps
@@ -261,9 +283,27 @@ class Trainer:
         self.best_objective_step: int | None = None
         self.last_train: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
-        self._stop_requested = False
+        self._stop_signal: str | None = None
+        self._objective_checked = False
+        self.summary: dict[str, Any] = {}
+        for stale in self.checkpoint_dir.glob(".*.tmp"):  # a save cut short by kill -9
+            stale.unlink(missing_ok=True)
+        if resume_from is None and existing_run(self.output_dir) is not None:
+            raise ValueError(
+                f"output_dir={str(self.output_dir)!r} already holds a run ({existing_run(self.output_dir)}): "
+                "a fresh run never writes into another's directory; resume it (resume_from='auto') or choose another"
+            )
+        if resume_from == "auto":
+            own = self.checkpoint_dir / "latest.pt"
+            resume_from = str(own) if own.is_file() else None
         if resume_from is not None:
-            self.load(resume_from)
+            exact = self.load(resume_from)
+            restart = "" if exact else (
+                f"; {type(self.env).__name__} cannot restore its state: every env reset "
+                "(episodes in progress at the checkpoint are dropped)"
+            )  # fmt: skip
+            print(f"rlchain: resumed from {resume_from} at iteration {self.iteration} "
+                  f"(global_step {self.global_step:,}){restart}", file=sys.stderr, flush=True)  # fmt: skip
 
     # -------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -278,6 +318,8 @@ class Trainer:
             "best_step": self.best_step,
             "best_objective": self.best_objective,
             "best_objective_step": self.best_objective_step,
+            "last_train": self.last_train,
+            "last_eval": self.last_eval,
             "torch_rng": torch.get_rng_state(),
             "config": self.config,
         }
@@ -288,95 +330,132 @@ class Trainer:
         return state
 
     def save(self, name: str = "latest.pt") -> Path:
-        """Write the state atomically to ``checkpoints/<name>`` and return the path."""
-        return save_checkpoint(self.checkpoint_dir / name, self.state_dict())
+        """Write the state atomically to ``checkpoints/<name>`` and return the path.
 
-    def load(self, path: str | Path) -> None:
+        Raises:
+            NonFiniteError: a policy parameter or buffer (e.g. the observation
+                normaliser's statistics) is NaN or infinite; nothing is written.
+            OSError: the file cannot be written (the previous one stays).
+        """
+        state = self.state_dict()
+        for name_, value in state["policy"].items():
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                raise NonFiniteError(f"policy {name_}", value[~torch.isfinite(value)].flatten()[0].item(), self.iteration)
+        return save_checkpoint(self.checkpoint_dir / name, state)
+
+    def load(self, path: str | Path) -> bool:
         """Restore a checkpoint written by :meth:`save`; training continues its step count.
 
         With an env that cannot restore its state (no ``load_state_dict``, or a
         checkpoint without env state) the collector starts afresh instead of
         acting on the saved observation: every env is reset before the next
-        rollout and no episode is carried over (see the module docstring). A
-        one-line notice on stderr says so.
+        rollout and no episode is carried over (see the module docstring).
+
+        Returns:
+            True when the env state was restored too (an exact resume).
         """
         state = load_checkpoint(path, map_location=self.env.device)
+        check_state_matches(self.policy, state["policy"], f"resume_from={str(path)!r}")
         self.policy.load_state_dict(state["policy"])
         self.algorithm.load_state_dict(state["algorithm"])
         self.collector.load_state_dict(state["collector"])
-        if "env" in state and hasattr(self.env, "load_state_dict"):
+        exact = "env" in state and hasattr(self.env, "load_state_dict")
+        if exact:
             self.env.load_state_dict(state["env"])
         else:
             self.collector.restart()
-            print(f"rlchain: {type(self.env).__name__} cannot restore its state: resuming from {path} with every env "
-                  "reset (episodes in progress at the checkpoint are dropped)", file=sys.stderr, flush=True)  # fmt: skip
         self.global_step, self.iteration = state["global_step"], state["iteration"]
         self.best_success, self.best_step = state["best_success"], state["best_step"]
         self.best_objective = state.get("best_objective")
         self.best_objective_step = state.get("best_objective_step")
+        self.last_train, self.last_eval = state.get("last_train", {}), state.get("last_eval", {})
         torch.set_rng_state(state["torch_rng"].cpu())
         if "cuda_rng" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
+        return exact
 
     # --------------------------------------------------------------- loop
-    def _request_stop(self, signum, frame) -> None:  # pragma: no cover - exercised via subprocess
-        if self._stop_requested:
-            raise KeyboardInterrupt
-        self._stop_requested = True
-        print("\nrlchain: stopping after this iteration (checkpoint and logs are kept); Ctrl-C again to abort",
-              file=sys.stderr, flush=True)  # fmt: skip
+    def _on_stop_signal(self, signum: int, frame: Any) -> None:  # pragma: no cover - exercised via subprocess
+        name = signal.Signals(signum).name
+        if self._stop_signal is not None:
+            raise _Abort(name)
+        self._stop_signal = name
+        print(f"\nrlchain: {name}: stopping after this iteration (checkpoint and logs are kept); "
+              "send it again to abort at once", file=sys.stderr, flush=True)  # fmt: skip
 
     def train(self) -> dict[str, Any]:
         """Run the remaining iterations and return the summary written to ``summary.json``.
 
-        Ctrl-C (SIGINT) finishes the current iteration, saves, flushes and
-        returns with ``status="interrupted"``; a second Ctrl-C aborts at once.
+        SIGINT (Ctrl-C) and SIGTERM (``scancel``, Kubernetes, most
+        preemptions) stop the run after the current iteration: ``latest.pt`` is
+        saved, the logs are flushed, and the summary says ``status="interrupted"``
+        and which ``signal``. A second one aborts at once (``status="aborted"``;
+        the last checkpoint stands). Signals are caught only when ``train`` runs
+        in the main thread.
 
         Raises:
-            RuntimeError: a non-finite loss, naming the iteration; the last
-                good checkpoint is kept and named in the message and in
-                ``summary.json`` (``status="failed"``).
+            RuntimeError: a non-finite loss, gradient norm, KL, other reported
+                term or parameter, naming it, the iteration and the last good
+                checkpoint (kept; no non-finite checkpoint is written).
             Exception: any other error of an iteration (e.g. CUDA out of
-                memory) is re-raised after ``summary.json`` records it
-                (``status="failed"``, ``error``) and the logs are flushed.
+                memory, an env error, a full disk) as raised.
+            In both cases ``summary.json`` first records ``status="failed"``,
+            the one-line ``error`` and the ``traceback``, and the logs are flushed.
         """
-        writer = MetricWriter(self.output_dir, config=self.config, run_name=self.exp_name, **self._wandb)
-        previous_handler = None
+        writer = MetricWriter(self.output_dir, config=self.config, run_name=self.exp_name,
+                              purge_step=self.global_step if self.global_step else None, **self._wandb)  # fmt: skip
+        handlers = {}
         if threading.current_thread() is threading.main_thread():
-            previous_handler = signal.signal(signal.SIGINT, self._request_stop)
+            handlers = {s: signal.signal(s, self._on_stop_signal) for s in STOP_SIGNALS}
         start = self._start = time.perf_counter()
         start_time = time.time()
         start_step = self.global_step
-        status, error, failure = "completed", None, None
+        status, error, failure, trace = "completed", None, None, None
         in_sweep_slot = LAUNCHER_SLOT_ENV in os.environ
         bar = _Progress(self.iterations, self.iteration, enabled=self.progress and not in_sweep_slot)
         try:
-            while self.iteration < self.iterations:
-                self._iterate(writer, bar)
-                if self._stop_requested:
-                    status = "interrupted"
-                    break
-        except FloatingPointError as err:
-            status = "failed"
-            last_good = self.checkpoint_dir / "latest.pt"
-            error = (
-                f"non-finite loss at iteration {self.iteration + 1}: {err}; "
-                f"last good checkpoint: {last_good if last_good.exists() else 'none written yet'}"
-            )
-            failure = RuntimeError(error)
-        except Exception as err:  # e.g. CUDA out of memory: record it, keep the logs, re-raise
-            status, error, failure = "failed", f"{type(err).__name__}: {err}", err
+            try:
+                if self.iteration >= self.iterations:
+                    print(f"rlchain: the run has already reached trainer.iterations={self.iterations}: nothing to train",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                while self.iteration < self.iterations:
+                    self._iterate(writer, bar)
+                    if self._stop_signal is not None:
+                        status = "interrupted"
+                        break
+                self.save()
+            except NonFiniteError as err:
+                status, trace = "failed", traceback.format_exc()
+                last_good = self.checkpoint_dir / "latest.pt"
+                error = (
+                    f"non-finite {err.metric} at iteration {self.iteration + 1} ({err.value}); "
+                    f"last good checkpoint: {last_good if last_good.exists() else 'none written yet'}"
+                )
+                failure = RuntimeError(error)
+                failure.__cause__ = err
+            except Exception as err:  # e.g. CUDA out of memory: record it, keep the logs, re-raise
+                status, failure, trace = "failed", err, traceback.format_exc()
+                error = str(err) if isinstance(err, ObjectiveError) else f"{type(err).__name__}: {err}"
+        except _Abort:
+            status = "aborted"
         finally:
             bar.close()
-            if previous_handler is not None:
-                signal.signal(signal.SIGINT, previous_handler)
-        if status != "failed":
-            self.save()
-        elapsed = time.perf_counter() - start
-        summary = self._summary(status, error, elapsed, self.global_step - start_step)
-        summary.update(start_time=start_time, end_time=time.time())
-        atomic_write_json(self.output_dir / "summary.json", summary)
-        writer.close()
+        for s in handlers:  # the summary and the logs are written whatever arrives now
+            signal.signal(s, signal.SIG_IGN)
+        try:
+            elapsed = time.perf_counter() - start
+            summary = self._summary(status, error, elapsed, self.global_step - start_step)
+            summary.update(start_time=start_time, end_time=time.time())
+            if trace is not None:
+                summary["traceback"] = trace
+            self.summary = summary
+            try:
+                atomic_write_json(self.output_dir / "summary.json", summary)
+            finally:
+                writer.close()
+        finally:
+            for s, handler in handlers.items():
+                signal.signal(s, handler)
         if failure is not None:
             raise failure
         return summary
@@ -415,15 +494,46 @@ class Trainer:
             success = eval_stats.get("success_rate")
             if success is not None and (self.best_success is None or success > self.best_success):
                 self.best_success, self.best_step = success, self.global_step
+            if self.objective == "auto":
+                self.objective = "eval/success_rate" if "success_rate" in eval_stats else "eval/avg_reward"
             value = row.get(self.objective)
             if value is not None and math.isfinite(value) and self._improves(value):
                 self.best_objective, self.best_objective_step = value, self.global_step
                 self.save("best.pt")
         writer.log(row, self.global_step)
+        if not self._objective_checked:
+            self._check_objective(row)
         if self.iteration % self.save_freq == 0 and not last:
             self.save()
             writer.flush()
         bar.update(self.iteration, self.global_step, row)
+
+    def _check_objective(self, row: dict[str, float]) -> None:
+        """Raise :class:`ObjectiveError` unless the objective is a key this run logs.
+
+        Runs after the first iteration: the names exist only once the env and
+        the algorithm have produced them. A run without an evaluation env has
+        no ``eval/`` metrics; its ``eval/`` objective stays None. The evaluation's names are known
+        before any evaluation ran: ``eval/`` plus ``avg_reward``, ``avg_length``,
+        ``episodes``, ``global_step``, ``success_rate`` (for an env that
+        reports success) and every task metric.
+        """
+        self._objective_checked = True
+        if self.objective == "auto" or (self.eval_env is None and self.objective.startswith("eval/")):
+            return  # no evaluation, no objective: a run from Python that does not evaluate
+        names = set(row)
+        if self.eval_env is not None:
+            names |= {f"eval/{k}" for k in ("avg_reward", "avg_length", "episodes", "global_step")}
+            names |= {f"eval/{k.removeprefix('metrics/')}" for k in row if k.startswith("metrics/")}
+            if getattr(self.eval_env, "reports_success", True) or getattr(self.env, "reports_success", True):
+                names.add("eval/success_rate")
+        if self.objective not in names:
+            close = difflib.get_close_matches(self.objective, sorted(names), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ObjectiveError(
+                f"trainer.objective={self.objective!r} is not a metric this run logs{hint}: "
+                f"expected one of {', '.join(sorted(names))}"
+            )
 
     def _improves(self, value: float) -> bool:
         """Whether ``value`` of the objective beats the best so far (strictly: ties keep the earlier)."""
@@ -438,6 +548,7 @@ class Trainer:
         return {
             "status": status,
             "error": error,
+            "signal": self._stop_signal,
             "exp_name": self.exp_name,
             **run_placement(self.env.device),
             "global_step": self.global_step,

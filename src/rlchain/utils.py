@@ -18,8 +18,13 @@ __all__ = [
     "check_non_negative",
     "check_in_range",
     "check_choice",
+    "check_seed",
     "resolve_device",
 ]
+
+#: Seeds are unsigned 32-bit integers: every generator rlchain seeds (torch,
+#: numpy, gymnasium) takes them.
+MAX_SEED = 2**32 - 1
 
 #: Set by the devices launcher (``hydra/launcher=devices``) in each worker: the
 #: slot index. Jobs that see it share the terminal with other jobs.
@@ -69,6 +74,16 @@ def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
     if value not in choices:
         allowed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{name}={value!r} is not allowed: expected one of {allowed}")
+
+
+def check_seed(name: str, value: Any) -> None:
+    """Raise unless ``value`` is an integer in ``[0, MAX_SEED]``.
+
+    Raises:
+        ValueError: naming ``name``, the value and the allowed range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise ValueError(f"{name}={value!r} is not allowed: expected an integer in [0, {MAX_SEED}]")
 
 
 def resolve_device(device: str | torch.device, name: str = "device") -> torch.device:

@@ -20,6 +20,10 @@ class MetricWriter:
         wandb_project, wandb_entity, wandb_mode, run_name: passed to ``wandb.init``.
         config: the run's configuration, shown as a hyperparameter table in
             TensorBoard's text tab and as the W&B run config.
+        purge_step: for a run resumed at this ``global_step``: the rows logged
+            after it (by the run before it stopped) are dropped from
+            ``metrics.jsonl`` and TensorBoard, so the resumed run does not
+            repeat them.
 
     ``metrics.jsonl`` is line-buffered: each row is on disk when :meth:`log` returns.
     """
@@ -33,13 +37,18 @@ class MetricWriter:
         wandb_mode: str | None = None,
         run_name: str | None = None,
         config: dict[str, Any] | None = None,
+        purge_step: int | None = None,
     ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.tb = SummaryWriter(str(self.log_dir / "tensorboard"))
-        self._jsonl = open(self.log_dir / "metrics.jsonl", "a", buffering=1, encoding="utf-8")
+        jsonl = self.log_dir / "metrics.jsonl"
+        if purge_step is not None and jsonl.exists():
+            _drop_rows_after(jsonl, purge_step)
+        # TensorBoard drops the events at or after its purge_step, i.e. after the checkpoint's step.
+        self.tb = SummaryWriter(str(self.log_dir / "tensorboard"), purge_step=None if purge_step is None else purge_step + 1)
+        self._jsonl = open(jsonl, "a", buffering=1, encoding="utf-8")
         self._wandb = None
         if config:
             flat = _flatten(config)
@@ -92,3 +101,20 @@ def _flatten(cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def _drop_rows_after(path: Path, step: int) -> None:
+    """Rewrite ``metrics.jsonl`` at ``path`` (atomically) without its rows whose ``global_step`` exceeds ``step``."""
+    from rlchain.checkpoint import atomic_write_text
+
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        try:
+            if json.loads(line)["global_step"] > step:
+                continue
+        except (ValueError, KeyError, TypeError):  # a torn last line of a killed run
+            continue
+        kept.append(line if line.endswith("\n") else line + "\n")
+    if len(kept) != len(lines):
+        atomic_write_text(path, "".join(kept))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -12,7 +13,21 @@ from rlchain.buffer import minibatches
 from rlchain.policies import Policy
 from rlchain.utils import check_choice, check_in_range, check_positive
 
-__all__ = ["Algorithm", "AlgorithmConfig", "LR_SCHEDULES"]
+__all__ = ["Algorithm", "AlgorithmConfig", "LR_SCHEDULES", "NonFiniteError"]
+
+
+class NonFiniteError(FloatingPointError):
+    """A training quantity (loss, gradient norm, KL, parameter) became NaN or infinite.
+
+    Attributes:
+        metric: what went non-finite, e.g. ``"loss"``, ``"grad_norm"``,
+            ``"approx_kl"`` or ``"parameter actor.0.weight"``.
+        value: its value (a float; for a parameter, its first non-finite entry).
+    """
+
+    def __init__(self, metric: str, value: float, update: int) -> None:
+        self.metric, self.value = metric, value
+        super().__init__(f"{metric} is {value} at update {update}")
 
 LR_SCHEDULES = ("constant", "linear", "adaptive")
 
@@ -151,33 +166,53 @@ class Algorithm:
             weight = weight + mask.sum()
         return float(total / weight) if float(weight) > 0 else 0.0
 
-    def _step(self, loss: torch.Tensor, what: str) -> float:
-        """Backpropagate ``loss``, clip gradients, step; return the pre-clip gradient norm.
+    def _step(self, loss: torch.Tensor) -> torch.Tensor:
+        """Backpropagate ``loss``, clip gradients, step; return the pre-clip gradient norm (0-d tensor).
 
         Raises:
-            FloatingPointError: ``loss`` is NaN or infinite (parameters untouched).
+            NonFiniteError: ``loss`` or the gradient norm is NaN or infinite;
+                the parameters are left untouched.
         """
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"{what} is {loss.item()} (non-finite) at update {self.iteration + 1}")
+            raise NonFiniteError("loss", loss.item(), self.iteration + 1)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        if not torch.isfinite(grad_norm):
+            raise NonFiniteError("grad_norm", grad_norm.item(), self.iteration + 1)
         self.optimizer.step()
         return grad_norm
+
+    def _check_finite(self, stats: dict[str, float]) -> None:
+        """Raise :class:`NonFiniteError` for a non-finite reported term or policy parameter.
+
+        The terms are the minibatch means of one update (``approx_kl`` among
+        them); the parameters are checked once per update, after its last step.
+        """
+        for name, value in stats.items():
+            if not math.isfinite(value):
+                raise NonFiniteError(name, value, self.iteration)
+        with torch.no_grad():
+            params = dict(self.policy.named_parameters())
+            finite = torch.stack([torch.isfinite(p).all() for p in params.values()])
+            if not bool(finite.all()):
+                name = list(params)[int((~finite).nonzero()[0])]
+                value = params[name][~torch.isfinite(params[name])].flatten()[0].item()
+                raise NonFiniteError(f"parameter {name}", value, self.iteration)
 
     def _optimise(
         self,
         data: TensorDict,
         minibatch_loss: Callable[[TensorDict], dict[str, torch.Tensor]],
-        what: str,
         stop_kl: float | None = None,
     ) -> tuple[dict[str, float], int]:
         """Run ``n_epochs`` over seeded minibatches of ``data``: one optimiser step per minibatch.
 
         ``minibatch_loss(batch)`` returns ``loss`` (minimised) and scalar terms to
         report, ``approx_kl`` among them. Applies the learning-rate schedule,
-        stops after an epoch whose mean ``approx_kl`` exceeds ``stop_kl``, and
-        counts the update.
+        stops after an epoch whose mean ``approx_kl`` exceeds ``stop_kl``,
+        counts the update, and stops training at the first non-finite loss,
+        gradient norm, reported term or parameter.
 
         Returns:
             the mean of every reported term over the minibatches run (plus
@@ -185,7 +220,7 @@ class Algorithm:
             the number of epochs run.
 
         Raises:
-            FloatingPointError: a non-finite loss (see :meth:`_step`).
+            NonFiniteError: see :meth:`_step` and :meth:`_check_finite`.
         """
         self._schedule_before_update()
         totals: dict[str, torch.Tensor] = {}
@@ -194,7 +229,7 @@ class Algorithm:
             epoch_kl = []
             for batch in minibatches(data, self.batch_size, self.generator):
                 terms = minibatch_loss(batch)
-                terms["grad_norm"] = self._step(terms.pop("loss"), what)
+                terms["grad_norm"] = self._step(terms.pop("loss"))
                 for key, value in terms.items():
                     totals[key] = totals.get(key, 0.0) + value.detach()
                 count += 1
@@ -204,6 +239,7 @@ class Algorithm:
                 break
         self.iteration += 1
         stats = {key: (value / count).item() for key, value in totals.items()}
+        self._check_finite(stats)
         if self.lr_schedule == "adaptive":
             stats["update_kl"] = self._update_kl(data)
             self._schedule_after_update(stats["update_kl"])

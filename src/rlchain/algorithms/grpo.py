@@ -83,7 +83,8 @@ class GRPO(Algorithm):
     Raises:
         ValueError: ``group_size`` < 2, out-of-range hyperparameters; from
             :meth:`check_env`, a ``num_envs`` that ``group_size`` does not divide.
-        FloatingPointError: from ``update`` on a non-finite loss.
+        NonFiniteError: from ``update``, at the first non-finite loss, gradient
+            norm, reported term or parameter (see :class:`Algorithm`).
     """
 
     def __init__(
@@ -147,7 +148,7 @@ class GRPO(Algorithm):
         data = rollout.select("obs", "action", "sample_log_prob").clone(False)
         data.set("advantages", advantages)
         data.set("mask", mask.float())
-        stats, _ = self._optimise(data, self._minibatch_loss, "GRPO loss")
+        stats, _ = self._optimise(data, self._minibatch_loss)
         stats.update(learning_rate=self.current_lr, live_fraction=float(mask.float().mean()))
         return stats
 

@@ -94,7 +94,8 @@ class PPO(Algorithm):
     Raises:
         ValueError: out-of-range hyperparameters (see :class:`Algorithm`),
             ``gamma``/``gae_lambda`` outside [0, 1], negative coefficients.
-        FloatingPointError: from ``update`` on a non-finite loss.
+        NonFiniteError: from ``update``, at the first non-finite loss, gradient
+            norm, reported term or parameter (see :class:`Algorithm`).
     """
 
     def __init__(
@@ -158,7 +159,6 @@ class PPO(Algorithm):
             lambda batch: ppo_loss(
                 self.policy.evaluate_actions(batch), batch, self.clip_coef, self.clip_vloss, self.vf_coef, self.ent_coef
             ),
-            "PPO loss",
             stop_kl=self.target_kl if self.stop_at_target_kl else None,
         )
         stats.update(

@@ -1,0 +1,90 @@
+"""Run directories: one per run, never shared.
+
+* Names: ``outputs/<date>/<time>_<id>/`` for a run and
+  ``multirun/<date>/<time>_<id>/`` for a sweep, where ``<id>`` is six random
+  hex digits from the ``${rlchain_id:}`` resolver. Two runs started in the
+  same second from one directory (a job array, a shell loop) get two
+  directories. The resolver is cached like Hydra's ``${now:}``, so one run
+  resolves one name everywhere.
+* A fresh run refuses a directory that already holds a run
+  (:func:`existing_run`); resuming into it is fine. :class:`RunDirCallback`
+  checks before Hydra writes the run's ``.hydra/`` files, so an earlier run's
+  config is never overwritten; the trainer checks again for runs started
+  from Python.
+* A run directory that cannot be created (a read-only file system, a path
+  below a regular file) is one line, not a traceback.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+from hydra.errors import CompactHydraException
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = ["RUN_MARKERS", "RunDirCallback", "RunDirError", "existing_run", "register_resolver"]
+
+#: What makes a directory hold a run: written by every run that got past its start.
+RUN_MARKERS = ("summary.json", "metrics.jsonl", "checkpoints")
+
+
+def register_resolver() -> None:
+    """Register ``${rlchain_id:}``: six random hex digits, one value per config (cached)."""
+    if not OmegaConf.has_resolver("rlchain_id"):
+        OmegaConf.register_new_resolver("rlchain_id", lambda: secrets.token_hex(3), use_cache=True)
+
+
+def existing_run(path: str | Path) -> str | None:
+    """The first of :data:`RUN_MARKERS` found in ``path`` (so it holds a run), else None."""
+    path = Path(path)
+    return next((name for name in RUN_MARKERS if (path / name).exists()), None)
+
+
+class RunDirError(CompactHydraException):
+    """A run directory that cannot be used; Hydra prints just this one line."""
+
+
+def _resuming(config: DictConfig) -> bool:
+    return OmegaConf.select(config, "trainer.resume_from", default=None) is not None
+
+
+def _check(path: Path, config: DictConfig, what: str) -> None:
+    """Create ``path`` (a run or sweep directory) or say in one line why it cannot be used.
+
+    Raises:
+        RunDirError: it cannot be created, or (for a fresh run) it already holds a run.
+    """
+    if not _resuming(config):
+        runs = [path] if what == "run" else ([p for p in path.iterdir() if p.is_dir()] if path.is_dir() else [])
+        for run in runs:
+            marker = existing_run(run)
+            if marker is not None:
+                raise RunDirError(
+                    f"rlchain: {run} already holds a run ({marker}): a fresh run never writes into another's "
+                    f"directory; resume it with trainer.resume_from=auto, or choose another hydra.{what}.dir"
+                )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RunDirError(f"rlchain: cannot create the {what} directory {path}: {err.strerror or err}") from err
+
+
+class RunDirCallback(Callback):
+    """Hydra callback: check and create the run (or sweep) directory before Hydra writes into it.
+
+    Registered by ``rlchain-train``'s config as ``hydra.callbacks.run_dir``.
+
+    Raises:
+        RunDirError: see :func:`_check`.
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Check ``hydra.run.dir`` (resolved once: the same name Hydra then uses)."""
+        _check(Path(str(config.hydra.run.dir)), config, "run")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Check ``hydra.sweep.dir``: no job directory in it may hold a run, unless resuming."""
+        _check(Path(str(config.hydra.sweep.dir)), config, "sweep")
