@@ -329,6 +329,54 @@ def test_bad_gym_envs_give_clear_errors(monkeypatch, kwargs, missing, message):
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "env_id, says, current",
+    [
+        ("Ant-v2", ["moved to the gymnasium-robotics project", "Ant-v2 runs only on mujoco-py"], "Ant-v5"),
+        ("Humanoid-v3", ["moved to the gymnasium-robotics project", "runs only on mujoco-py"], "Humanoid-v5"),
+        ("GymV21Environment-v0", ['pip install "shimmy[gym-v21]"'], None),
+    ],
+)  # fmt: skip
+def test_an_id_gymnasium_keeps_only_to_say_where_its_env_went_says_so(env_id, says, current):
+    # gymnasium 1.x registers these ids with an entry point that only raises: the
+    # error says so in gymnasium's words, before the (absent) time limit is looked at
+    with pytest.raises(ValueError) as info:
+        GymVecEnv(env_id, num_envs=2)
+    message = str(info.value)
+    assert message.startswith(f"env.id={env_id!r} is not provided by gymnasium {gym.__version__} itself")
+    assert all(part in message for part in says) and "time limit" not in message
+    if current is None:
+        assert "current version" not in message
+    else:
+        assert message.endswith(f"its current version is {current}: set env.id={current}") or (
+            f"its current version is {current}: set env.id={current} (needs MuJoCo" in message
+        )
+
+
+def test_a_removed_mujoco_env_names_the_extra_its_current_version_needs(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mujoco", None)  # as on a machine without MuJoCo
+    with pytest.raises(ValueError) as info:
+        GymVecEnv("Ant-v2", num_envs=2)
+    assert str(info.value).endswith('set env.id=Ant-v5 (needs MuJoCo: pip install "rlchain[mujoco]")')
+
+
+@pytest.mark.parametrize("env_id, current", [("Pendulum-v0", "Pendulum-v1"), ("LunarLander-v2", "LunarLander-v3")])
+def test_a_retired_gymnasium_version_names_the_current_one(env_id, current):
+    with pytest.raises(ValueError) as info:
+        GymVecEnv(env_id, num_envs=2)
+    assert str(info.value).startswith(f"env.id={env_id!r} is not a registered gymnasium id: gymnasium")
+    assert f"Please use `{current}` instead" in str(info.value)  # gymnasium's own hint
+
+
+def test_a_removed_mujoco_env_on_the_command_line_is_one_line_naming_its_current_version(tmp_path):
+    proc = run_cli(["env=gym", "env.id=Ant-v2", *TINY], tmp_path)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "env.id='Ant-v2' is not provided by gymnasium" in lines[0] and "set env.id=Ant-v5" in lines[0]
+    assert "mujoco-py" in lines[0] and "time limit" not in lines[0]
+
+
 def test_env_kwargs_and_time_limit_reach_the_gymnasium_env():
     env = GymVecEnv("Pendulum-v1", num_envs=2, kwargs={"g": 3.0}, max_episode_steps=7)
     assert env.max_episode_steps == 7 and env.envs.envs[0].unwrapped.g == 3.0

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -120,22 +121,80 @@ def _check_obs_space(space: gym.Space) -> None:
 def resolve_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     """The registered spec of ``env_id``.
 
+    An id whose version gymnasium retired (``Pendulum-v0``) fails with
+    gymnasium's own message, which names the current version. So does an id
+    gymnasium still registers only to say where its env went (see
+    :func:`_placeholder_error`: the MuJoCo v2/v3 envs such as ``Ant-v2``, which
+    need mujoco-py, and the Gym v21/v26 compatibility envs): the message quotes
+    gymnasium and names the id's current version (``Ant-v5``) from the registry,
+    where it has one, instead of failing later on a missing time limit.
+
     Raises:
-        ValueError: an unknown id (naming close matches); a MuJoCo env while
-            ``mujoco`` is not installed (naming the extra to install).
+        ValueError: an unknown id (naming close matches, or gymnasium's hint for
+            a retired version); an id gymnasium no longer provides (see above);
+            a MuJoCo env while ``mujoco`` is not installed (naming the extra to
+            install).
     """
     try:
         spec = gym.spec(env_id)
     except gym.error.Error as err:
-        close = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)
-        hint = f"; close matches: {', '.join(close)}" if close else ""
+        if isinstance(err, (gym.error.DeprecatedEnv, gym.error.VersionNotFound)):
+            hint = f": gymnasium {gym.__version__} says: {err}"
+        else:
+            close = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)
+            hint = f"; close matches: {', '.join(close)}" if close else ""
         raise ValueError(f"env.id={env_id!r} is not a registered gymnasium id{hint}") from err
-    entry = spec.entry_point if isinstance(spec.entry_point, str) else getattr(spec.entry_point, "__module__", "")
-    if "mujoco" in entry and importlib.util.find_spec("mujoco") is None:
+    reason = _placeholder_error(spec)
+    if reason is not None:
+        message = (
+            f"env.id={env_id!r} is not provided by gymnasium {gym.__version__} itself, which keeps the id only "
+            f"to say: {reason.rstrip('. ')}"
+        )
+        if "mujoco_py" in spec.entry_point.__name__:
+            message += f"; {env_id} runs only on mujoco-py, with older gymnasium releases"
+        current = gym.envs.registration.find_highest_version(spec.namespace, spec.name)
+        if spec.version is not None and current is not None and current > spec.version:
+            current_id = gym.envs.registration.get_env_id(spec.namespace, spec.name, current)
+            message += f"; its current version is {current_id}: set env.id={current_id}"
+            if _needs_missing_mujoco(gym.spec(current_id)):
+                message += ' (needs MuJoCo: pip install "rlchain[mujoco]")'
+        raise ValueError(message)
+    if _needs_missing_mujoco(spec):
         raise ValueError(
             f"env.id={env_id!r} needs MuJoCo, which is not installed: pip install \"rlchain[mujoco]\""
         )
     return spec
+
+
+def _placeholder_error(spec: gym.envs.registration.EnvSpec) -> str | None:
+    """gymnasium's message when ``spec`` only stands for an env gymnasium no longer provides, else None.
+
+    gymnasium registers its own envs by module path (``"gymnasium.envs...:Env"``);
+    for the envs it moved out (gymnasium 1.x: the MuJoCo v2/v3 envs, to
+    gymnasium-robotics; the Gym v21/v26 compatibility envs, to shimmy) it keeps
+    the ids with a function of its own as entry point that raises an error
+    saying where they went. Such a function is called here, as
+    ``gymnasium.make`` would, for that message; one that builds an env instead
+    is a real entry point (the env is closed again), and one that raises
+    another error raises it here, as it would in ``gymnasium.make``.
+    """
+    entry = spec.entry_point
+    if not inspect.isfunction(entry) or entry.__module__.partition(".")[0] != "gymnasium":
+        return None
+    try:
+        env = entry(**spec.kwargs)
+    except (ImportError, gym.error.Error) as err:  # gymnasium's placeholders raise ImportError
+        return str(err) or type(err).__name__
+    close = getattr(env, "close", None)
+    if callable(close):
+        close()
+    return None
+
+
+def _needs_missing_mujoco(spec: gym.envs.registration.EnvSpec) -> bool:
+    """Whether ``spec``'s entry point is one of gymnasium's MuJoCo envs while ``mujoco`` is not installed."""
+    entry = spec.entry_point if isinstance(spec.entry_point, str) else getattr(spec.entry_point, "__module__", "")
+    return "mujoco" in entry and importlib.util.find_spec("mujoco") is None
 
 
 class GymVecEnv(VecEnv):
