@@ -8,6 +8,7 @@ never a torn one.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -34,9 +35,23 @@ def _atomic_write(path: Path, write) -> None:
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
-    """Write ``state`` with ``torch.save`` atomically and return the path."""
+    """Write ``state`` with ``torch.save`` atomically and return the path.
+
+    The state is serialised in memory and then written as plain bytes, so a
+    full disk or a file-size limit surfaces as the operating system's error
+    (torch's own file writer reports it as an internal assertion).
+
+    Raises:
+        OSError: the file cannot be written, naming it and the reason; the
+            previous file at ``path`` is left as it was.
+    """
     path = Path(path)
-    _atomic_write(path, lambda f: torch.save(state, f))
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    try:
+        _atomic_write(path, lambda f: f.write(buffer.getbuffer()))
+    except OSError as err:
+        raise OSError(err.errno, f"cannot write the checkpoint {path}: {err.strerror or err}") from err
     return path
 
 

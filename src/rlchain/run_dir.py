@@ -17,7 +17,9 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 __all__ = ["RUN_MARKERS", "RunDirCallback", "RunDirError", "existing_run", "register_resolver"]
 
 #: What makes a directory hold a run: written by every run that got past its start.
-RUN_MARKERS = ("summary.json", "metrics.jsonl", "checkpoints")
+RUN_MARKERS = ("summary.json", "metrics.jsonl", "checkpoints/")
 
 
 def register_resolver() -> None:
@@ -38,9 +40,9 @@ def register_resolver() -> None:
 
 
 def existing_run(path: str | Path) -> str | None:
-    """The first of :data:`RUN_MARKERS` found in ``path`` (so it holds a run), else None."""
+    """The first of :data:`RUN_MARKERS` (files; a trailing ``/`` marks a directory) in ``path``, else None."""
     path = Path(path)
-    return next((name for name in RUN_MARKERS if (path / name).exists()), None)
+    return next((name for name in RUN_MARKERS if ((path / name).is_dir() if name.endswith("/") else (path / name).is_file())), None)
 
 
 class RunDirError(CompactHydraException):
@@ -82,8 +84,14 @@ class RunDirCallback(Callback):
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Check ``hydra.run.dir`` (resolved once: the same name Hydra then uses)."""
-        _check(Path(str(config.hydra.run.dir)), config, "run")
+        """Check ``hydra.run.dir`` (resolved once: the same name Hydra then uses); one line and exit 1 if unusable."""
+        try:
+            _check(Path(str(config.hydra.run.dir)), config, "run")
+        except RunDirError as err:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            print(err, file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Check ``hydra.sweep.dir``: no job directory in it may hold a run, unless resuming."""

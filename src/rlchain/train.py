@@ -265,11 +265,19 @@ def main(cfg: DictConfig) -> float | None:
 
     A single run stopped by a signal exits with 128 + its number (130 for
     Ctrl-C, 143 for SIGTERM), so a shell or a scheduler can tell it from a
-    completed run; inside a multirun the launcher reports it instead.
+    completed run, and a rejected config or a failed training prints its
+    one line and exits 1; inside a multirun the launcher reports both instead.
     """
-    summary = train(cfg)
+    single = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN
+    try:
+        summary = train(cfg)
+    except (ConfigError, RunFailed) as err:
+        if not single or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise  # a launcher records it with the job
+        print(err, file=sys.stderr, flush=True)  # the one line, without Hydra's wrapping
+        raise SystemExit(1) from None
     code = exit_code(summary)
-    if code and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN:
+    if code and single:
         raise SystemExit(code)
     return summary["objective"]
 

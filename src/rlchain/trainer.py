@@ -354,7 +354,10 @@ class Trainer:
         Returns:
             True when the env state was restored too (an exact resume).
         """
-        state = load_checkpoint(path, map_location=self.env.device)
+        try:
+            state = load_checkpoint(path, map_location=self.env.device)
+        except ValueError as err:
+            raise ValueError(f"resume_from={err}") from None
         check_state_matches(self.policy, state["policy"], f"resume_from={str(path)!r}")
         self.policy.load_state_dict(state["policy"])
         self.algorithm.load_state_dict(state["algorithm"])
@@ -369,6 +372,7 @@ class Trainer:
         self.best_objective = state.get("best_objective")
         self.best_objective_step = state.get("best_objective_step")
         self.last_train, self.last_eval = state.get("last_train", {}), state.get("last_eval", {})
+        self._resolve_auto_objective()
         torch.set_rng_state(state["torch_rng"].cpu())
         if "cuda_rng" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
@@ -494,8 +498,7 @@ class Trainer:
             success = eval_stats.get("success_rate")
             if success is not None and (self.best_success is None or success > self.best_success):
                 self.best_success, self.best_step = success, self.global_step
-            if self.objective == "auto":
-                self.objective = "eval/success_rate" if "success_rate" in eval_stats else "eval/avg_reward"
+            self._resolve_auto_objective()
             value = row.get(self.objective)
             if value is not None and math.isfinite(value) and self._improves(value):
                 self.best_objective, self.best_objective_step = value, self.global_step
@@ -507,6 +510,11 @@ class Trainer:
             self.save()
             writer.flush()
         bar.update(self.iteration, self.global_step, row)
+
+    def _resolve_auto_objective(self) -> None:
+        """``objective='auto'`` becomes eval/success_rate or eval/avg_reward once an evaluation shows which exists."""
+        if self.objective == "auto" and self.last_eval:
+            self.objective = "eval/success_rate" if "eval/success_rate" in self.last_eval else "eval/avg_reward"
 
     def _check_objective(self, row: dict[str, float]) -> None:
         """Raise :class:`ObjectiveError` unless the objective is a key this run logs.
