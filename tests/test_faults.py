@@ -283,3 +283,15 @@ def test_the_last_bad_inputs_are_one_clear_line(tmp_path, overrides, message):
     proc = run_cli([*USER, *overrides], tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert message in proc.stderr, proc.stderr
+
+
+def test_a_refused_run_leaves_the_summary_of_the_run_it_found(compose_cfg, tmp_path):
+    # Inside a sweep the trainer itself refuses the directory (the run-dir check of a
+    # single run comes earlier); the run it found keeps its summary.json.
+    from rlchain.train import ConfigError, train
+
+    assert train(compose_cfg(TINY))["status"] == "completed"
+    before = (tmp_path / "summary.json").read_text()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train(compose_cfg([*TINY, "seed=5"]))
+    assert (tmp_path / "summary.json").read_text() == before

@@ -29,9 +29,6 @@ FOUR_ITERATIONS = [*BASE, "trainer.iterations=4"]
 STEPS_PER_ITERATION = 8 * 16  # rollout_steps x num_envs of TINY
 #: Step 19 of the env: in the third iteration's rollout (steps 17 to 24).
 PREEMPT_IN_ITERATION_3 = ["env._target_=preempt_env.PreemptedCartPole", "+env.preempt_at_step=19"]
-NEEDS_ENV_DEFAULT = (
-    "needs conf/trainer/default.yaml `resume_from: ${oc.env:RLCHAIN_RESUME_FROM,null}` (the presets set the variable)"
-)
 
 
 def logged_iterations(run_dir: Path) -> list[int]:
@@ -60,7 +57,6 @@ def run_preempted_sweep(tmp_path: Path, *overrides: str) -> tuple[Path, str]:
     return run_dir, job_log
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_ENV_DEFAULT)
 def test_a_requeued_slurm_job_goes_on_from_its_own_latest_checkpoint(tmp_path):
     # latest.pt after every iteration: the signal in iteration 3 finds at least the one of iteration 2
     run_dir, job_log = run_preempted_sweep(tmp_path, "trainer.save_freq=1")
@@ -68,7 +64,6 @@ def test_a_requeued_slurm_job_goes_on_from_its_own_latest_checkpoint(tmp_path):
     assert logged_iterations(run_dir) == [1, 2, 3, 4]  # not 1, 2 and then 1, 2, 3, 4 again
 
 
-@pytest.mark.xfail(strict=True, reason=f"{NEEDS_ENV_DEFAULT}, and the trainer's hand-off of submitit's signal")
 def test_a_preempted_slurm_job_finishes_its_iteration_and_saves_before_it_is_requeued(tmp_path):
     # The default save_freq (50) wrote no latest.pt by iteration 3: only the
     # trainer's own save after the signal keeps iterations 1 to 3.

@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlchain.config import TrainConfig  # importing rlchain.config registers the schemas
 from rlchain.checkpoint import atomic_write_json
-from rlchain.trainer import Trainer, run_placement
+from rlchain.trainer import Trainer, requeue_signal, run_placement
 from rlchain.utils import check_seed, resolve_device
 
 __all__ = ["ConfigError", "RunFailed", "build", "check_top_level_keys", "cli", "exit_code", "main", "train"]
@@ -56,8 +56,8 @@ def _component(group: str) -> Iterator[None]:
         if not isinstance(cause, ValueError):
             raise
         message = str(cause)
-        if group and re.match(r"^[A-Za-z_][\w\[\]]*=", message):
-            message = f"{group}.{message}"
+        if group and re.match(r"^[A-Za-z_][\w\[\].]*=", message):
+            message = message if message.startswith(f"{group}.") else f"{group}.{message}"
         elif group:
             message = f"{group}: {message}"
         raise ConfigError(f"Invalid config: {message}") from cause
@@ -213,8 +213,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             "start_time": start_time,
             "end_time": time.time(),
         }
-        with contextlib.suppress(OSError):  # an unwritable run directory: the error itself is what matters
-            atomic_write_json(Path(cfg.trainer.output_dir) / "summary.json", summary)
+        path = Path(cfg.trainer.output_dir) / "summary.json"
+        if not path.exists():  # a run refused or failing to resume leaves the summary of the run it found
+            with contextlib.suppress(OSError):  # an unwritable run directory: the error itself is what matters
+                atomic_write_json(path, summary)
         raise
     try:
         summary = trainer.train()
@@ -267,6 +269,11 @@ def main(cfg: DictConfig) -> float | None:
     Ctrl-C, 143 for SIGTERM), so a shell or a scheduler can tell it from a
     completed run, and a rejected config or a failed training prints its
     one line and exits 1; inside a multirun the launcher reports both instead.
+
+    In a submitit job (``hydra/launcher=slurm``) a run stopped by submitit's
+    time-limit or preemption signal is then handed to submitit's handler,
+    which requeues the job and exits; the requeued job goes on from its
+    ``latest.pt`` (``trainer.resume_from=auto``, which the presets set).
     """
     single = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN
     try:
@@ -276,6 +283,11 @@ def main(cfg: DictConfig) -> float | None:
             raise  # a launcher records it with the job
         print(err, file=sys.stderr, flush=True)  # the one line, without Hydra's wrapping
         raise SystemExit(1) from None
+    requeue = requeue_signal()
+    if requeue is not None and summary.get("signal") == requeue.name:
+        # The trainer held the signal back until latest.pt and summary.json were
+        # written; its handler, submitit's again, requeues the job and exits.
+        signal.raise_signal(requeue)
     code = exit_code(summary)
     if code and single:
         raise SystemExit(code)

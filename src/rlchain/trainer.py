@@ -50,13 +50,29 @@ from rlchain.run_dir import existing_run
 from rlchain.utils import LAUNCHER_SLOT_ENV, check_choice, check_positive, check_seed
 from rlchain.writer import MetricWriter
 
-__all__ = ["OBJECTIVE_DIRECTIONS", "STOP_SIGNALS", "ObjectiveError", "WANDB_MODES", "Trainer", "TrainerConfig", "evaluate", "run_placement"]
+__all__ = ["OBJECTIVE_DIRECTIONS", "STOP_SIGNALS", "ObjectiveError", "WANDB_MODES", "Trainer", "TrainerConfig", "evaluate",
+           "requeue_signal", "run_placement"]
 
 OBJECTIVE_DIRECTIONS = ("maximize", "minimize")
 WANDB_MODES = (None, "online", "offline", "disabled")
 #: Signals that stop a run after its current iteration (a second one aborts it):
 #: Ctrl-C, and what scancel, Kubernetes and most preemptions send.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def requeue_signal() -> signal.Signals | None:
+    """The signal by which submitit announces a time limit or a preemption, inside a submitit job; else None.
+
+    A job of Hydra's submitit launcher (``hydra/launcher=slurm``) gets it
+    ``signal_delay_s`` before its time limit or when preempted: SIGUSR2, or
+    ``SIG$SUBMITIT_PREEMPT_SIGNAL``. submitit's own handler requeues the job and
+    exits the process at once, wherever the run is; :meth:`Trainer.train` holds
+    it back like SIGTERM (the iteration ends, ``latest.pt`` and ``summary.json``
+    are written) and :func:`rlchain.train.main` then hands it to that handler.
+    """
+    if "SUBMITIT_EXECUTOR" not in os.environ:
+        return None
+    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
 
 
 class ObjectiveError(ValueError):
@@ -394,8 +410,9 @@ class Trainer:
         preemptions) stop the run after the current iteration: ``latest.pt`` is
         saved, the logs are flushed, and the summary says ``status="interrupted"``
         and which ``signal``. A second one aborts at once (``status="aborted"``;
-        the last checkpoint stands). Signals are caught only when ``train`` runs
-        in the main thread.
+        the last checkpoint stands). Inside a submitit job its time-limit and
+        preemption signal (:func:`requeue_signal`) does the same. Signals are
+        caught only when ``train`` runs in the main thread.
 
         Raises:
             RuntimeError: a non-finite loss, gradient norm, KL, other reported
@@ -410,7 +427,9 @@ class Trainer:
                               purge_step=self.global_step if self.global_step else None, **self._wandb)  # fmt: skip
         handlers = {}
         if threading.current_thread() is threading.main_thread():
-            handlers = {s: signal.signal(s, self._on_stop_signal) for s in STOP_SIGNALS}
+            requeue = requeue_signal()
+            stop_signals = STOP_SIGNALS if requeue is None else (*STOP_SIGNALS, requeue)
+            handlers = {s: signal.signal(s, self._on_stop_signal) for s in stop_signals}
         start = self._start = time.perf_counter()
         start_time = time.time()
         start_step = self.global_step
