@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import signal
@@ -9,17 +10,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from hydra_plugins.rlchain_launcher._core import LauncherConfigError, TaskRef, make_slots
+from hydra_plugins.rlchain_launcher._core import LauncherConfigError, TaskRef, make_slots, visible_cuda_devices
 from rlchain.report import learning_curves, load_jobs
 
 from conftest import TESTS, TINY, run_cli
 from sweep_barrier import barrier_env
+from sweep_faults import FAILURE, gate_env
 
 #: A tiny job with eight evaluations, for the summary tables and learning curves.
 SHORT = [*TINY, "trainer.iterations=8"]
@@ -51,7 +54,7 @@ def one_job_at_a_time_per_slot(records) -> bool:
 
 # ------------------------------------------------------------------ slots
 def test_slots_spread_over_devices_and_share_the_cores():
-    slots = make_slots([0, 1], jobs_per_device=2, threads_per_job="auto")
+    slots = make_slots([0, 1], jobs_per_device=2, threads_per_job="auto", visible=["0", "1"])
     assert [s.device for s in slots] == ["0", "1", "0", "1"]
     assert [s.environ()["CUDA_VISIBLE_DEVICES"] for s in slots] == ["0", "1", "0", "1"]
     assert [s.label for s in slots] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
@@ -207,31 +210,129 @@ def test_rlchain_report_regenerates_tables_and_draws_curves(cpu_sweep, tmp_path)
 
 
 # ------------------------------------------ pinning, failures, crashes
-def test_pinned_devices_and_a_failing_job(tmp_path):
-    """devices=[0,1] on a CPU machine: concurrent jobs get distinct CUDA_VISIBLE_DEVICES; failures are recorded."""
-    proc = run_cli(["-m", "hydra.launcher.devices=[0,1]", "algorithm.clip_coef=0.2,-1", "seed=0,1", *TINY, MEET],
-                   tmp_path, **barrier_env(2, tmp_path / "barrier"))  # fmt: skip
-    assert proc.returncode != 0
-    assert "algorithm.clip_coef=-1.0 is not allowed: expected a number > 0" in proc.stderr
-    sweep = sweep_dir_of(tmp_path)
-    runs = summaries(sweep)
-    assert [runs[n]["status"] for n in range(4)] == ["completed", "completed", "failed", "failed"]
-    assert "clip_coef=-1.0 is not allowed" in runs[2]["error"]
+@pytest.mark.skipif(_cuda_count() < 2, reason="needs two visible CUDA devices")
+def test_pinned_devices_give_concurrent_jobs_distinct_gpus(tmp_path):
+    """devices=[0,1]: jobs that run together see distinct CUDA_VISIBLE_DEVICES, each as cuda:0."""
+    ids = visible_cuda_devices()[:2]
+    proc = run_cli([
+        "-m", f"hydra.launcher.devices=[{ids[0]},{ids[1]}]", "seed=0,1,2,3", MEET,
+        *[o for o in TINY if o != "device=cpu"],
+    ], tmp_path, **barrier_env(2, tmp_path / "barrier"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    runs = summaries(sweep_dir_of(tmp_path))
+    assert all(s["status"] == "completed" and s["device"] == "cuda:0" for s in runs.values())
     records = {n: s["launcher"] for n, s in runs.items()}
     assert all(s["cuda_visible_devices"] == records[n]["cuda_visible_devices"] for n, s in runs.items())
-    assert {r["cuda_visible_devices"] for r in records.values()} == {"0", "1"}
+    assert {r["cuda_visible_devices"] for r in records.values()} == set(ids)
     assert all(r["device"] == f"cuda:{r['cuda_visible_devices']}" for r in records.values())
     # each slot is one device, the two slots two devices, and a slot runs one job at a time:
     # jobs that run together see distinct devices, as jobs 0 and 1 did (they met at the barrier)
     assert len({(r["slot"], r["cuda_visible_devices"]) for r in records.values()}) == 2
     assert one_job_at_a_time_per_slot(records.values())
     assert records[0]["cuda_visible_devices"] != records[1]["cuda_visible_devices"]
+
+
+def test_cuda_ids_must_be_visible(monkeypatch):
+    """A CUDA id the launcher cannot see is refused, naming the field, the value and the visible devices."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(LauncherConfigError) as info:
+        make_slots([5], 1, "auto", visible=[])
+    assert str(info.value) == (
+        "hydra.launcher.devices=[5] is not allowed: CUDA device 5 is not visible; "
+        "visible CUDA devices: none (use [cpu] or auto)"
+    )
+    with pytest.raises(LauncherConfigError, match=r"devices 1, 2 are not visible; visible CUDA devices: 0 \(as nvidia-smi"):
+        make_slots([0, 1, 2], 1, "auto", visible=["0"])
+    with pytest.raises(LauncherConfigError, match="CUDA device GPU-1a2b is not visible; visible CUDA devices: none"):
+        make_slots(["GPU-1a2b"], 1, "auto", visible=[])
+    assert [s.device for s in make_slots(["GPU-1a2b", "cpu"], 1, "auto", visible=["0"])] == ["GPU-1a2b", "cpu"]
+    assert [s.device for s in make_slots(["cpu"], 2, "auto", visible=[])] == ["cpu", "cpu"]
+    # ids as nvidia-smi numbers them: with CUDA_VISIBLE_DEVICES=2,3 in the launcher, 2 and 3 are there, 0 is not
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert [s.device for s in make_slots([3, 2], 1, "auto", visible=["2", "3"])] == ["3", "2"]
+    assert [s.device for s in make_slots("auto", 1, "auto", visible=["2", "3"])] == ["2", "3"]
+    expected = r"CUDA device 0 is not visible; visible CUDA devices: 2, 3 \(the launcher's CUDA_VISIBLE_DEVICES\)"
+    with pytest.raises(LauncherConfigError, match=expected):
+        make_slots([0], 1, "auto", visible=["2", "3"])
+
+
+def test_a_cuda_device_that_is_not_there_is_refused_before_any_job(tmp_path):
+    missing = _cuda_count() + 5
+    proc = run_cli(["-m", f"hydra.launcher.devices=[{missing}]", "seed=0,1", *TINY], tmp_path)
+    assert proc.returncode != 0
+    assert (f"hydra.launcher.devices=[{missing}] is not allowed: CUDA device {missing} is not visible; "
+            "visible CUDA devices: ") in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "started on" not in proc.stdout and not list(tmp_path.glob("multirun/*/*/*/summary.json"))
+
+
+def test_failed_jobs_are_listed_in_one_line_each_and_keep_their_tracebacks(tmp_path):
+    """A config error (env.num_envs=0) and a training failure (the env raises): one line each at the end of
+    the sweep, the completed job goes on, the tracebacks are in the jobs' own summary.json and log."""
+    proc = run_cli(["-m", "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2",
+                    "env._target_=rlchain.envs.PushCubeEnv,sweep_faults.FailingPushCube", "env.num_envs=16,0",
+                    *[o for o in TINY if not o.startswith("env.num_envs=")]],
+                   tmp_path)  # fmt: skip
+    assert proc.returncode != 0
+    console = proc.stdout + proc.stderr
+    assert "Traceback" not in console
+    sweep = sweep_dir_of(tmp_path)
+    runs = summaries(sweep)
+    assert [runs[n]["status"] for n in range(4)] == ["completed", "failed", "failed", "failed"]
+    config_error = "Invalid config: env.num_envs=0 is not allowed: expected an integer > 0"
+    expected = {
+        1: f"job 1 (env._target_=rlchain.envs.PushCubeEnv env.num_envs=0): {config_error}",
+        2: f"job 2 (env._target_=sweep_faults.FailingPushCube env.num_envs=16): RuntimeError: {FAILURE}",
+        3: f"job 3 (env._target_=sweep_faults.FailingPushCube env.num_envs=0): {config_error}",
+    }
+    # at the end of the sweep: one line per failed job, after every job's own start and end lines
+    lines = [line.strip() for line in console.splitlines()]
+    header = max(i for i, line in enumerate(lines) if "3 job(s) failed" in line)
+    assert all("started on" not in line and "completed after" not in line for line in lines[header:])
+    for n, line in expected.items():
+        assert any(shown.endswith(line) for shown in lines[header + 1:header + 4]), (line, lines[header:])
+    # the tracebacks are in each failed job's own summary.json and Hydra job log
+    for n in (1, 2, 3):
+        assert "Traceback (most recent call last)" in runs[n]["traceback"]
+    assert f"RuntimeError: {FAILURE}" in runs[2]["traceback"] and "sweep_faults.py" in runs[2]["traceback"]
+    log = (sweep / "2" / "train.log").read_text()
+    assert "Traceback (most recent call last)" in log and f"RuntimeError: {FAILURE}" in log
     with open(sweep / "summary.csv") as f:
         rows = {int(r["job"]): r for r in csv.DictReader(f)}
-    assert [rows[n]["status"] for n in range(4)] == ["completed", "completed", "failed", "failed"]
-    assert "clip_coef=-1.0 is not allowed" in rows[3]["error"]
-    assert list(rows)[:2] in ([0, 1], [1, 0])  # failed jobs (no objective) rank last
-    assert "## Failed jobs" in (sweep / "summary.md").read_text()
+    assert [rows[n]["status"] for n in range(4)] == ["completed", "failed", "failed", "failed"]
+    assert rows[2]["error"] == f"RuntimeError: {FAILURE}" and rows[3]["error"] == config_error
+    assert list(rows)[0] == 0  # failed jobs (no objective) rank last
+    md = (sweep / "summary.md").read_text()
+    assert all(f"- {line}" in md for line in expected.values())
+
+
+def test_sweep_summary_lists_each_failed_job_on_its_own_line(tmp_path):
+    """The end of a multirun whose sweeper went on past failures: one line per failed job (a stopped job is none)."""
+    import json
+
+    from rlchain.report import SweepFailed, SweepSummary
+
+    jobs = {
+        0: (["lr=1", "seed=0"], {"status": "completed", "objective": 0.5}),
+        1: (["lr=2", "seed=0"], {"status": "failed", "error": "InstantiationException: Error in call to target:\n"
+                                                               "RuntimeError('boom')\nfull_key: env"}),
+        2: (["lr=3", "seed=0"], {"status": "aborted", "signal": "SIGINT"}),
+        3: (["lr=4", "seed=0"], {"status": "failed", "error": "RuntimeError: out of memory"}),
+    }  # fmt: skip
+    for num, (overrides, summary) in jobs.items():
+        (tmp_path / str(num) / ".hydra").mkdir(parents=True)
+        OmegaConf.save(OmegaConf.create(overrides), tmp_path / str(num) / ".hydra" / "overrides.yaml")
+        OmegaConf.save(OmegaConf.create({"hydra": {"job": {"num": num}}}), tmp_path / str(num) / ".hydra" / "hydra.yaml")
+        (tmp_path / str(num) / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SweepFailed) as info:
+        SweepSummary(plot=False).on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+    assert str(info.value).splitlines()[1:3] == [
+        "  job 1 (lr=2): InstantiationException: Error in call to target: RuntimeError('boom') full_key: env",
+        "  job 3 (lr=4): RuntimeError: out of memory",
+    ]
+    assert str(info.value).startswith("2 of 4 jobs failed")
+    md = (tmp_path / "summary.md").read_text()
+    assert "1 interrupted" not in md and "1 aborted, 2 failed or missing" in md
 
 
 def test_a_killed_worker_fails_its_job_and_the_sweep_goes_on(tmp_path):
@@ -244,31 +345,171 @@ def test_a_killed_worker_fails_its_job_and_the_sweep_goes_on(tmp_path):
     assert runs[3]["launcher"]["slot"] == 0  # a fresh worker took the slot after the first died
 
 
-def test_ctrl_c_stops_the_workers_and_keeps_finished_work(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "WANDB_MODE": "disabled"}
-    args = ["-m", "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", "seed=0,1,2,3", *TINY,
-            "trainer.iterations=100000", "trainer.eval_freq=1000", "trainer.save_freq=10"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "rlchain.train", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+# ------------------------------------------------- signals and orphans
+#: Jobs that run until a signal stops them, saving often.
+ENDLESS = [*TINY, "trainer.iterations=100000", "trainer.eval_freq=1000", "trainer.save_freq=10"]
+
+
+def start_sweep(args: list[str], cwd: Path, **env_extra: str) -> subprocess.Popen:
+    """``python -m rlchain.train -m *args`` in the background; its stdout and stderr go to files in ``cwd``."""
+    env = {**os.environ, "WANDB_MODE": "disabled", **env_extra}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
+    env.pop("HYDRA_FULL_ERROR", None)
+    with open(cwd / "stdout.txt", "w") as out, open(cwd / "stderr.txt", "w") as err:
+        return subprocess.Popen([sys.executable, "-m", "rlchain.train", "-m", *args], cwd=cwd, env=env,
+                                stdout=out, stderr=err)  # fmt: skip
+
+
+@contextlib.contextmanager
+def running_sweep(args: list[str], cwd: Path, **env_extra: str) -> Iterator[subprocess.Popen]:
+    """:func:`start_sweep`; on the way out (a failed assertion included) the launcher, if it still runs, and
+    every worker it leaves behind are killed, so no test leaves a job training."""
+    proc = start_sweep(args, cwd, **env_extra)
+    workers: list[int] = []
     try:
-        deadline = time.time() + 120
-        while len(list(tmp_path.glob("multirun/*/*/*/metrics.jsonl"))) < 2:
-            assert time.time() < deadline and proc.poll() is None, "two jobs never started"
-            time.sleep(0.2)
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        yield proc
     finally:
+        if proc.poll() is None:
+            workers = [pid for pid, cmd in _children(proc.pid).items() if "spawn_main" in cmd]
         proc.kill()
-    assert proc.returncode == 130, err
+        proc.wait()
+        _kill_workers(workers)
+
+
+def _kill_workers(pids: list[int]) -> None:
+    for pid in pids:
+        if _alive(pid) and "spawn_main" in _cmdline(pid):  # still that worker, not a reused pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def wait_for(condition, what: str, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
+    """Poll ``condition()`` until it holds; fail after ``timeout`` s, or at once when ``proc`` has ended."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the sweep ended (exit status {proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def jobs_with_metrics(cwd: Path) -> int:
+    """How many jobs of the sweep in ``cwd`` have logged an iteration."""
+    return sum(1 for p in cwd.glob("multirun/*/*/*/metrics.jsonl") if p.stat().st_size > 0)
+
+
+def stderr_of(cwd: Path) -> str:
+    return (cwd / "stderr.txt").read_text()
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_stops_the_jobs_gracefully_and_keeps_finished_work(tmp_path, sig, code):
+    """Ctrl-C or SIGTERM to the launcher: running jobs save and stop after their iteration, no new job starts,
+    the tables are written, and the multirun exits with 128 + the signal's number."""
+    args = ["hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", "seed=0,1,2,3", *ENDLESS]
+    with running_sweep(args, tmp_path) as proc:
+        wait_for(lambda: jobs_with_metrics(tmp_path) == 2, "two jobs logged an iteration", proc)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=120) == code, stderr_of(tmp_path)
     sweep = sweep_dir_of(tmp_path)
     runs = summaries(sweep)
     assert sorted(n for n, s in runs.items() if s) == [0, 1]  # jobs 2 and 3 never started
     for n in (0, 1):
-        assert runs[n]["status"] == "interrupted" and 0 < runs[n]["iteration"] < 100000
+        assert runs[n]["status"] == "interrupted" and runs[n]["signal"] == sig.name
+        assert 0 < runs[n]["iteration"] < 100000
         assert (sweep / str(n) / "checkpoints" / "latest.pt").is_file()
-    assert (sweep / "summary.csv").is_file()
-    assert "stopping the sweep" in err
+    with open(sweep / "summary.csv") as f:
+        assert {r["job"]: r["status"] for r in csv.DictReader(f)} == {"0": "interrupted", "1": "interrupted"}
+    assert f"{sig.name}: stopping the sweep" in stderr_of(tmp_path)
+
+
+def test_a_second_ctrl_c_aborts_the_jobs_and_the_sweep_exits_130(tmp_path):
+    """The jobs are held inside their first iteration: the first Ctrl-C cannot end it, the second aborts them."""
+    args = ["hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", "seed=0,1", *ENDLESS,
+            "env._target_=sweep_faults.GatedPushCube"]  # fmt: skip
+    with running_sweep(args, tmp_path, **gate_env(tmp_path / "gate")) as proc:
+        wait_for(lambda: len(list((tmp_path / "gate").glob("*.waiting"))) == 2, "both jobs reached the gate", proc)
+        proc.send_signal(signal.SIGINT)
+        # the launcher has forwarded it, and each job's trainer has taken it as its first stop signal (and said so)
+        wait_for(lambda: stderr_of(tmp_path).count("stopping after this iteration") == 2,
+                 "the first Ctrl-C to reach both jobs", proc)  # fmt: skip
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, stderr_of(tmp_path)
+    sweep = sweep_dir_of(tmp_path)
+    runs = summaries(sweep)
+    for n in (0, 1):
+        assert runs[n]["status"] == "aborted" and runs[n]["signal"] == "SIGINT"
+        assert not (sweep / str(n) / "checkpoints" / "latest.pt").exists()
+    with open(sweep / "summary.csv") as f:
+        assert [r["status"] for r in csv.DictReader(f)] == ["aborted", "aborted"]
+
+
+def test_workers_that_do_not_stop_are_killed_after_kill_after_s(tmp_path):
+    """Jobs that ignore SIGINT and SIGTERM: after the second SIGTERM and kill_after_s, the launcher kills them."""
+    args = ["hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", "hydra.launcher.kill_after_s=1",
+            "seed=0,1", *ENDLESS, "env._target_=sweep_faults.StubbornPushCube"]  # fmt: skip
+    with running_sweep(args, tmp_path) as proc:
+        wait_for(lambda: jobs_with_metrics(tmp_path) == 2, "two jobs logged an iteration", proc)
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "SIGTERM: stopping the sweep" in stderr_of(tmp_path), "the launcher to take the SIGTERM", proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143, stderr_of(tmp_path)
+    runs = summaries(sweep_dir_of(tmp_path))
+    for n in (0, 1):
+        assert runs[n]["status"] == "aborted" and runs[n]["signal"] == "SIGTERM"
+        assert runs[n]["error"].startswith("killed by the launcher: it had not stopped 1 s after the second stop")
+
+
+def _children(pid: int) -> dict[int, str]:
+    """``{child pid: command line}`` of the processes whose parent is ``pid`` (from /proc)."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                children[int(stat.parent.name)] = _cmdline(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return children
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie, exited but not yet reaped, counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+def test_workers_die_with_their_launcher(tmp_path):
+    """kill -9 of the launcher: its workers stop their jobs (recorded as interrupted, latest.pt saved) and exit."""
+    args = ["hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", "seed=0,1", *ENDLESS]
+    workers: list[int] = []
+    try:
+        with running_sweep(args, tmp_path) as proc:
+            wait_for(lambda: jobs_with_metrics(tmp_path) == 2, "two jobs logged an iteration", proc)
+            # the launcher's children: its two workers (and multiprocessing's resource tracker)
+            workers = [pid for pid, cmd in _children(proc.pid).items() if "spawn_main" in cmd]
+            assert len(workers) == 2, _children(proc.pid)
+            proc.kill()  # kill -9
+            proc.wait()
+        wait_for(lambda: not any(_alive(pid) for pid in workers), "the orphaned workers to exit")
+    finally:
+        _kill_workers(workers)  # never leave a worker training
+    sweep = sweep_dir_of(tmp_path)
+    runs = summaries(sweep)
+    for n in (0, 1):
+        assert runs[n]["status"] == "interrupted" and runs[n]["signal"] == "SIGTERM"
+        assert runs[n]["launcher"]["pid"] in workers
+        assert (sweep / str(n) / "checkpoints" / "latest.pt").is_file()
 
 
 # ------------------------------------------------------------- presets

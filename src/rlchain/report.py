@@ -41,8 +41,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 __all__ = [
-    "JobResult", "SweepFailed", "SweepSummary", "learning_curves", "load_jobs", "main", "plot_learning_curves",
-    "write_summary",
+    "JobResult", "SweepFailed", "SweepSummary", "failure_lines", "learning_curves", "load_jobs", "main",
+    "plot_learning_curves", "write_summary",
 ]
 
 #: Result columns: (summary key, title); `final/...` reads summary["final"][...].
@@ -53,6 +53,8 @@ RESULTS = [
     ("objective", "objective"),
 ]
 SEED_KEYS = {"seed"}
+#: Statuses of a job stopped on request (a signal), which is no failure of the job.
+STOPPED = ("interrupted", "aborted")
 
 
 class SweepFailed(CompactHydraException):
@@ -77,8 +79,13 @@ class JobResult:
 
     @property
     def status(self) -> str:
-        """``completed``, ``interrupted``, ``failed``, or ``missing`` (no summary.json)."""
+        """``completed``, ``interrupted``, ``aborted``, ``failed``, or ``missing`` (no summary.json)."""
         return str(self.summary.get("status", "missing"))
+
+    @property
+    def failed(self) -> bool:
+        """Whether the job neither completed nor was stopped on request (failed, missing or unreadable)."""
+        return self.status != "completed" and self.status not in STOPPED
 
     @property
     def device(self) -> str | None:
@@ -201,6 +208,23 @@ def seed_groups(jobs: Sequence[JobResult], keys: Sequence[str]) -> dict[tuple[tu
     return groups
 
 
+def failure_lines(jobs: Sequence[JobResult], nums: set[int] | None = None) -> list[str]:
+    """One line per failed job: ``job <num> (<the overrides that vary>): <its error on one line>``.
+
+    The overrides that vary are those of ``jobs`` (the whole sweep); ``nums``
+    keeps only those job numbers.
+    """
+    keys = varying_keys(jobs)
+    return [
+        f"job {j.num} ({_label_of(j, keys)}): {_one_line(j.summary.get('error') or j.status)}"
+        for j in jobs if j.failed and (nums is None or j.num in nums)
+    ]  # fmt: skip
+
+
+def _one_line(text: Any) -> str:
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
 def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: bool = True,
                   metric: str = "eval/success_rate", jobs: Sequence[JobResult] | None = None) -> dict[str, Path]:  # fmt: skip
     """Write ``summary.csv``, ``summary.md`` (and ``learning_curves.png``) into ``sweep_dir``.
@@ -261,13 +285,14 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
         group_rows.append((stats[-1], [label, str(len(members)), str(completed), *cells]))
     group_rows.sort(key=lambda r: _sort_key(r[0], maximize))
 
-    failed = [j for j in jobs if j.status not in ("completed", "interrupted")]
+    failed = [j for j in jobs if j.failed]
     order = "highest" if maximize else "lowest"
     text = [
         f"# Sweep summary: {sweep_dir}",
         "",
         f"{len(jobs)} jobs: {sum(j.status == 'completed' for j in jobs)} completed, "
-        f"{sum(j.status == 'interrupted' for j in jobs)} interrupted, {len(failed)} failed or missing. "
+        f"{sum(j.status == 'interrupted' for j in jobs)} interrupted, "
+        f"{sum(j.status == 'aborted' for j in jobs)} aborted, {len(failed)} failed or missing. "
         f"Objective: `{objective_name}` ({order} first).",
         "",
         "## Jobs",
@@ -280,7 +305,7 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
     ]
     if failed:
         text += ["", "## Failed jobs", ""]
-        text += [f"- job {j.num} ({_label_of(j, keys)}): {j.summary.get('error') or j.status}" for j in failed]
+        text += [f"- {line}" for line in failure_lines(jobs)]
     if plot:
         png = plot_learning_curves(sweep_dir, jobs=jobs, metric=metric)
         if png is not None:
@@ -375,9 +400,16 @@ class SweepSummary(Callback):
 
     Registered by ``rlchain-train``'s config as ``hydra.callbacks.sweep_summary``.
 
+    Hydra runs ``on_multirun_end`` only when the sweeper returns: its basic
+    and Optuna sweepers raise a failed job's error at the end of its batch
+    (the devices launcher has listed the batch's failed jobs by then), and a
+    sweep stopped by Ctrl-C or SIGTERM ends in the launcher, which writes the
+    tables and sets the exit status (130 or 143).
+
     Raises:
         SweepFailed: from ``on_multirun_end`` when any job failed (so the
-            multirun exits non-zero), naming the jobs and the summary file.
+            multirun exits non-zero): one line per failed job (its number,
+            the overrides that vary, its error), then the summary file.
     """
 
     def __init__(self, plot: bool = True) -> None:
@@ -392,12 +424,11 @@ class SweepSummary(Callback):
             return
         paths = write_summary(sweep_dir, plot=self.plot, jobs=jobs)
         print(f"rlchain: sweep summary of {len(jobs)} jobs: {paths['md']}", flush=True)
-        failed = [j for j in jobs if j.status not in ("completed", "interrupted")]
-        if failed:
-            keys = varying_keys(jobs)
-            shown = "; ".join(f"job {j.num} ({_label_of(j, keys)}): {j.summary.get('error') or j.status}"
-                              for j in failed[:5])  # fmt: skip
-            raise SweepFailed(f"{len(failed)} of {len(jobs)} jobs failed: {shown}. See {paths['md']}")
+        lines = failure_lines(jobs)
+        if lines:
+            shown = "\n".join(f"  {line}" for line in lines)
+            raise SweepFailed(f"{len(lines)} of {len(jobs)} jobs failed (each traceback is in the job's summary.json "
+                              f"and log):\n{shown}\nSee {paths['md']}")  # fmt: skip
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         """Nothing per job (the launcher and the trainer record each job)."""

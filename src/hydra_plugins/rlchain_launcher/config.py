@@ -27,6 +27,9 @@ class DevicesLauncherConf:
     least 1), or an integer."""
     stagger_s: float = 0.0
     """Seconds to wait between two job starts (spreads start-up load)."""
+    kill_after_s: float = 30.0
+    """Seconds the running jobs get to end after a second Ctrl-C or SIGTERM
+    (the trainer aborts at once) before the launcher kills their workers."""
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="devices", node=DevicesLauncherConf, provider="rlchain")

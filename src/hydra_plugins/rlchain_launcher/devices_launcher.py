@@ -14,10 +14,17 @@ On a machine without CUDA, ``devices=auto`` gives ``jobs_per_device`` CPU slots.
 
 Each job's ``summary.json`` gets a ``launcher`` record: slot, device,
 ``CUDA_VISIBLE_DEVICES``, threads, start and end (Unix seconds). A job that
-raises is logged and recorded as failed while the others go on; Hydra's
-sweeper then reports the failure and the multirun exits non-zero. After each
-batch the sweep directory's ``summary.csv`` and ``summary.md`` are rewritten
-(see :mod:`rlchain.report`).
+raises is logged and recorded as failed (its traceback in its own
+``summary.json`` and log) while the others go on; at the end of the batch
+each failed job is listed in one line, and Hydra's sweeper then stops the
+multirun with a non-zero exit status. After each batch the sweep directory's
+``summary.csv`` and ``summary.md`` are rewritten (see :mod:`rlchain.report`).
+
+Ctrl-C or SIGTERM stops the sweep: running jobs save and stop after their
+iteration, no new job starts, and the multirun exits with 130 (Ctrl-C) or 143
+(SIGTERM); a second signal aborts the jobs, and workers still running
+``kill_after_s`` later are killed. Workers exit when the launcher dies. See
+:mod:`hydra_plugins.rlchain_launcher._core`.
 """
 
 from __future__ import annotations
@@ -38,22 +45,27 @@ class DevicesLauncher(Launcher):
         jobs_per_device: jobs that may share one device at a time (>= 1).
         threads_per_job: CPU threads of each job, ``"auto"`` or an integer >= 1.
         stagger_s: seconds between two job starts (>= 0).
+        kill_after_s: seconds the running jobs get to end after a second
+            Ctrl-C or SIGTERM before their workers are killed (>= 0).
 
     Raises:
         LauncherConfigError: a setting out of range, naming the
             ``hydra.launcher`` field, the value and what is allowed
-            (devices are checked at the first launch).
+            (devices, and whether their CUDA ids are visible, are checked at
+            the first launch).
     """
 
     def __init__(
-        self, devices: Any = "auto", jobs_per_device: int = 1, threads_per_job: Any = "auto", stagger_s: float = 0.0
-    ) -> None:
+        self, devices: Any = "auto", jobs_per_device: int = 1, threads_per_job: Any = "auto", stagger_s: float = 0.0,
+        kill_after_s: float = 30.0,
+    ) -> None:  # fmt: skip
         from hydra_plugins.rlchain_launcher._core import LauncherConfigError
 
-        if isinstance(stagger_s, bool) or not isinstance(stagger_s, (int, float)) or not stagger_s >= 0:
-            raise LauncherConfigError(f"hydra.launcher.stagger_s={stagger_s!r} is not allowed: expected a number >= 0")
+        for name, value in (("stagger_s", stagger_s), ("kill_after_s", kill_after_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise LauncherConfigError(f"hydra.launcher.{name}={value!r} is not allowed: expected a number >= 0")
         self.devices, self.jobs_per_device = devices, jobs_per_device
-        self.threads_per_job, self.stagger_s = threads_per_job, float(stagger_s)
+        self.threads_per_job, self.stagger_s, self.kill_after_s = threads_per_job, float(stagger_s), float(kill_after_s)
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: Callable | None = None
@@ -72,7 +84,7 @@ class DevicesLauncher(Launcher):
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         if self.pool is None:
             slots = _core.make_slots(self.devices, self.jobs_per_device, self.threads_per_job)
-            self.pool = _core.DevicePool(slots, self.stagger_s)
+            self.pool = _core.DevicePool(slots, self.stagger_s, self.kill_after_s)
             atexit.register(self.pool.shutdown)
         return _core.launch(
             self.pool, self.config, self.hydra_context, self.task_function, job_overrides, initial_job_idx
