@@ -295,3 +295,16 @@ def test_a_refused_run_leaves_the_summary_of_the_run_it_found(compose_cfg, tmp_p
     with pytest.raises(ConfigError, match="already holds a run"):
         train(compose_cfg([*TINY, "seed=5"]))
     assert (tmp_path / "summary.json").read_text() == before
+
+
+def test_ctrl_c_ends_a_sweep_of_the_basic_launcher_instead_of_starting_its_next_job(tmp_path):
+    # hydra/launcher=basic runs the jobs in this process: the first Ctrl-C used to stop
+    # only the running job, the next one started, and the multirun exited 0.
+    proc, err = start([*ENDLESS[:2], "-m", "hydra/launcher=basic", "seed=0,1", *ENDLESS[2:]], tmp_path)
+    job0 = lambda: next(iter((tmp_path / "multirun").glob("*/*/0")), None)  # noqa: E731
+    wait_for(lambda: job0() is not None and len(rows(job0())) >= 2, "two rows of job 0")
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 130, err.read_text()
+    assert summary_of(job0())["status"] == "interrupted"
+    assert not (job0().parent / "1").exists()

@@ -268,7 +268,9 @@ def main(cfg: DictConfig) -> float | None:
     A single run stopped by a signal exits with 128 + its number (130 for
     Ctrl-C, 143 for SIGTERM), so a shell or a scheduler can tell it from a
     completed run, and a rejected config or a failed training prints its
-    one line and exits 1; inside a multirun the launcher reports both instead.
+    one line and exits 1; inside a multirun the launcher reports both instead
+    (``hydra/launcher=basic`` runs jobs in this process: a stopped job ends
+    the sweep with the same exit code).
 
     In a submitit job (``hydra/launcher=slurm``) a run stopped by submitit's
     time-limit or preemption signal is then handed to submitit's handler,
@@ -289,6 +291,14 @@ def main(cfg: DictConfig) -> float | None:
         # written; its handler, submitit's again, requeues the job and exits.
         signal.raise_signal(requeue)
     code = exit_code(summary)
+    # A stopped run ends its process: a single run, and the sweep of an
+    # in-process launcher (hydra/launcher=basic), which would otherwise start
+    # its next job. The devices and submitit launchers report the job instead.
+    in_process = single or (
+        HydraConfig.initialized() and HydraConfig.get().runtime.choices.get("hydra/launcher") == "basic"
+    )
+    if code and in_process and summary.get("signal"):
+        raise SystemExit(code)
     if code and single:
         raise SystemExit(code)
     return summary["objective"]
