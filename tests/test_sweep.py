@@ -18,6 +18,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from hydra_plugins.rlchain_launcher._core import LauncherConfigError, TaskRef, make_slots, visible_cuda_devices
+import rlchain.config  # noqa: F401  (registers the schemas the compose() tests need)
 from rlchain.report import learning_curves, load_jobs
 
 from conftest import TESTS, TINY, run_cli
