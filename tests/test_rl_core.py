@@ -107,6 +107,59 @@ def test_grpo_advantages_by_hand_with_masks_and_groups():
     torch.testing.assert_close(adv, expected)
 
 
+@pytest.mark.parametrize("group_size", [3, 6, 8])
+def test_identical_returns_carry_no_signal(group_size):
+    # Reward 1 every step (cart_pole) gives bit-identical returns within a group; their
+    # mean's rounding residue over an equally tiny std used to come out as |A| ~ 1.
+    returns = discounted_returns(torch.ones(100, 8 * group_size), torch.zeros(100, 8 * group_size, dtype=torch.bool), 0.99)
+    mask = torch.ones_like(returns, dtype=torch.bool)
+    for norm in ("std", "none", "rollout_std"):
+        assert torch.equal(group_relative_advantages(returns, mask, group_size, norm=norm), torch.zeros_like(returns))
+
+
+def reference_group_advantages(returns, mask, group_size, eps, norm):
+    """Plain loops over steps and groups: centre on the live members' mean, then scale."""
+    T, N = returns.shape
+    adv = torch.zeros(T, N, dtype=torch.float64)
+    for t in range(T):
+        for g in range(0, N, group_size):
+            live = [n for n in range(g, g + group_size) if mask[t, n]]
+            values = [float(returns[t, n]) for n in live]
+            if len(values) < 2 or max(values) == min(values):
+                continue
+            mean = sum(values) / len(values)
+            std = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+            for n, v in zip(live, values):
+                adv[t, n] = (v - mean) / (std + eps) if norm == "std" else v - mean
+    if norm == "rollout_std":
+        live = adv != 0
+        adv[live] /= adv[live].pow(2).mean().sqrt() + eps
+    return adv
+
+
+@pytest.mark.parametrize("norm", ["std", "none", "rollout_std"])
+def test_group_advantages_match_a_reference_loop(norm):
+    gen = torch.Generator().manual_seed(0)
+    reward = torch.randint(0, 3, (12, 16), generator=gen).float()  # ties inside groups happen
+    done = torch.rand(12, 16, generator=gen) < 0.15
+    returns, mask = discounted_returns(reward, done, 0.9), first_done_mask(done)
+    adv = group_relative_advantages(returns, mask, 4, eps=1e-8, norm=norm)
+    torch.testing.assert_close(adv.double(), reference_group_advantages(returns, mask, 4, 1e-8, norm), atol=1e-5, rtol=1e-5)
+
+
+def test_grpo_reference_policy_is_frozen_with_its_observation_normaliser():
+    # The reference used to share the live normaliser: with kl_coef > 0 it drifted as the statistics moved.
+    env = LineEnv(num_envs=8)
+    policy = ActorOnly(env.single_observation_space, env.single_action_space, hidden_sizes=[8], obs_normalization=True)
+    policy.update_obs_normalizer(torch.randn(64, 2))
+    grpo = GRPO(policy, kl_coef=0.02, group_size=4)
+    batch = TensorDict({"obs": torch.randn(16, 2), "action": torch.randn(16, 1)}, batch_size=[16])
+    before = grpo.ref_policy.evaluate_actions(batch)["sample_log_prob"]
+    policy.update_obs_normalizer(torch.randn(64, 2) * 5 + 3)  # the live statistics move
+    torch.testing.assert_close(grpo.ref_policy.evaluate_actions(batch)["sample_log_prob"], before)
+    assert not torch.equal(policy.obs_normalizer.mean, grpo.ref_policy.obs_normalizer.mean)
+
+
 # --------------------------------------------------------------- PPO loss
 def test_ppo_loss_terms_on_a_fixed_batch():
     batch = TensorDict(

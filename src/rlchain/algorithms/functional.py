@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-__all__ = ["clipped_surrogate", "compute_gae", "discounted_returns", "first_done_mask", "group_relative_advantages"]
+__all__ = ["ADVANTAGE_NORMS", "clipped_surrogate", "compute_gae", "discounted_returns", "first_done_mask", "group_relative_advantages"]
 
 
 def compute_gae(
@@ -66,34 +68,62 @@ def first_done_mask(done: torch.Tensor) -> torch.Tensor:
     return before == 0
 
 
+#: How :func:`group_relative_advantages` scales the group-centred returns.
+ADVANTAGE_NORMS = ("std", "none", "rollout_std")
+
+
 def group_relative_advantages(
-    returns: torch.Tensor, mask: torch.Tensor, group_size: int, eps: float = 1e-8
+    returns: torch.Tensor, mask: torch.Tensor, group_size: int, eps: float = 1e-8, norm: str = "std"
 ) -> torch.Tensor:
     """Group-relative advantages (GRPO, Shao et al. 2024), per time step.
 
     Envs ``[g * group_size, (g + 1) * group_size)`` form group ``g``. At each
     step the returns of a group's members that are still in ``mask`` are
-    normalised by their mean and (population) standard deviation:
-    ``A = (R - mean) / (std + eps)``; masked entries get 0. A step with a single
-    live member in its group gives 0.
+    centred on their mean, then scaled by ``norm``:
+
+    * ``"std"``: divided by the group's (population) standard deviation plus
+      ``eps``, as in Shao et al. 2024;
+    * ``"none"``: not scaled, as in Dr. GRPO (Liu et al. 2025, "Understanding
+      R1-Zero-Like Training"), which removes the std's bias towards groups
+      whose returns barely differ;
+    * ``"rollout_std"``: divided by one standard deviation of every live
+      centred return of the rollout plus ``eps``, so all groups share a scale.
+
+    A group whose live members' returns are all equal (a single live member,
+    or identical returns) carries no signal: its advantages are exactly 0,
+    not the rounding residue of its mean divided by an equally tiny std.
+    Masked entries get 0.
 
     Args:
         returns: float ``[T, N]``; mask: bool ``[T, N]``; group_size divides ``N``.
+        eps: added to the standard deviation (``"std"``, ``"rollout_std"``).
+        norm: one of :data:`ADVANTAGE_NORMS`.
 
     Returns:
         float ``[T, N]`` advantages.
+
+    Raises:
+        ValueError: an unknown ``norm``.
     """
+    if norm not in ADVANTAGE_NORMS:
+        raise ValueError(f"norm={norm!r} is not allowed: expected one of {', '.join(map(repr, ADVANTAGE_NORMS))}")
     t, n = returns.shape
     r = returns.view(t, n // group_size, group_size)
-    m = mask.view(t, n // group_size, group_size).to(returns.dtype)
+    live = mask.view(t, n // group_size, group_size)
+    m = live.to(returns.dtype)
     count = m.sum(-1, keepdim=True).clamp_min(1.0)
     mean = (r * m).sum(-1, keepdim=True) / count
-    var = ((r - mean).square() * m).sum(-1, keepdim=True) / count
-    centred = (r - mean) * m
-    std = var.sqrt()
-    # A group whose live members share one return (e.g. a single live member) carries no signal.
-    adv = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
-    return adv.view(t, n)
+    spread = torch.where(live, r, -math.inf).amax(-1, keepdim=True) - torch.where(live, r, math.inf).amin(-1, keepdim=True)
+    signal = live & (spread > 0)  # false for empty, single-member and all-equal groups
+    centred = torch.where(signal, r - mean, 0.0)
+    if norm == "std":
+        std = ((r - mean).square() * m).sum(-1, keepdim=True).div(count).sqrt()
+        centred = torch.where(signal, centred / (std + eps), 0.0)  # no 0 / 0 where a group carries no signal
+    elif norm == "rollout_std":
+        live_count = signal.sum()
+        if int(live_count) > 1:
+            centred = centred / (centred.square().sum().div(live_count).sqrt() + eps)
+    return centred.view(t, n)
 
 
 def clipped_surrogate(

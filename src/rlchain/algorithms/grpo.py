@@ -8,11 +8,14 @@ start every rollout from one shared initial state (``env.reset(options=
 1. step-wise discounted returns ``R_t = r_t + gamma * R_{t+1}`` (reset at done);
 2. with ``truncate_at_first_done`` every step after an env's first done is
    masked out (after it the env no longer shares a start with its group);
-3. at each step, the returns of the group's live members are normalised by
-   their mean and standard deviation (``eps`` for stability);
+3. at each step, the returns of the group's live members are centred on
+   their mean and scaled as ``advantage_norm`` says (see
+   :func:`~rlchain.algorithms.functional.group_relative_advantages`); a group
+   whose live returns are all equal carries no signal (advantage 0);
 4. the PPO clipped surrogate (``clip_coef``) and the entropy bonus are averaged
    over the unmasked samples only;
-5. with ``kl_coef > 0`` a frozen copy of the initial policy is the reference,
+5. with ``kl_coef > 0`` a frozen copy of the initial policy (its networks and
+   its observation normaliser) is the reference,
    penalised with the k3 estimator ``exp(q) - q - 1``,
    ``q = log pi_ref(a|s) - log pi(a|s)`` (Schulman 2020, "Approximating KL
    divergence"), as in the GRPO paper.
@@ -29,6 +32,7 @@ from tensordict import TensorDict
 
 from rlchain.algorithms.base import Algorithm, AlgorithmConfig, check_probability
 from rlchain.algorithms.functional import (
+    ADVANTAGE_NORMS,
     clipped_surrogate,
     discounted_returns,
     first_done_mask,
@@ -36,7 +40,7 @@ from rlchain.algorithms.functional import (
 )
 from rlchain.envs.base import check_group_size
 from rlchain.policies import Policy
-from rlchain.utils import check_non_negative, check_positive
+from rlchain.utils import check_choice, check_non_negative, check_positive
 
 __all__ = ["GRPO", "GRPOConfig"]
 
@@ -57,9 +61,10 @@ class GRPOConfig(AlgorithmConfig):
     group_size: int = 8
     """Envs per group sharing an initial state (>= 2, divides num_envs); EmbodiChain uses 4, 8 learns faster on push_cube."""
     eps: float = 1e-8
-    """Added to the group standard deviation."""
-    reset_every_rollout: bool = True
-    """Reset every env with group-shared initial states before each rollout."""
+    """Added to the standard deviation that advantage_norm divides by."""
+    advantage_norm: str = "std"
+    """How group-centred returns are scaled: 'std' (per group and step, Shao et al. 2024), 'none' (mean-centred
+    only, Dr. GRPO, Liu et al. 2025) or 'rollout_std' (one std pooled over the rollout)."""
     truncate_at_first_done: bool = True
     """Mask every step after an env's first done."""
 
@@ -99,7 +104,7 @@ class GRPO(Algorithm):
         kl_coef: float = _D.kl_coef,
         group_size: int = _D.group_size,
         eps: float = _D.eps,
-        reset_every_rollout: bool = _D.reset_every_rollout,
+        advantage_norm: str = _D.advantage_norm,
         truncate_at_first_done: bool = _D.truncate_at_first_done,
         max_grad_norm: float = _D.max_grad_norm,
         lr_schedule: str = _D.lr_schedule,
@@ -115,20 +120,21 @@ class GRPO(Algorithm):
         check_non_negative("ent_coef", ent_coef)
         check_non_negative("kl_coef", kl_coef)
         check_positive("eps", eps)
+        check_choice("advantage_norm", advantage_norm, ADVANTAGE_NORMS)
         super().__init__(
             policy, learning_rate, n_epochs, batch_size, max_grad_norm, lr_schedule, target_kl, total_iterations, seed
         )
         self.gamma, self.clip_coef, self.ent_coef, self.kl_coef = float(gamma), float(clip_coef), float(ent_coef), float(kl_coef)
         self.group_size, self.eps = int(group_size), float(eps)
         self.truncate_at_first_done = bool(truncate_at_first_done)
-        self.reset_every_rollout = bool(reset_every_rollout)
-        self.reset_options = {"group_size": self.group_size} if reset_every_rollout else None
+        self.advantage_norm = advantage_norm
+        # Every rollout starts from a group reset: only then do a group's envs share a start.
+        self.reset_options = {"group_size": self.group_size}
         self.ref_policy: Policy | None = None
         if self.kl_coef > 0:
+            # A frozen copy, observation normaliser included: the reference is a fixed
+            # function of the observation, whatever the live statistics do later.
             self.ref_policy = copy.deepcopy(policy).requires_grad_(False).eval()
-            # The reference sees observations as the live policy does.
-            if getattr(policy, "obs_normalizer", None) is not None:
-                self.ref_policy.obs_normalizer = policy.obs_normalizer
 
     def check_env(self, env: Any) -> None:
         """Raise ``ValueError`` unless ``group_size`` divides ``env.num_envs``."""
@@ -139,7 +145,7 @@ class GRPO(Algorithm):
         done = rollout["done"]
         returns = discounted_returns(rollout["reward"], done, self.gamma)
         mask = first_done_mask(done) if self.truncate_at_first_done else torch.ones_like(done)
-        return group_relative_advantages(returns, mask, self.group_size, self.eps), mask
+        return group_relative_advantages(returns, mask, self.group_size, self.eps, self.advantage_norm), mask
 
     def update(self, rollout: TensorDict) -> dict[str, float]:
         """One GRPO update on a ``[T, N]`` rollout; see the class docstring for the returned keys."""
