@@ -214,15 +214,13 @@ def failure_lines(jobs: Sequence[JobResult], nums: set[int] | None = None) -> li
     The overrides that vary are those of ``jobs`` (the whole sweep); ``nums``
     keeps only those job numbers.
     """
+    from rlchain.utils import one_line  # lazy, like this module's other rlchain imports (torch)
+
     keys = varying_keys(jobs)
     return [
-        f"job {j.num} ({_label_of(j, keys)}): {_one_line(j.summary.get('error') or j.status)}"
+        f"job {j.num} ({_label_of(j, keys)}): {one_line(j.summary.get('error') or j.status)}"
         for j in jobs if j.failed and (nums is None or j.num in nums)
     ]  # fmt: skip
-
-
-def _one_line(text: Any) -> str:
-    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
 def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: bool = True,

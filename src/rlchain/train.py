@@ -232,12 +232,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 def _result_line(summary: dict[str, Any], trainer: Trainer) -> str:
     """The one line a run ends with: what happened, how far it got, its results and where it is."""
-    status = summary["status"]
-    if summary.get("signal"):
-        status = f"{status} by {summary['signal']}"
-    parts = [f"rlchain: {status} at {summary['global_step']:,} env steps in {summary['elapsed_s']:.0f} s"]
+    steps = f"{summary['global_step']:,} env steps in {summary['elapsed_s']:.0f} s"
     if summary["status"] == "completed":
-        parts[0] = f"rlchain: completed {summary['global_step']:,} env steps in {summary['elapsed_s']:.0f} s"
+        parts = [f"rlchain: completed {steps}"]
+    else:  # stopped by a signal: interrupted or aborted
+        parts = [f"rlchain: {summary['status']} by {summary['signal']} at {steps}"]
     success = summary["final"].get("eval/success_rate")  # absent for a task without success
     if success is not None:
         parts.append(f"final eval success rate {success:.3f}")
@@ -297,9 +296,7 @@ def main(cfg: DictConfig) -> float | None:
     in_process = single or (
         HydraConfig.initialized() and HydraConfig.get().runtime.choices.get("hydra/launcher") == "basic"
     )
-    if code and in_process and summary.get("signal"):
-        raise SystemExit(code)
-    if code and single:
+    if code and in_process:
         raise SystemExit(code)
     return summary["objective"]
 

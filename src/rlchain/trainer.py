@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import torch
 
-from rlchain.algorithms.base import Algorithm, NonFiniteError
+from rlchain.algorithms.base import Algorithm, NonFiniteError, first_non_finite
 from rlchain.checkpoint import atomic_write_json, check_state_matches, load_checkpoint, save_checkpoint
 from rlchain.collector import SyncCollector, step_env
 from rlchain.envs.base import VecEnv
@@ -304,9 +304,10 @@ class Trainer:
         self.summary: dict[str, Any] = {}
         for stale in self.checkpoint_dir.glob(".*.tmp"):  # a save cut short by kill -9
             stale.unlink(missing_ok=True)
-        if resume_from is None and existing_run(self.output_dir) is not None:
+        marker = existing_run(self.output_dir) if resume_from is None else None
+        if marker is not None:
             raise ValueError(
-                f"output_dir={str(self.output_dir)!r} already holds a run ({existing_run(self.output_dir)}): "
+                f"output_dir={str(self.output_dir)!r} already holds a run ({marker}): "
                 "a fresh run never writes into another's directory; resume it (resume_from='auto') or choose another"
             )
         if resume_from == "auto":
@@ -354,9 +355,9 @@ class Trainer:
             OSError: the file cannot be written (the previous one stays).
         """
         state = self.state_dict()
-        for name_, value in state["policy"].items():
-            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-                raise NonFiniteError(f"policy {name_}", value[~torch.isfinite(value)].flatten()[0].item(), self.iteration)
+        bad = first_non_finite(state["policy"])
+        if bad is not None:
+            raise NonFiniteError(f"policy {bad[0]}", bad[1], self.iteration)
         return save_checkpoint(self.checkpoint_dir / name, state)
 
     def load(self, path: str | Path) -> bool:

@@ -19,6 +19,7 @@ __all__ = [
     "check_in_range",
     "check_choice",
     "check_seed",
+    "one_line",
     "resolve_device",
 ]
 
@@ -74,6 +75,11 @@ def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
     if value not in choices:
         allowed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{name}={value!r} is not allowed: expected one of {allowed}")
+
+
+def one_line(text: Any) -> str:
+    """``text`` as one line: its non-blank lines, stripped, joined by spaces."""
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
 def check_seed(name: str, value: Any) -> None:

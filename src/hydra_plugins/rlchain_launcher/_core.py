@@ -58,7 +58,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import HydraContext
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-from rlchain.utils import LAUNCHER_SLOT_ENV
+from rlchain.utils import LAUNCHER_SLOT_ENV, one_line
 
 log = logging.getLogger(__name__)
 
@@ -316,11 +316,6 @@ class JobInterrupted(KeyboardInterrupt):
     def __init__(self, signal_name: str) -> None:
         super().__init__(signal_name)
         self.signal_name = signal_name
-
-
-def one_line(text: Any) -> str:
-    """``text`` as one line: its non-blank lines, stripped, joined by spaces."""
-    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
 def portable_singleton_state() -> dict[str, Any]:

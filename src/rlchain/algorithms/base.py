@@ -13,7 +13,7 @@ from rlchain.buffer import minibatches
 from rlchain.policies import Policy
 from rlchain.utils import check_choice, check_in_range, check_positive
 
-__all__ = ["Algorithm", "AlgorithmConfig", "LR_SCHEDULES", "NonFiniteError"]
+__all__ = ["Algorithm", "AlgorithmConfig", "LR_SCHEDULES", "NonFiniteError", "first_non_finite"]
 
 
 class NonFiniteError(FloatingPointError):
@@ -28,6 +28,23 @@ class NonFiniteError(FloatingPointError):
     def __init__(self, metric: str, value: float, update: int) -> None:
         self.metric, self.value = metric, value
         super().__init__(f"{metric} is {value} at update {update}")
+
+def first_non_finite(tensors: dict[str, torch.Tensor]) -> tuple[str, float] | None:
+    """The name and first NaN or infinite entry of the first floating tensor of ``tensors`` that has one, else None.
+
+    One host read when every tensor is finite (the common case).
+    """
+    floats = {name: t for name, t in tensors.items() if t.is_floating_point()}
+    if not floats:
+        return None
+    with torch.no_grad():
+        finite = torch.stack([torch.isfinite(t).all() for t in floats.values()])
+        if bool(finite.all()):
+            return None
+        name = list(floats)[int((~finite).nonzero()[0])]
+        value = floats[name]
+        return name, value[~torch.isfinite(value)].flatten()[0].item()
+
 
 LR_SCHEDULES = ("constant", "linear", "adaptive")
 
@@ -192,13 +209,9 @@ class Algorithm:
         for name, value in stats.items():
             if not math.isfinite(value):
                 raise NonFiniteError(name, value, self.iteration)
-        with torch.no_grad():
-            params = dict(self.policy.named_parameters())
-            finite = torch.stack([torch.isfinite(p).all() for p in params.values()])
-            if not bool(finite.all()):
-                name = list(params)[int((~finite).nonzero()[0])]
-                value = params[name][~torch.isfinite(params[name])].flatten()[0].item()
-                raise NonFiniteError(f"parameter {name}", value, self.iteration)
+        bad = first_non_finite(dict(self.policy.named_parameters()))
+        if bad is not None:
+            raise NonFiniteError(f"parameter {bad[0]}", bad[1], self.iteration)
 
     def _optimise(
         self,
