@@ -44,12 +44,12 @@ def test_default_composition_builds_ppo_on_push_cube(compose_cfg):
 
 
 def test_grpo_selects_actor_only_unless_a_policy_is_named(compose_cfg):
-    cfg = compose_cfg(["algorithm=grpo", *TINY, "env.num_envs=16"])
+    cfg = compose_cfg(["algorithm=grpo", *TINY, "env.num_envs=16", "env.episode_length=8"])
     assert cfg.policy._target_ == "rlchain.policies.ActorOnly"
     trainer = build(cfg)
     assert isinstance(trainer.algorithm, GRPO) and type(trainer.policy) is ActorOnly
     assert trainer.algorithm.reset_options == {"group_size": 8}
-    cfg = compose_cfg(["algorithm=grpo", "policy=actor_critic", *TINY])
+    cfg = compose_cfg(["algorithm=grpo", "policy=actor_critic", *TINY, "env.episode_length=8"])
     assert type(build(cfg).policy) is ActorCritic
 
 
@@ -82,7 +82,7 @@ def test_overrides_reach_the_instances(compose_cfg):
 
 @pytest.mark.parametrize("experiment, algo", [("push_cube_ppo", PPO), ("push_cube_grpo", GRPO)])
 def test_experiment_presets(compose_cfg, experiment, algo):
-    cfg = compose_cfg([f"+experiment={experiment}", *TINY])
+    cfg = compose_cfg([f"+experiment={experiment}", *TINY, "env.episode_length=8"])
     assert isinstance(build(cfg).algorithm, algo)
     assert compose_cfg([f"+experiment={experiment}"]).algorithm.learning_rate == 1e-3
 

@@ -26,12 +26,13 @@ from rlchain.algorithms.functional import (
 )
 from rlchain.algorithms.ppo import ppo_loss
 from rlchain.collector import SyncCollector
-from rlchain.envs import GymVecEnv, PushCubeEnv
+from rlchain.envs import CartPoleEnv, GymVecEnv, PushCubeEnv
 from rlchain.envs.base import NON_FINITE_ACTION
 from rlchain.policies import ActorCritic, ActorOnly, bounded
 from rlchain.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).parent))
+from conftest import run_cli  # noqa: E402
 from toy_env import LineEnv  # noqa: E402
 
 
@@ -493,6 +494,23 @@ def test_grpo_rejects_bad_group_sizes_before_any_step(tmp_path):
     assert torch.equal(env.elapsed_steps, steps_before) and not any(tmp_path.iterdir())
 
 
+def test_grpo_rejects_rollouts_shorter_than_an_episode_naming_both(tmp_path):
+    # GRPO resets every env when a rollout starts: a 100-step rollout on
+    # 500-step episodes only ever sees failed episodes end (success 0 while
+    # evaluation returns 500). It is refused before any step, naming both values.
+    proc = run_cli(["algorithm=grpo", "env=cart_pole", "trainer.rollout_steps=100", "device=cpu"], tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "trainer.rollout_steps=100" in line and "max_episode_steps=500" in line and "rollout_steps >= 500" in line
+    (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
+    assert not (run_dir / "metrics.jsonl").exists()
+    # a rollout of a whole episode is accepted, and PPO (no reset per rollout) is not concerned
+    env = CartPoleEnv(num_envs=8, max_episode_steps=20)
+    for algorithm, rollout_steps in ((GRPO, 20), (PPO, 5)):
+        policy = ActorCritic(env.single_observation_space, env.single_action_space)
+        Trainer(env, policy, algorithm(policy), rollout_steps=rollout_steps, output_dir=str(tmp_path / algorithm.__name__))
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -840,7 +858,7 @@ class InfiniteGradientPPO(PPO):
 
 def non_finite_run(tmp_path, make_algorithm, policy_cls=ActorCritic, **trainer_kwargs):
     torch.manual_seed(0)
-    env = PushCubeEnv(num_envs=64, seed=0)
+    env = PushCubeEnv(num_envs=64, seed=0, episode_length=16)
     policy = policy_cls(env.single_observation_space, env.single_action_space, hidden_sizes=[32])
     trainer = Trainer(env, policy, make_algorithm(policy), iterations=4, rollout_steps=16, save_freq=1,
                       output_dir=str(tmp_path), progress=False, **trainer_kwargs)  # fmt: skip

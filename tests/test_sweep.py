@@ -115,7 +115,7 @@ def cpu_sweep(tmp_path_factory):
     proc = run_cli([
         "-m", "+sweep=grpo_push_cube", "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2",
         # command-line values replace the preset's for the same key
-        "algorithm.group_size=8", "algorithm.kl_coef=0.0", "algorithm.learning_rate=1e-3,3e-4", "seed=0,1", *SHORT, MEET,
+        "algorithm.group_size=8", "algorithm.kl_coef=0.0", "algorithm.learning_rate=1e-3,3e-4", "seed=0,1", *SHORT, "env.episode_length=8", MEET,
     ], cwd, **barrier_env(2, cwd / "barrier"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return sweep_dir_of(cwd), proc

@@ -395,7 +395,8 @@ PRESETS = ["cart_pole_ppo", "cart_pole_grpo", "gym_cart_pole_ppo", "gym_pendulum
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_task_presets_train_with_a_tiny_budget(compose_cfg, preset):
-    tiny = ["trainer.iterations=2", "trainer.rollout_steps=8", "trainer.eval_freq=1", "trainer.num_eval_envs=2",
+    # 8-step episodes: a GRPO rollout must hold a whole one
+    tiny = ["trainer.iterations=2", "trainer.rollout_steps=8", "env.max_episode_steps=8", "trainer.eval_freq=1", "trainer.num_eval_envs=2",
             "trainer.num_eval_episodes=2", "trainer.progress=false", "device=cpu"]  # fmt: skip
     cfg = compose_cfg([f"+experiment={preset}", *tiny])
     summary = build(cfg).train()
@@ -419,7 +420,7 @@ def test_a_task_without_success_shows_and_logs_none(tmp_path):
     assert summary["best_eval_success_rate"] is None and summary["best_objective"] is not None
 
 
-@pytest.mark.parametrize("overrides", [["env=cart_pole"], ["env=cart_pole", "algorithm=grpo"],
+@pytest.mark.parametrize("overrides", [["env=cart_pole"], ["env=cart_pole", "algorithm=grpo", "env.max_episode_steps=8"],
                                        ["env=gym", "env.id=Pendulum-v1", "env.num_envs=4"]])  # fmt: skip
 def test_task_options_work_with_the_defaults(compose_cfg, overrides):
     cfg = compose_cfg([*overrides, *TINY, "trainer.num_eval_envs=2", "trainer.num_eval_episodes=2"])

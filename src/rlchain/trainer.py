@@ -91,7 +91,7 @@ class TrainerConfig:
     iterations: int = 100
     """Collect-and-update iterations."""
     rollout_steps: int = 100
-    """Steps per env per rollout (GRPO: at least one episode)."""
+    """Steps per env per rollout (GRPO, which resets every env each rollout: at least the env's max_episode_steps)."""
     eval_freq: int = 10
     """Evaluate every this many iterations (and after the last one)."""
     save_freq: int = 50
@@ -114,6 +114,10 @@ class TrainerConfig:
     resume_from: str | None = None
     """Checkpoint to continue from (its step count continues); 'auto': this run directory's own
     checkpoints/latest.pt when there is one (a requeued or restarted job), else a fresh start."""
+    init_from: str | None = None
+    """Start the policy (weights and observation normaliser) from an rlchain checkpoint, or from a run
+    directory's checkpoints/latest.pt, with a fresh optimiser and step count: fine-tuning, e.g. GRPO with
+    kl_coef > 0 against the loaded policy. A resumed run continues from its own checkpoint instead."""
     use_wandb: bool = False
     """Mirror every logged row to Weights & Biases."""
     wandb_project: str = "rlchain"
@@ -229,10 +233,13 @@ class Trainer:
 
     Raises:
         ValueError: non-positive counts, an env the algorithm rejects (e.g.
-            GRPO's ``group_size`` not dividing ``num_envs``), an ``output_dir``
+            GRPO's ``group_size`` not dividing ``num_envs``), a
+            ``rollout_steps`` below the env's ``max_episode_steps`` for an
+            algorithm that resets every env each rollout (GRPO), an ``output_dir``
             that holds another run while not resuming, a ``resume_from`` that
             is not an rlchain checkpoint or whose policy does not match this
-            one (naming the parameters and shapes); all before any step.
+            one (naming the parameters and shapes), an ``init_from`` likewise
+            (see :meth:`init_policy`); all before any step.
         FileNotFoundError: ``resume_from`` does not exist.
     """
 
@@ -255,6 +262,7 @@ class Trainer:
         objective: str = _D.objective,
         objective_direction: str = _D.objective_direction,
         resume_from: str | None = _D.resume_from,
+        init_from: str | None = _D.init_from,
         use_wandb: bool = _D.use_wandb,
         wandb_project: str = _D.wandb_project,
         wandb_entity: str | None = _D.wandb_entity,
@@ -274,6 +282,13 @@ class Trainer:
         check_choice("objective_direction", objective_direction, OBJECTIVE_DIRECTIONS)
         check_choice("wandb_mode", wandb_mode, WANDB_MODES)
         algorithm.check_env(env)
+        if algorithm.reset_options is not None and rollout_steps < env.max_episode_steps:
+            raise ValueError(
+                f"rollout_steps={rollout_steps} is shorter than the env's time limit (max_episode_steps="
+                f"{env.max_episode_steps}): {type(algorithm).__name__} resets every env when a rollout starts, so an "
+                f"episode longer than the rollout would never end (no whole-episode return, no success); "
+                f"expected rollout_steps >= {env.max_episode_steps}"
+            )
         self.env, self.policy, self.algorithm = env, policy, algorithm
         self.iterations, self.rollout_steps = iterations, rollout_steps
         self.eval_freq, self.save_freq = eval_freq, save_freq
@@ -321,6 +336,46 @@ class Trainer:
             )  # fmt: skip
             print(f"rlchain: resumed from {resume_from} at iteration {self.iteration} "
                   f"(global_step {self.global_step:,}){restart}", file=sys.stderr, flush=True)  # fmt: skip
+        self.init_from: str | None = None
+        if init_from is not None and resume_from is None:
+            self.init_from = str(self.init_policy(init_from))
+
+    def init_policy(self, source: str | Path) -> Path:
+        """Load the policy (weights and observation normaliser) of a checkpoint into this run's policy.
+
+        ``source`` is a checkpoint written by :meth:`save`, or a run directory
+        (its ``checkpoints/latest.pt``). Only the policy is taken: optimiser,
+        step count and collector start fresh, and the algorithm re-takes its
+        reference policy from the loaded one (GRPO's KL anchor,
+        :meth:`~rlchain.algorithms.Algorithm.reset_reference`).
+
+        Returns:
+            the checkpoint file that was loaded.
+
+        Raises:
+            ValueError: ``init_from=...``: the path does not exist, is a
+                directory without ``checkpoints/latest.pt``, is not an rlchain
+                checkpoint, or holds a policy whose parameter names or shapes
+                differ from this run's (naming them).
+        """
+        path = Path(source)
+        if path.is_dir():
+            path = path / "checkpoints" / "latest.pt"
+            if not path.is_file():
+                raise ValueError(f"init_from={str(source)!r} is a directory without checkpoints/latest.pt: "
+                                 "expected an rlchain run directory or a checkpoint file")  # fmt: skip
+        elif not path.exists():
+            raise ValueError(f"init_from={str(source)!r} does not exist: expected an rlchain checkpoint file or run directory")
+        try:
+            state = load_checkpoint(path, map_location=self.env.device)
+        except ValueError as err:
+            raise ValueError(f"init_from={err}") from None
+        check_state_matches(self.policy, state["policy"], f"init_from={str(path)!r}")
+        self.policy.load_state_dict(state["policy"])
+        self.algorithm.reset_reference()
+        print(f"rlchain: policy initialised from {path} (trained for {state['global_step']:,} env steps there)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return path
 
     # -------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -583,6 +638,7 @@ class Trainer:
             "iteration": self.iteration,
             "elapsed_s": elapsed,
             "SPS": steps / elapsed if elapsed > 0 else 0.0,
+            "init_from": self.init_from,
             "objective_name": self.objective,
             "objective_direction": self.objective_direction,
             "objective": objective,

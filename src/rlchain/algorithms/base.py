@@ -261,6 +261,14 @@ class Algorithm:
     def check_env(self, env: Any) -> None:
         """Raise ``ValueError`` if this algorithm cannot train on ``env`` (before any step)."""
 
+    def reset_reference(self) -> None:
+        """Take the policy as it is now as the reference of a KL penalty (GRPO); nothing for the others.
+
+        Called by the trainer after it loaded the policy's weights from another
+        run (``trainer.init_from``), so fine-tuning measures the KL to the
+        loaded policy rather than to the random initialisation.
+        """
+
     def update(self, rollout: TensorDict) -> dict[str, float]:  # pragma: no cover - abstract
         raise NotImplementedError
 

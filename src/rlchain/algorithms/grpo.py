@@ -15,7 +15,8 @@ start every rollout from one shared initial state (``env.reset(options=
 4. the PPO clipped surrogate (``clip_coef``) and the entropy bonus are averaged
    over the unmasked samples only;
 5. with ``kl_coef > 0`` a frozen copy of the initial policy (its networks and
-   its observation normaliser) is the reference,
+   its observation normaliser; with ``trainer.init_from``, the loaded policy)
+   is the reference,
    penalised with the k3 estimator ``exp(q) - q - 1``,
    ``q = log pi_ref(a|s) - log pi(a|s)`` (Schulman 2020, "Approximating KL
    divergence"), as in the GRPO paper.
@@ -131,10 +132,16 @@ class GRPO(Algorithm):
         # Every rollout starts from a group reset: only then do a group's envs share a start.
         self.reset_options = {"group_size": self.group_size}
         self.ref_policy: Policy | None = None
+        self.reset_reference()
+
+    def reset_reference(self) -> None:
+        """With ``kl_coef > 0``, freeze a copy of the policy as it is now as the KL reference.
+
+        The copy includes the observation normaliser: the reference is a fixed
+        function of the observation, whatever the live statistics do later.
+        """
         if self.kl_coef > 0:
-            # A frozen copy, observation normaliser included: the reference is a fixed
-            # function of the observation, whatever the live statistics do later.
-            self.ref_policy = copy.deepcopy(policy).requires_grad_(False).eval()
+            self.ref_policy = copy.deepcopy(self.policy).requires_grad_(False).eval()
 
     def check_env(self, env: Any) -> None:
         """Raise ``ValueError`` unless ``group_size`` divides ``env.num_envs``."""
