@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from omegaconf import OmegaConf
 from hydra_plugins.rlchain_launcher._core import LauncherConfigError, TaskRef, make_slots, visible_cuda_devices
 import rlchain.config  # noqa: F401  (registers the schemas the compose() tests need)
 from rlchain.report import learning_curves, load_jobs
+from rlchain.train import build
 
 from conftest import TESTS, TINY, run_cli
 from sweep_barrier import barrier_env
@@ -208,6 +210,26 @@ def test_rlchain_report_regenerates_tables_and_draws_curves(cpu_sweep, tmp_path)
         assert std is not None and len(std) == len(steps)
     bad = run_cli([str(tmp_path / "nowhere")], tmp_path, module="rlchain.report")
     assert bad.returncode == 2 and "does not exist" in bad.stderr
+
+
+def test_report_gives_the_metric_at_env_step_budgets(cpu_sweep, tmp_path):
+    # eval every 128 steps up to 1024: a 300-step budget reads the eval at 256,
+    # 1024 the last one; 2000 was never reached (an empty cell, no mean).
+    sweep = shutil.copytree(cpu_sweep[0], tmp_path / "sweep")
+    proc = run_cli([str(sweep), "--at-steps", "300", "1024", "2000", "--no-plot"], tmp_path, module="rlchain.report")
+    assert proc.returncode == 0, proc.stderr
+    with open(sweep / "summary.csv") as f:
+        rows = {int(r["job"]): r for r in csv.DictReader(f)}
+    for job in load_jobs(sweep):
+        steps, values = job.curve("eval/success_rate")
+        row = rows[job.num]
+        assert float(row["eval/success_rate at 300 steps"]) == pytest.approx(values[steps.index(256.0)])
+        assert float(row["eval/success_rate at 1.024k steps"]) == pytest.approx(values[-1])
+        assert row["eval/success_rate at 2k steps"] == ""
+    md = (sweep / "summary.md").read_text()
+    assert "| eval/success_rate at 300 steps | eval/success_rate at 1.024k steps | eval/success_rate at 2k steps |" in md
+    bad = run_cli([str(sweep), "--at-steps", "0"], tmp_path, module="rlchain.report")
+    assert bad.returncode == 2 and "at_steps=[0.0]: expected env-step budgets > 0" in bad.stderr
 
 
 # ------------------------------------------ pinning, failures, crashes
@@ -528,6 +550,28 @@ def test_sweep_presets_compose(preset, n_jobs):
     assert total == n_jobs
     assert cfg.algorithm._target_.endswith(preset.split("_")[0].upper())
     assert cfg.hydra.launcher._target_ == "hydra_plugins.rlchain_launcher.devices_launcher.DevicesLauncher"
+
+
+@pytest.mark.parametrize("env, budget", [("push_cube", 5.12e6), ("cart_pole", 3.0e5)])
+def test_the_study_presets_compare_ppo_and_grpo_arms_at_one_budget(compose_cfg, env, budget):
+    GlobalHydra.instance().clear()
+    with initialize_config_module("rlchain.conf", version_base="1.3"):
+        cfg = compose("train", overrides=[f"+sweep=ppo_vs_grpo_{env}"], return_hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    arms = str(params["+study"]).split(",")
+    assert len(arms) == 7 and str(params.seed) == "0,1,2"
+    assert list(cfg.hydra.callbacks.sweep_summary.at_steps)[-1] <= budget
+    seen = set()
+    for arm in arms:
+        arm_cfg = compose_cfg([f"+study={arm}"])
+        steps = arm_cfg.trainer.iterations * arm_cfg.trainer.rollout_steps * arm_cfg.env.num_envs
+        assert steps == pytest.approx(budget, rel=0.02), arm
+        algorithm = arm_cfg.algorithm
+        seen.add((algorithm._target_.rsplit(".", 1)[1], algorithm.get("group_size"), algorithm.get("advantage_norm")))
+        build(arm_cfg)  # every arm is accepted (group sizes divide num_envs, GRPO rollouts hold an episode)
+    grpo = {(g, n) for name, g, n in seen if name == "GRPO"}
+    assert ("PPO", None, None) in seen and len(seen) == 7
+    assert {g for g, n in grpo if n == "std"} == {2, 4, 8, 16} and {n for g, n in grpo if g == 8} == {"std", "none", "rollout_std"}
 
 
 def test_slurm_launcher_option_composes():

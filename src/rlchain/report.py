@@ -13,6 +13,10 @@ its ``.hydra/overrides.yaml``) with its ``summary.json`` and
 * ``summary.md``: the same jobs as a table, then a second table that groups
   jobs differing only in ``seed``: number of seeds, mean and std (sample std,
   n - 1) of each result, sorted by mean objective.
+* with ``at_steps`` (``--at-steps``), both tables gain one column per env-step
+  budget: the plotted metric at that budget, i.e. its last logged value at a
+  ``global_step`` of at most the budget (empty for a job that stopped before
+  reaching it), so runs of different lengths compare at equal experience.
 * ``learning_curves.png``: eval success rate against env steps for each
   configuration, the mean across seeds with a band of one std.
 
@@ -20,6 +24,7 @@ Usage::
 
     rlchain-report multirun/2026-11-21/10-00-00
     rlchain-report multirun/2026-11-21/10-00-00 --metric eval/avg_reward --no-plot
+    rlchain-report multirun/2026-11-21/10-00-00 --at-steps 1e6 5e6
 """
 
 from __future__ import annotations
@@ -114,6 +119,14 @@ class JobResult:
             out[key.lstrip("+")] = value
         return out
 
+    def value_at(self, metric: str, step: float) -> float | None:
+        """``metric``'s last logged value at ``global_step <= step``; None unless the job reached ``step``."""
+        if (self.summary.get("global_step") or 0) < step:
+            return None
+        steps, values = self.curve(metric)
+        before = [v for s, v in zip(steps, values) if s <= step]
+        return before[-1] if before else None
+
     def curve(self, metric: str) -> tuple[list[float], list[float]]:
         """``(global_step, value)`` of every ``metrics.jsonl`` row that has ``metric``."""
         path = self.dir / "metrics.jsonl"
@@ -193,6 +206,14 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _steps_label(step: float) -> str:
+    """``1M``, ``2.5M``, ``300k``, ``512`` (env steps)."""
+    for scale, suffix in ((1e6, "M"), (1e3, "k")):
+        if step >= scale:
+            return f"{step / scale:.4g}{suffix}"
+    return f"{step:.4g}"
+
+
 def _label_of(job: JobResult, keys: Sequence[str]) -> str:
     params = job.params()
     return " ".join(f"{k}={params.get(k, '')}" for k in keys) or " ".join(job.overrides)
@@ -224,7 +245,8 @@ def failure_lines(jobs: Sequence[JobResult], nums: set[int] | None = None) -> li
 
 
 def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: bool = True,
-                  metric: str = "eval/success_rate", jobs: Sequence[JobResult] | None = None) -> dict[str, Path]:  # fmt: skip
+                  metric: str = "eval/success_rate", jobs: Sequence[JobResult] | None = None,
+                  at_steps: Sequence[float] = ()) -> dict[str, Path]:  # fmt: skip
     """Write ``summary.csv``, ``summary.md`` (and ``learning_curves.png``) into ``sweep_dir``.
 
     Args:
@@ -233,17 +255,26 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
             follows the jobs' ``trainer.objective_direction`` (lowest first
             when they minimise).
         plot: also draw the learning curves of ``metric``.
-        metric: the ``metrics.jsonl`` key plotted against env steps.
+        metric: the ``metrics.jsonl`` key plotted against env steps (and
+            reported at ``at_steps``).
         jobs: the sweep's jobs when already loaded (:func:`load_jobs`).
+        at_steps: env-step budgets (> 0) at which ``metric`` is reported, one
+            column each (see :meth:`JobResult.value_at`).
 
     Returns:
         ``{"csv": path, "md": path}`` plus ``"png"`` when a plot was drawn.
 
     Raises:
         FileNotFoundError: see :func:`load_jobs`.
+        ValueError: an ``at_steps`` budget that is not a positive number.
     """
     from rlchain.checkpoint import atomic_write_text
 
+    bad = [b for b in at_steps if not isinstance(b, (int, float)) or isinstance(b, bool) or not b > 0]
+    if bad:
+        raise ValueError(f"at_steps={list(at_steps)!r}: expected env-step budgets > 0, got {bad[0]!r}")
+    columns: list[tuple[str, Any]] = [(title, lambda job, key=key: job.value(key)) for key, title in RESULTS]
+    columns += [(f"{metric} at {_steps_label(b)} steps", lambda job, b=b: job.value_at(metric, b)) for b in at_steps]
     sweep_dir = Path(sweep_dir)
     jobs = load_jobs(sweep_dir) if jobs is None else jobs
     keys = varying_keys(jobs)
@@ -252,12 +283,12 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
     ranked = sorted(jobs, key=lambda j: (_sort_key(j.value("objective"), maximize), j.num))
     objective_name = next((j.summary["objective_name"] for j in jobs if j.summary.get("objective_name")), "objective")
 
-    header = ["job", *keys, "status", "device", "wall_s", "global_step", *(title for _, title in RESULTS)]
+    header = ["job", *keys, "status", "device", "wall_s", "global_step", *(title for title, _ in columns)]
     csv_rows = []
     md_rows = []
     for job in ranked:
         params = job.params()
-        results = [job.value(key) for key, _ in RESULTS]
+        results = [get(job) for _, get in columns]
         head = [job.num, *(params.get(k, "") for k in keys), job.status, job.device or ""]
         step = job.summary.get("global_step")
         csv_rows.append([*head, job.wall_s, step, *results, job.summary.get("error") or "", " ".join(job.overrides),
@@ -274,13 +305,13 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
     for config, members in seed_groups(jobs, keys).items():
         cells = []
         stats = []
-        for key, _ in RESULTS:
-            mean, std = _mean_std([v for v in (j.value(key) for j in members) if v is not None])
+        for _, get in columns:
+            mean, std = _mean_std([v for v in map(get, members) if v is not None])
             stats.append(mean)
             cells.append("" if mean is None else f"{mean:.4g}" + ("" if std is None else f" ± {std:.2g}"))
         completed = sum(j.status == "completed" for j in members)
         label = " ".join(f"{k}={v}" for k, v in config) or "(all jobs)"
-        group_rows.append((stats[-1], [label, str(len(members)), str(completed), *cells]))
+        group_rows.append((stats[len(RESULTS) - 1], [label, str(len(members)), str(completed), *cells]))
     group_rows.sort(key=lambda r: _sort_key(r[0], maximize))
 
     failed = [j for j in jobs if j.failed]
@@ -299,7 +330,7 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
         "",
         "## Configurations over seeds (mean ± std)",
         "",
-        _markdown(["configuration", "jobs", "completed", *(t for _, t in RESULTS)], [r for _, r in group_rows]),
+        _markdown(["configuration", "jobs", "completed", *(t for t, _ in columns)], [r for _, r in group_rows]),
     ]
     if failed:
         text += ["", "## Failed jobs", ""]
@@ -408,10 +439,16 @@ class SweepSummary(Callback):
         SweepFailed: from ``on_multirun_end`` when any job failed (so the
             multirun exits non-zero): one line per failed job (its number,
             the overrides that vary, its error), then the summary file.
+
+    Args:
+        plot: draw ``learning_curves.png``.
+        metric: the metric plotted and reported at ``at_steps`` (a sweep preset
+            of a task without success sets ``eval/avg_reward``).
+        at_steps: env-step budgets, see :func:`write_summary`.
     """
 
-    def __init__(self, plot: bool = True) -> None:
-        self.plot = plot
+    def __init__(self, plot: bool = True, metric: str = "eval/success_rate", at_steps: Sequence[float] = ()) -> None:
+        self.plot, self.metric, self.at_steps = plot, metric, [float(b) for b in at_steps]
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Write the tables (and plot) into ``hydra.sweep.dir``; raise :class:`SweepFailed` on failures."""
@@ -420,7 +457,7 @@ class SweepSummary(Callback):
             jobs = load_jobs(sweep_dir)
         except FileNotFoundError:
             return
-        paths = write_summary(sweep_dir, plot=self.plot, jobs=jobs)
+        paths = write_summary(sweep_dir, plot=self.plot, jobs=jobs, metric=self.metric, at_steps=self.at_steps)
         print(f"rlchain: sweep summary of {len(jobs)} jobs: {paths['md']}", flush=True)
         lines = failure_lines(jobs)
         if lines:
@@ -443,10 +480,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--minimize", action="store_true",
                         help="rank jobs by lowest objective first (default: as the jobs' trainer.objective_direction)")
     parser.add_argument("--no-plot", action="store_true", help="write the tables only")
+    parser.add_argument("--at-steps", type=float, nargs="+", default=[], metavar="STEPS",
+                        help="env-step budgets (e.g. 1e6 5e6) at which to report --metric, one column each")
     args = parser.parse_args(argv)
     try:
-        paths = write_summary(args.sweep_dir, maximize=False if args.minimize else None, plot=not args.no_plot, metric=args.metric)
-    except FileNotFoundError as err:
+        paths = write_summary(args.sweep_dir, maximize=False if args.minimize else None, plot=not args.no_plot,
+                              metric=args.metric, at_steps=args.at_steps)  # fmt: skip
+    except (FileNotFoundError, ValueError) as err:
         print(f"rlchain-report: {err}", file=sys.stderr)
         return 2
     print(paths["md"].read_text())
