@@ -366,18 +366,29 @@ class Trainer:
                                  "expected an rlchain run directory or a checkpoint file")  # fmt: skip
         elif not path.exists():
             raise ValueError(f"init_from={str(source)!r} does not exist: expected an rlchain checkpoint file or run directory")
-        try:
-            state = load_checkpoint(path, map_location=self.env.device)
-        except ValueError as err:
-            raise ValueError(f"init_from={err}") from None
-        check_state_matches(self.policy, state["policy"], f"init_from={str(path)!r}")
-        self.policy.load_state_dict(state["policy"])
+        state = self._load_policy(path, "init_from")
         self.algorithm.reset_reference()
         print(f"rlchain: policy initialised from {path} (trained for {state['global_step']:,} env steps there)",
               file=sys.stderr, flush=True)  # fmt: skip
         return path
 
     # -------------------------------------------------------- checkpoints
+    def _load_policy(self, path: str | Path, field: str) -> dict[str, Any]:
+        """Read the checkpoint at ``path``, load its policy into this run's and return the whole state.
+
+        Raises:
+            FileNotFoundError: ``path`` does not exist.
+            ValueError: ``<field>=...``: not an rlchain checkpoint, or a policy
+                whose names or shapes differ from this run's (naming them).
+        """
+        try:
+            state = load_checkpoint(path, map_location=self.env.device)
+        except ValueError as err:
+            raise ValueError(f"{field}={err}") from None
+        check_state_matches(self.policy, state["policy"], f"{field}={str(path)!r}")
+        self.policy.load_state_dict(state["policy"])
+        return state
+
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs (see the module docstring)."""
         state = {
@@ -426,12 +437,7 @@ class Trainer:
         Returns:
             True when the env state was restored too (an exact resume).
         """
-        try:
-            state = load_checkpoint(path, map_location=self.env.device)
-        except ValueError as err:
-            raise ValueError(f"resume_from={err}") from None
-        check_state_matches(self.policy, state["policy"], f"resume_from={str(path)!r}")
-        self.policy.load_state_dict(state["policy"])
+        state = self._load_policy(path, "resume_from")
         self.algorithm.load_state_dict(state["algorithm"])
         self.collector.load_state_dict(state["collector"])
         exact = "env" in state and hasattr(self.env, "load_state_dict")
