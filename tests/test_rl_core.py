@@ -825,13 +825,12 @@ def test_ppo_learns_push_cube(tmp_path):
 
 
 @pytest.mark.slow
-def test_grpo_learns_push_cube(tmp_path):
-    before, after = train_push_cube(
-        tmp_path, ActorOnly, lambda p: GRPO(p, learning_rate=1e-3, batch_size=4096, n_epochs=10, group_size=8),
-        iterations=40, rollout_steps=100,
-    )  # fmt: skip
+def test_grpo_with_its_defaults_learns_push_cube_in_a_million_steps(tmp_path):
+    # The main job's settings (GRPO's and PushCube's defaults), 20 rollouts: 1.02M env steps. Seeds 0-3
+    # reached 0.76-0.90 here; with EmbodiChain's smoothness penalty (0.01) they reached 0.01-0.38.
+    before, after = train_push_cube(tmp_path, ActorOnly, GRPO, iterations=20, rollout_steps=100)
     assert before < 0.1
-    assert after >= 0.12
+    assert after >= 0.4
 
 
 # ------------------------------------------------------- non-finite training

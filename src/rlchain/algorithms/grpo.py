@@ -53,8 +53,8 @@ class GRPOConfig(AlgorithmConfig):
     _target_: str = "rlchain.algorithms.GRPO"
     learning_rate: float = 1e-3
     """Adam step size (tuned on push_cube; initial value under a schedule)."""
-    n_epochs: int = 10
-    """Passes over each rollout (EmbodiChain's GRPO default)."""
+    n_epochs: int = 5
+    """Passes over each rollout (EmbodiChain uses 10; 5 learns as fast per env step on push_cube in half the time)."""
     batch_size: int = 4096
     """Samples (env transitions) per minibatch."""
     kl_coef: float = 0.0

@@ -159,8 +159,9 @@ class PushCubeConfig:
     """Multiplies both potential-based terms: a horizon in steps (see the module docstring)."""
     place_sigma: float = 0.12
     """Width of the cube-to-goal Gaussian shaping, m."""
-    smoothness_weight: float = 0.01
-    """Weight of the action-change penalty."""
+    smoothness_weight: float = 0.0
+    """Weight of the action-change penalty; off by default. EmbodiChain's 0.01 also penalises exploration noise,
+    which traps critic-free GRPO in a policy that barely moves on some seeds (README, Benchmarks)."""
     success_weight: float = 10.0
     """Bonus on the step the goal is reached."""
 
