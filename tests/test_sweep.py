@@ -178,8 +178,10 @@ def test_seed_group_statistics_are_mean_and_sample_std(cpu_sweep):
     md = (sweep / "summary.md").read_text()
     for lr, values in by_lr.items():
         line = next(line for line in md.splitlines() if line.startswith(f"| algorithm.learning_rate={lr} |"))
-        cell = [c.strip() for c in line.strip("|").split("|")][5]  # final eval return
-        mean, std = (float(x) for x in cell.split(" ± "))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        walls = [j.wall_s for j in jobs if j.params()["algorithm.learning_rate"] == lr]
+        assert float(cells[3].split(" ± ")[0]) == pytest.approx(statistics.fmean(walls), rel=1e-3)  # wall_s
+        mean, std = (float(x) for x in cells[6].split(" ± "))  # final eval return
         assert mean == pytest.approx(statistics.fmean(values), rel=1e-3, abs=1e-4)
         assert std == pytest.approx(statistics.stdev(values), rel=0.05, abs=1e-2)
 

@@ -12,7 +12,7 @@ its ``.hydra/overrides.yaml``) with its ``summary.json`` and
   rows sorted by the objective (best first; jobs without one last).
 * ``summary.md``: the same jobs as a table, then a second table that groups
   jobs differing only in ``seed``: number of seeds, mean and std (sample std,
-  n - 1) of each result, sorted by mean objective.
+  n - 1) of the wall seconds and of each result, sorted by mean objective.
 * with ``at_steps`` (``--at-steps``), both tables gain one column per env-step
   budget: the plotted metric at that budget, i.e. its last logged value at a
   ``global_step`` of at most the budget (empty for a job that stopped before
@@ -301,17 +301,18 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
     writer.writerows(["" if v is None else v for v in row] for row in csv_rows)
     paths = {"csv": atomic_write_text(sweep_dir / "summary.csv", buffer.getvalue())}
 
+    group_columns = [("wall_s", lambda job: job.wall_s), *columns]
     group_rows = []
     for config, members in seed_groups(jobs, keys).items():
         cells = []
         stats = []
-        for _, get in columns:
+        for _, get in group_columns:
             mean, std = _mean_std([v for v in map(get, members) if v is not None])
             stats.append(mean)
             cells.append("" if mean is None else f"{mean:.4g}" + ("" if std is None else f" ± {std:.2g}"))
         completed = sum(j.status == "completed" for j in members)
         label = " ".join(f"{k}={v}" for k, v in config) or "(all jobs)"
-        group_rows.append((stats[len(RESULTS) - 1], [label, str(len(members)), str(completed), *cells]))
+        group_rows.append((stats[len(RESULTS)], [label, str(len(members)), str(completed), *cells]))  # the objective
     group_rows.sort(key=lambda r: _sort_key(r[0], maximize))
 
     failed = [j for j in jobs if j.failed]
@@ -330,7 +331,7 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
         "",
         "## Configurations over seeds (mean ± std)",
         "",
-        _markdown(["configuration", "jobs", "completed", *(t for t, _ in columns)], [r for _, r in group_rows]),
+        _markdown(["configuration", "jobs", "completed", *(t for t, _ in group_columns)], [r for _, r in group_rows]),
     ]
     if failed:
         text += ["", "## Failed jobs", ""]
