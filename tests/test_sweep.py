@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import os
 import shutil
 import signal
@@ -20,7 +21,7 @@ from omegaconf import OmegaConf
 
 from hydra_plugins.rlchain_launcher._core import LauncherConfigError, TaskRef, make_slots, visible_cuda_devices
 import rlchain.config  # noqa: F401  (registers the schemas the compose() tests need)
-from rlchain.report import learning_curves, load_jobs
+from rlchain.report import JobResult, learning_curves, load_jobs
 from rlchain.train import build
 
 from conftest import TESTS, TINY, run_cli
@@ -214,22 +215,33 @@ def test_rlchain_report_regenerates_tables_and_draws_curves(cpu_sweep, tmp_path)
     assert bad.returncode == 2 and "does not exist" in bad.stderr
 
 
+def test_value_at_interpolates_between_evaluations_and_never_extrapolates(tmp_path):
+    rows = [{"global_step": 100, "eval/x": 0.2}, {"global_step": 150, "train/y": 5.0}, {"global_step": 300, "eval/x": 1.0}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    job = JobResult(0, tmp_path, [], {"global_step": 300})
+    assert [job.value_at("eval/x", s) for s in (100, 200, 250, 300)] == pytest.approx([0.2, 0.6, 0.8, 1.0])
+    assert job.value_at("eval/x", 99) is None and job.value_at("eval/x", 301) is None
+    assert job.value_at("eval/absent", 200) is None
+
+
 def test_report_gives_the_metric_at_env_step_budgets(cpu_sweep, tmp_path):
-    # eval every 128 steps up to 1024: a 300-step budget reads the eval at 256,
-    # 1024 the last one; 2000 was never reached (an empty cell, no mean).
+    # eval every 128 steps up to 1024: a 300-step budget lies between the evals at
+    # 256 and 384, 1024 is the last one; 100 and 2000 lie outside (an empty cell, no mean).
     sweep = shutil.copytree(cpu_sweep[0], tmp_path / "sweep")
-    proc = run_cli([str(sweep), "--at-steps", "300", "1024", "2000", "--no-plot"], tmp_path, module="rlchain.report")
+    proc = run_cli([str(sweep), "--at-steps", "100", "300", "1024", "2000", "--no-plot"], tmp_path,
+                   module="rlchain.report")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     with open(sweep / "summary.csv") as f:
         rows = {int(r["job"]): r for r in csv.DictReader(f)}
     for job in load_jobs(sweep):
         steps, values = job.curve("eval/success_rate")
         row = rows[job.num]
-        assert float(row["eval/success_rate at 300 steps"]) == pytest.approx(values[steps.index(256.0)])
+        v256, v384 = values[steps.index(256.0)], values[steps.index(384.0)]
+        assert float(row["eval/success_rate at 300 steps"]) == pytest.approx(v256 + (v384 - v256) * 44 / 128)
         assert float(row["eval/success_rate at 1.024k steps"]) == pytest.approx(values[-1])
-        assert row["eval/success_rate at 2k steps"] == ""
+        assert row["eval/success_rate at 100 steps"] == row["eval/success_rate at 2k steps"] == ""
     md = (sweep / "summary.md").read_text()
-    assert "| eval/success_rate at 300 steps | eval/success_rate at 1.024k steps | eval/success_rate at 2k steps |" in md
+    assert "| eval/success_rate at 100 steps | eval/success_rate at 300 steps | eval/success_rate at 1.024k steps |" in md
     bad = run_cli([str(sweep), "--at-steps", "0"], tmp_path, module="rlchain.report")
     assert bad.returncode == 2 and "at_steps=[0.0]: expected env-step budgets > 0" in bad.stderr
 

@@ -14,9 +14,9 @@ its ``.hydra/overrides.yaml``) with its ``summary.json`` and
   jobs differing only in ``seed``: number of seeds, mean and std (sample std,
   n - 1) of the wall seconds and of each result, sorted by mean objective.
 * with ``at_steps`` (``--at-steps``), both tables gain one column per env-step
-  budget: the plotted metric at that budget, i.e. its last logged value at a
-  ``global_step`` of at most the budget (empty for a job that stopped before
-  reaching it), so runs of different lengths compare at equal experience.
+  budget: the plotted metric at that budget, linearly interpolated between the
+  evaluations around it (empty for a job whose evaluations do not reach it), so
+  runs that evaluate at different steps compare at equal experience.
 * ``learning_curves.png``: eval success rate against env steps for each
   configuration, the mean across seeds with a band of one std.
 
@@ -120,12 +120,19 @@ class JobResult:
         return out
 
     def value_at(self, metric: str, step: float) -> float | None:
-        """``metric``'s last logged value at ``global_step <= step``; None unless the job reached ``step``."""
-        if (self.summary.get("global_step") or 0) < step:
-            return None
+        """``metric`` at ``global_step == step``, linearly interpolated between the logged rows around it.
+
+        None when ``step`` lies outside the logged rows (before the first or
+        after the last): a curve is never extrapolated.
+        """
         steps, values = self.curve(metric)
-        before = [v for s, v in zip(steps, values) if s <= step]
-        return before[-1] if before else None
+        if not steps or not steps[0] <= step <= steps[-1]:
+            return None
+        after = next(i for i, s in enumerate(steps) if s >= step)
+        if steps[after] == step or after == 0:
+            return values[after]
+        (s0, v0), (s1, v1) = (steps[after - 1], values[after - 1]), (steps[after], values[after])
+        return v0 + (v1 - v0) * (step - s0) / (s1 - s0)
 
     def curve(self, metric: str) -> tuple[list[float], list[float]]:
         """``(global_step, value)`` of every ``metrics.jsonl`` row that has ``metric``."""
