@@ -106,7 +106,7 @@ def test_schema_fields_match_their_targets_constructor():
 
 # ------------------------------------------------------------ the command
 def test_single_run_end_to_end(tmp_path):
-    proc = run_cli(["algorithm=grpo", *TINY], tmp_path)
+    proc = run_cli(["algorithm=grpo", *TINY, "env.episode_length=8"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
     for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "metrics.jsonl", "summary.json",
@@ -120,7 +120,7 @@ def test_single_run_end_to_end(tmp_path):
 
 
 def test_multirun_runs_four_jobs_each_in_its_own_directory(tmp_path):
-    proc = run_cli(["-m", "algorithm=ppo,grpo", "seed=0,1", *TINY], tmp_path)
+    proc = run_cli(["-m", "algorithm=ppo,grpo", "seed=0,1", *TINY, "env.episode_length=8"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     (sweep,) = list((tmp_path / "multirun").glob("*/*"))
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
