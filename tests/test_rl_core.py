@@ -30,6 +30,7 @@ from rlchain.envs import CartPoleEnv, GymVecEnv, PushCubeEnv
 from rlchain.envs.base import NON_FINITE_ACTION
 from rlchain.policies import ActorCritic, ActorOnly, bounded
 from rlchain.trainer import Trainer
+from rlchain.train import ConfigError, build
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import run_cli  # noqa: E402
@@ -764,6 +765,16 @@ def test_wandb_mirrors_rows_offline(tmp_path, monkeypatch):
             progress=False, use_wandb=True, wandb_project="rlchain-test").train()  # fmt: skip
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+def test_use_wandb_without_the_extra_names_it_before_any_step(compose_cfg, monkeypatch):
+    # sys.modules[name] = None is Python's own way to make `import name` fail, as on a machine without wandb.
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    cfg = compose_cfg(["trainer.use_wandb=true", "env.num_envs=8", "device=cpu"])
+    with pytest.raises(ConfigError, match=r'^Invalid config: trainer.use_wandb=True needs wandb, an optional extra: '
+                                          r'pip install "rlchain\[wandb\]"$'):  # fmt: skip
+        build(cfg)
+    assert not (Path(cfg.trainer.output_dir) / "metrics.jsonl").exists()
 
 
 CTRL_C_SCRIPT = """

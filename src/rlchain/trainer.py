@@ -119,7 +119,7 @@ class TrainerConfig:
     directory's checkpoints/latest.pt, with a fresh optimiser and step count: fine-tuning, e.g. GRPO with
     kl_coef > 0 against the loaded policy. A resumed run continues from its own checkpoint instead."""
     use_wandb: bool = False
-    """Mirror every logged row to Weights & Biases."""
+    """Mirror every logged row to Weights & Biases (needs the extra: pip install "rlchain[wandb]")."""
     wandb_project: str = "rlchain"
     """W&B project."""
     wandb_entity: str | None = None
@@ -239,7 +239,8 @@ class Trainer:
             that holds another run while not resuming, a ``resume_from`` that
             is not an rlchain checkpoint or whose policy does not match this
             one (naming the parameters and shapes), an ``init_from`` likewise
-            (see :meth:`init_policy`); all before any step.
+            (see :meth:`init_policy`), ``use_wandb`` without the wandb
+            package installed; all before any step.
         FileNotFoundError: ``resume_from`` does not exist.
     """
 
@@ -281,6 +282,11 @@ class Trainer:
         check_seed("seed", seed)
         check_choice("objective_direction", objective_direction, OBJECTIVE_DIRECTIONS)
         check_choice("wandb_mode", wandb_mode, WANDB_MODES)
+        if use_wandb:
+            try:
+                import wandb  # noqa: F401  (an optional extra; the writer uses it)
+            except ImportError:
+                raise ValueError('use_wandb=True needs wandb, an optional extra: pip install "rlchain[wandb]"') from None
         algorithm.check_env(env)
         if algorithm.reset_options is not None and rollout_steps < env.max_episode_steps:
             raise ValueError(
