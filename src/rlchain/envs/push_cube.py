@@ -161,7 +161,7 @@ class PushCubeConfig:
     """Width of the cube-to-goal Gaussian shaping, m."""
     smoothness_weight: float = 0.0
     """Weight of the action-change penalty; off by default. EmbodiChain's 0.01 also penalises exploration noise,
-    which traps critic-free GRPO in a policy that barely moves on some seeds (README, Benchmarks)."""
+    which traps critic-free GRPO in a policy that barely moves on some seeds (benchmarks/README.md)."""
     success_weight: float = 10.0
     """Bonus on the step the goal is reached."""
 
