@@ -36,13 +36,20 @@ USER = ["--config-dir", str(TESTS / "user_conf"), "env=fault_line", *TINY]
 ENDLESS = [*USER, "trainer.iterations=100000", "trainer.save_freq=100000", "trainer.eval_freq=100000"]
 
 
+def _sigint_as_in_a_terminal() -> None:
+    # A test suite started in the background of a script inherits SIGINT ignored, and Python then installs
+    # no KeyboardInterrupt handler in the child; a command typed at a terminal has the default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(args: list[str], cwd: Path, **popen) -> tuple[subprocess.Popen, Path]:
-    """Start ``python -m rlchain.train *args`` in ``cwd``; stderr goes to a file the test can read while it runs."""
+    """Start ``python -m rlchain.train *args`` in ``cwd`` as from a terminal; stderr goes to a file the test can read."""
     env = {**os.environ, "PYTHONPATH": str(TESTS), "WANDB_MODE": "disabled"}
     env.pop("HYDRA_FULL_ERROR", None)
     err = cwd / "stderr.txt"
     proc = subprocess.Popen([sys.executable, "-m", "rlchain.train", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=err.open("w"), **popen)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=err.open("w"), preexec_fn=_sigint_as_in_a_terminal,
+                            **popen)  # fmt: skip
     return proc, err
 
 
