@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,6 +39,12 @@ def run_cli(args: list[str], cwd: Path, module: str = "rlchain.train", timeout: 
     env.update(env_extra)
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def rows(run_dir: Path) -> list[dict]:
+    """The rows of ``<run_dir>/metrics.jsonl`` (none when it does not exist)."""
+    metrics = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from rlchain.algorithms import PPO
 from rlchain.policies import ActorCritic
 from rlchain.trainer import Trainer
 
-from conftest import TESTS, TINY, run_cli
+from conftest import TESTS, TINY, rows, run_cli
 
 #: tests/fault_env.py's FaultLineEnv (marker-file switches), with the tests' small settings.
 USER = ["--config-dir", str(TESTS / "user_conf"), "env=fault_line", *TINY]
@@ -64,11 +64,6 @@ def wait_for(condition, what: str, timeout: float = 120.0) -> None:
 def run_dir(cwd: Path) -> Path:
     (path,) = list((cwd / "outputs").glob("*/*"))
     return path
-
-
-def rows(path: Path) -> list[dict]:
-    metrics = path / "metrics.jsonl"
-    return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
 
 
 def summary_of(path: Path) -> dict:

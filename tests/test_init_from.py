@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from conftest import TINY, run_cli
+from conftest import TINY, rows, run_cli
 from rlchain.algorithms import GRPO, PPO
 from rlchain.envs import CartPoleEnv
 from rlchain.policies import ActorCritic
@@ -16,10 +16,6 @@ from rlchain.trainer import Trainer
 
 # 8-step push_cube episodes, so a GRPO rollout (TINY: 8 steps) holds a whole one.
 SHORT = [*TINY, "env=push_cube", "env.episode_length=8"]
-
-
-def _rows(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_grpo_fine_tunes_a_ppo_policy_against_the_loaded_reference(tmp_path):
@@ -38,10 +34,10 @@ def test_grpo_fine_tunes_a_ppo_policy_against_the_loaded_reference(tmp_path):
     loaded = ppo_dir / "checkpoints" / "latest.pt"
     assert f"policy initialised from {loaded}" in proc.stderr
 
-    rows = [r for r in _rows(grpo_dir) if "train/approx_ref_kl" in r]
-    assert [r["global_step"] for r in rows] == [128, 256]  # a fresh step count
-    assert rows[0]["train/approx_ref_kl"] == 0.0  # the reference is the loaded policy, not the random init
-    assert rows[1]["train/approx_ref_kl"] > 0.0  # ... and it stays frozen while the policy moves
+    rows_kl = [r for r in rows(grpo_dir) if "train/approx_ref_kl" in r]
+    assert [r["global_step"] for r in rows_kl] == [128, 256]  # a fresh step count
+    assert rows_kl[0]["train/approx_ref_kl"] == 0.0  # the reference is the loaded policy, not the random init
+    assert rows_kl[1]["train/approx_ref_kl"] > 0.0  # ... and it stays frozen while the policy moves
 
     ppo = torch.load(loaded, weights_only=True)
     grpo = torch.load(grpo_dir / "checkpoints" / "latest.pt", weights_only=True)

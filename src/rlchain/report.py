@@ -125,14 +125,12 @@ class JobResult:
         None when ``step`` lies outside the logged rows (before the first or
         after the last): a curve is never extrapolated.
         """
+        import numpy as np
+
         steps, values = self.curve(metric)
         if not steps or not steps[0] <= step <= steps[-1]:
             return None
-        after = next(i for i, s in enumerate(steps) if s >= step)
-        if steps[after] == step or after == 0:
-            return values[after]
-        (s0, v0), (s1, v1) = (steps[after - 1], values[after - 1]), (steps[after], values[after])
-        return v0 + (v1 - v0) * (step - s0) / (s1 - s0)
+        return float(np.interp(step, steps, values))
 
     def curve(self, metric: str) -> tuple[list[float], list[float]]:
         """``(global_step, value)`` of every ``metrics.jsonl`` row that has ``metric``."""
@@ -288,6 +286,7 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
     if maximize is None:
         maximize = all(j.summary.get("objective_direction", "maximize") != "minimize" for j in jobs)
     ranked = sorted(jobs, key=lambda j: (_sort_key(j.value("objective"), maximize), j.num))
+    results_of = {job.num: [get(job) for _, get in columns] for job in jobs}  # each job's files read once for both tables
     objective_name = next((j.summary["objective_name"] for j in jobs if j.summary.get("objective_name")), "objective")
 
     header = ["job", *keys, "status", "device", "wall_s", "global_step", *(title for title, _ in columns)]
@@ -295,7 +294,7 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
     md_rows = []
     for job in ranked:
         params = job.params()
-        results = [get(job) for _, get in columns]
+        results = results_of[job.num]
         head = [job.num, *(params.get(k, "") for k in keys), job.status, job.device or ""]
         step = job.summary.get("global_step")
         csv_rows.append([*head, job.wall_s, step, *results, job.summary.get("error") or "", " ".join(job.overrides),
@@ -308,13 +307,13 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
     writer.writerows(["" if v is None else v for v in row] for row in csv_rows)
     paths = {"csv": atomic_write_text(sweep_dir / "summary.csv", buffer.getvalue())}
 
-    group_columns = [("wall_s", lambda job: job.wall_s), *columns]
+    group_titles = ["wall_s", *(title for title, _ in columns)]
     group_rows = []
     for config, members in seed_groups(jobs, keys).items():
         cells = []
         stats = []
-        for _, get in group_columns:
-            mean, std = _mean_std([v for v in map(get, members) if v is not None])
+        for column in zip(*([j.wall_s, *results_of[j.num]] for j in members)):
+            mean, std = _mean_std([v for v in column if v is not None])
             stats.append(mean)
             cells.append("" if mean is None else f"{mean:.4g}" + ("" if std is None else f" ± {std:.2g}"))
         completed = sum(j.status == "completed" for j in members)
@@ -338,7 +337,7 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
         "",
         "## Configurations over seeds (mean ± std)",
         "",
-        _markdown(["configuration", "jobs", "completed", *(t for t, _ in group_columns)], [r for _, r in group_rows]),
+        _markdown(["configuration", "jobs", "completed", *group_titles], [r for _, r in group_rows]),
     ]
     if failed:
         text += ["", "## Failed jobs", ""]
