@@ -19,7 +19,8 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from hydra_plugins.rlchain_launcher._core import LauncherConfigError, TaskRef, make_slots, visible_cuda_devices
+from hydra_plugins.rlchain_launcher._devices import LauncherConfigError, make_slots, visible_cuda_devices
+from hydra_plugins.rlchain_launcher._jobs import TaskRef
 import rlchain.config  # noqa: F401  (registers the schemas the compose() tests need)
 from rlchain.report import JobResult, learning_curves, load_jobs
 from rlchain.train import build

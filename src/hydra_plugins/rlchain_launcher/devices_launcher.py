@@ -23,8 +23,8 @@ multirun with a non-zero exit status. After each batch the sweep directory's
 Ctrl-C or SIGTERM stops the sweep: running jobs save and stop after their
 iteration, no new job starts, and the multirun exits with 130 (Ctrl-C) or 143
 (SIGTERM); a second signal aborts the jobs, and workers still running
-``kill_after_s`` later are killed. Workers exit when the launcher dies. See
-:mod:`hydra_plugins.rlchain_launcher._core`.
+``kill_after_s`` later are killed. Workers exit when the launcher dies. How
+the parts fit: :mod:`hydra_plugins.rlchain_launcher`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class DevicesLauncher(Launcher):
         self, devices: Any = "auto", jobs_per_device: int = 1, threads_per_job: Any = "auto", stagger_s: float = 0.0,
         kill_after_s: float = 30.0,
     ) -> None:  # fmt: skip
-        from hydra_plugins.rlchain_launcher._core import LauncherConfigError
+        from hydra_plugins.rlchain_launcher._devices import LauncherConfigError
 
         for name, value in (("stagger_s", stagger_s), ("kill_after_s", kill_after_s)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
@@ -79,13 +79,13 @@ class DevicesLauncher(Launcher):
         """Run one batch of jobs (numbered from ``initial_job_idx``) and return their results in order."""
         import atexit
 
-        from hydra_plugins.rlchain_launcher import _core
+        from hydra_plugins.rlchain_launcher._devices import make_slots
+        from hydra_plugins.rlchain_launcher._launch import launch
+        from hydra_plugins.rlchain_launcher._pool import DevicePool
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         if self.pool is None:
-            slots = _core.make_slots(self.devices, self.jobs_per_device, self.threads_per_job)
-            self.pool = _core.DevicePool(slots, self.stagger_s, self.kill_after_s)
+            slots = make_slots(self.devices, self.jobs_per_device, self.threads_per_job)
+            self.pool = DevicePool(slots, self.stagger_s, self.kill_after_s)
             atexit.register(self.pool.shutdown)
-        return _core.launch(
-            self.pool, self.config, self.hydra_context, self.task_function, job_overrides, initial_job_idx
-        )
+        return launch(self.pool, self.config, self.hydra_context, self.task_function, job_overrides, initial_job_idx)

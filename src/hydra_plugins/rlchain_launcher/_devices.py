@@ -1,0 +1,167 @@
+"""Device slots of the devices launcher: which devices a sweep uses and how many threads each job gets.
+
+A slot is one device (a CUDA id, or the CPU) and a thread budget; the pool
+(:mod:`._pool`) gives each slot one worker process. ``hydra.launcher.*`` is
+checked here, before any job starts: a setting out of range, or a CUDA id the
+launcher cannot see (:func:`resolve_devices`), raises
+:class:`LauncherConfigError`, which Hydra prints in one line.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from hydra.errors import CompactHydraException
+from omegaconf import ListConfig, OmegaConf
+
+from rlchain.utils import LAUNCHER_SLOT_ENV
+
+
+class LauncherConfigError(CompactHydraException):
+    """A ``hydra.launcher.*`` value the devices launcher rejects (printed without traceback)."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One place a job can run: a device and a thread budget.
+
+    Attributes:
+        index: slot number, 0 .. devices * jobs_per_device - 1.
+        device: ``"cpu"``, or the CUDA id written to ``CUDA_VISIBLE_DEVICES``.
+        num_threads: torch intra-op / OpenMP / MKL threads of the job.
+    """
+
+    index: int
+    device: str
+    num_threads: int
+
+    @property
+    def label(self) -> str:
+        """``"cpu"`` or ``"cuda:<id>"`` with the id as the machine numbers it."""
+        return "cpu" if self.device == "cpu" else f"cuda:{self.device}"
+
+    def environ(self) -> dict[str, str]:
+        """The environment a worker of this slot runs its jobs in."""
+        threads = str(self.num_threads)
+        return {
+            "CUDA_VISIBLE_DEVICES": "" if self.device == "cpu" else self.device,
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+            LAUNCHER_SLOT_ENV: str(self.index),
+        }
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def visible_cuda_devices() -> list[str]:
+    """The CUDA devices this process can hand to a worker, named as ``CUDA_VISIBLE_DEVICES`` takes them.
+
+    With ``CUDA_VISIBLE_DEVICES`` set in the launcher's environment, its
+    entries (as many as CUDA accepts); otherwise ``"0" .. "<count - 1>"`` as
+    ``nvidia-smi`` numbers the devices; ``[]`` without CUDA. Asks
+    ``torch.cuda.device_count()``, which counts through NVML where it can and
+    does not initialise CUDA in torch either way (workers are started with
+    ``spawn``, so a worker's own ``CUDA_VISIBLE_DEVICES`` decides what it sees).
+    """
+    import torch
+
+    count = torch.cuda.device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip()][:count]
+    return [str(i) for i in range(count)]
+
+
+def resolve_devices(devices: Any, visible: Sequence[str] | None = None) -> list[str]:
+    """Turn ``hydra.launcher.devices`` into a list of device ids.
+
+    Args:
+        devices: ``"auto"``: every visible CUDA device, or ``["cpu"]`` when
+            there is none; or a list of entries: ``cpu``, CUDA ids as
+            ``nvidia-smi`` numbers them (integers), UUIDs or MIG ids.
+        visible: the CUDA devices the launcher can hand out (see
+            :func:`visible_cuda_devices`, asked when None). An integer id
+            must be one of them: with ``CUDA_VISIBLE_DEVICES=2,3`` in the
+            launcher's environment, ``[2]`` is allowed and ``[0]`` is not. A
+            UUID or MIG id is written through unchecked while any CUDA device
+            is visible.
+
+    Raises:
+        LauncherConfigError: not ``auto`` nor a non-empty list of distinct ids
+            (non-negative integers, id strings or ``cpu``), or a CUDA id that
+            is not visible, naming the visible devices.
+    """
+    allowed = "expected 'auto' or a list of CUDA device ids such as [0,1,3] (or [cpu])"
+    if isinstance(devices, str) and devices.strip() == "auto":
+        ids = list(visible_cuda_devices() if visible is None else visible)
+        return ids or ["cpu"]
+    if isinstance(devices, ListConfig):
+        devices = OmegaConf.to_container(devices)
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        devices = [devices]
+    if not isinstance(devices, (list, tuple)) or not devices:
+        raise LauncherConfigError(f"hydra.launcher.devices={devices!r} is not allowed: {allowed}")
+    ids = []
+    for entry in devices:
+        if isinstance(entry, bool) or not isinstance(entry, (int, str)) or (isinstance(entry, int) and entry < 0):
+            raise LauncherConfigError(f"hydra.launcher.devices={devices!r} is not allowed: entry {entry!r}; {allowed}")
+        text = str(entry).strip()
+        if not text or "," in text:
+            raise LauncherConfigError(f"hydra.launcher.devices={devices!r} is not allowed: entry {entry!r}; {allowed}")
+        ids.append(str(int(text)) if text.isdigit() else "cpu" if text.lower() == "cpu" else text)
+    if len(set(ids)) != len(ids):
+        raise LauncherConfigError(
+            f"hydra.launcher.devices={devices!r} is not allowed: a device is listed twice; "
+            "use hydra.launcher.jobs_per_device to run several jobs on one device"
+        )
+    cuda = [i for i in ids if i != "cpu"]
+    if cuda:
+        visible = list(visible_cuda_devices() if visible is None else visible)
+        missing = [i for i in cuda if (i.isdigit() and i not in visible) or not visible]
+        if missing:
+            what = f"CUDA device {missing[0]} is" if len(missing) == 1 else f"CUDA devices {', '.join(missing)} are"
+            if not visible:
+                seen = "none (use [cpu] or auto)"
+            elif "CUDA_VISIBLE_DEVICES" in os.environ:
+                seen = f"{', '.join(visible)} (the launcher's CUDA_VISIBLE_DEVICES)"
+            else:
+                seen = f"{', '.join(visible)} (as nvidia-smi numbers them)"
+            raise LauncherConfigError(
+                f"hydra.launcher.devices={devices!r} is not allowed: {what} not visible; visible CUDA devices: {seen}"
+            )
+    return ids
+
+
+def make_slots(devices: Any, jobs_per_device: int, threads_per_job: Any,
+               visible: Sequence[str] | None = None) -> list[Slot]:  # fmt: skip
+    """Slots for ``devices`` x ``jobs_per_device``, ordered round-robin over the devices.
+
+    The round-robin order makes the first jobs of a sweep land on distinct
+    devices. ``threads_per_job="auto"`` shares the usable cores evenly
+    (at least one thread per job). ``visible``: see :func:`resolve_devices`.
+
+    Raises:
+        LauncherConfigError: ``jobs_per_device`` or ``threads_per_job`` not a
+            positive integer (or ``auto``); see :func:`resolve_devices`.
+    """
+    if isinstance(jobs_per_device, bool) or not isinstance(jobs_per_device, int) or jobs_per_device < 1:
+        raise LauncherConfigError(
+            f"hydra.launcher.jobs_per_device={jobs_per_device!r} is not allowed: expected an integer >= 1"
+        )
+    if threads_per_job != "auto" and (
+        isinstance(threads_per_job, bool) or not isinstance(threads_per_job, int) or threads_per_job < 1
+    ):
+        raise LauncherConfigError(
+            f"hydra.launcher.threads_per_job={threads_per_job!r} is not allowed: expected 'auto' or an integer >= 1"
+        )
+    ids = resolve_devices(devices, visible)
+    n_slots = len(ids) * jobs_per_device
+    threads = max(1, usable_cpus() // n_slots) if threads_per_job == "auto" else threads_per_job
+    return [Slot(i, ids[i % len(ids)], threads) for i in range(n_slots)]
