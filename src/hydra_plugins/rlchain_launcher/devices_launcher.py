@@ -76,8 +76,13 @@ class DevicesLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        """Run one batch of jobs (numbered from ``initial_job_idx``) and return their results in order."""
-        import atexit
+        """Run one batch of jobs (numbered from ``initial_job_idx``) and return their results in order.
+
+        The slots' worker processes start with the first batch and serve the
+        later ones; they exit when Hydra lets go of this launcher (the
+        multirun has ended) or at the latest when the program exits.
+        """
+        import weakref
 
         from hydra_plugins.rlchain_launcher._devices import make_slots
         from hydra_plugins.rlchain_launcher._launch import launch
@@ -87,5 +92,5 @@ class DevicesLauncher(Launcher):
         if self.pool is None:
             slots = make_slots(self.devices, self.jobs_per_device, self.threads_per_job)
             self.pool = DevicePool(slots, self.stagger_s, self.kill_after_s)
-            atexit.register(self.pool.shutdown)
+            weakref.finalize(self, self.pool.shutdown)  # also runs at exit; atexit alone kept them to the end
         return launch(self.pool, self.config, self.hydra_context, self.task_function, job_overrides, initial_job_idx)
