@@ -56,21 +56,25 @@ class TaskRef:
 
         Raises:
             LauncherConfigError: the function is neither picklable nor the
-                ``__wrapped__`` of a module-level attribute (e.g. a lambda or a
-                function defined inside another).
+                ``__wrapped__`` of a module-level attribute (e.g. a lambda, a
+                function defined inside another, or a callable object holding
+                one), naming it and why pickle refused it.
         """
-        with contextlib.suppress(Exception):
+        try:
             pickle.dumps(task_function)
             return task_function
+        except Exception as err:
+            why = one_line(err)
         module, qualname = getattr(task_function, "__module__", None), getattr(task_function, "__qualname__", "")
         owner: Any = sys.modules.get(module or "")
         for part in qualname.split("."):
             owner = getattr(owner, part, None)
         if owner is not None and getattr(owner, "__wrapped__", None) is task_function:
             return TaskRef(module, qualname)
+        what = f"{module}.{qualname}" if qualname else repr(task_function)  # a callable object has no qualname
         raise LauncherConfigError(
             f"hydra/launcher=devices runs each job in a fresh process and cannot send the task function "
-            f"{module}.{qualname} there: define it at the top level of an importable module"
+            f"{what} there ({why}): define it at the top level of an importable module"
         )
 
     def resolve(self) -> Callable:
