@@ -10,15 +10,16 @@ import torch
 from gymnasium.utils.env_checker import check_env
 
 from rlchain.envs import PushCubeEnv
-from rlchain.envs.push_cube import scripted_action, square_contact
+from rlchain.envs.push_cube_controller import scripted_action
+from rlchain.envs.push_cube_physics import square_contact
 
 
 def penetration(env: PushCubeEnv) -> torch.Tensor:
     """Depth (m) by which the pusher disc overlaps the cube, ``[N]``."""
     c, s = torch.cos(env.cube_yaw), torch.sin(env.cube_yaw)
     rx, ry = env.pusher_x - env.cube_x, env.pusher_y - env.cube_y
-    signed = square_contact(c * rx + s * ry, c * ry - s * rx, env.cube_size / 2)[0]
-    return (env.pusher_radius - signed).clamp_min(0)
+    signed = square_contact(c * rx + s * ry, c * ry - s * rx, env.cfg.cube_size / 2)[0]
+    return (env.cfg.pusher_radius - signed).clamp_min(0)
 
 
 def place(env: PushCubeEnv, **state: float | torch.Tensor) -> None:
@@ -59,7 +60,7 @@ def test_no_interpenetration_deeper_than_2mm_under_random_pushing():
     worst = 0.0
     for _ in range(40):
         # Aim at the cube with noise so that most envs are in contact.
-        aim = torch.stack((env.cube_x - env.pusher_x, env.cube_y - env.pusher_y), -1) / env.action_scale
+        aim = torch.stack((env.cube_x - env.pusher_x, env.cube_y - env.pusher_y), -1) / env.cfg.action_scale
         action = (aim + torch.randn(env.num_envs, 2, generator=gen)).clamp(-1, 1)
         _, _, term, trunc, info = env.step(action)
         fin = info["final_obs"]
@@ -128,7 +129,7 @@ def test_cube_pushed_off_the_table_terminates_as_failure():
     for _ in range(10):
         _, _, term, trunc, info = env.step(torch.tensor([[1.0, 0.0]]))
         cube_x = info["final_obs"][0, 2].item()
-        if cube_x > env.table_half_extent:
+        if cube_x > env.cfg.table_half_extent:
             assert term.item() and not trunc.item() and not info["success"].item()
             assert info["metrics"]["cube_off_table"].item() == 1.0
             ended = True
@@ -136,7 +137,7 @@ def test_cube_pushed_off_the_table_terminates_as_failure():
         assert not term.item()
     assert ended
     # The env reset in the same step: the cube is back in the spawn region.
-    assert abs(env.cube_x.item()) <= env.cube_spawn_half_extent
+    assert abs(env.cube_x.item()) <= env.cfg.cube_spawn_half_extent
 
 
 def test_cube_never_leaves_the_table_unnoticed():
@@ -146,10 +147,10 @@ def test_cube_never_leaves_the_table_unnoticed():
         action = torch.rand(env.num_envs, 2, generator=gen) * 2 - 1
         obs, _, term, trunc, info = env.step(action)
         fin = info["final_obs"]
-        off = (fin[:, 2:4].abs() > env.table_half_extent).any(-1)
+        off = (fin[:, 2:4].abs() > env.cfg.table_half_extent).any(-1)
         assert bool(term[off].all())
         # Live envs are always on the table.
-        assert bool((obs[:, 2:4].abs() <= env.table_half_extent).all())
+        assert bool((obs[:, 2:4].abs() <= env.cfg.table_half_extent).all())
 
 
 # -------------------------------------------------------------- solvability
@@ -158,7 +159,7 @@ def test_scripted_controller_solves_90_percent_of_1000_episodes():
     obs, _ = env.reset()
     finished = torch.zeros(1000, dtype=torch.bool)
     solved = torch.zeros(1000, dtype=torch.bool)
-    for _ in range(env.episode_length):
+    for _ in range(env.cfg.episode_length):
         obs, _, term, trunc, info = env.step(scripted_action(obs, env))
         solved |= info["success"] & ~finished
         finished |= term | trunc

@@ -7,40 +7,12 @@ PushCubeRL: 0.1 m cube, randomised goal, success when the cube's xy distance
 to the goal is below ``success_threshold``. All state is torch tensors of
 leading dimension ``num_envs`` on ``device``; nothing leaves the device.
 
-Physics (one control step = ``substeps`` substeps of ``control_dt / substeps``
-seconds). The cube is a rigid body in SE(2), pose ``(x, y, yaw)`` and twist
-``(vx, vy, omega)``, uniform density, so its rotational inertia per unit mass
-is ``cube_size**2 / 6``. Each substep:
-
-1. *Table friction* (Coulomb, coefficient ``friction_coef``): the linear speed
-   drops by ``mu * g * dt`` and the angular speed by ``mu * g * c / k**2 * dt``
-   (``c = 0.3826 * cube_size``, the mean distance of a square's points from
-   its centre; ``k**2`` the inertia per unit mass), each clamped at zero so
-   friction stops motion and never reverses it. Linear and angular friction
-   are treated independently, the usual simplification of the coupled
-   Coulomb law for a sliding and spinning plate.
-2. *Prediction*: the pose advances with the mean of the twist before and
-   after friction (exact for constant deceleration); the pusher moves by
-   its share of the commanded displacement and is held on the table.
-3. *Contact* (position-based dynamics, Mueller et al. 2007): the signed
-   distance between the pusher disc and the cube's square is computed in the
-   cube frame; a penetration of depth ``d`` along contact normal ``n`` at
-   contact point ``r`` (relative to the cube centre) is removed by moving the
-   cube alone (the pusher is kinematic, i.e. of infinite mass) by
-   ``dx = -n d / w`` and ``dyaw = -(r x n) d / (k**2 w)`` with the
-   generalised inverse mass ``w = 1 + (r x n)**2 / k**2`` (per unit mass).
-   A push through a face centre has ``r x n = 0`` and translates the cube
-   without turning it; an off-centre push turns it in the sense of the torque
-   ``r x F``. The projection runs ``contact_iterations`` times.
-4. *Velocity update*: the contact correction divided by ``dt`` is added to
-   the twist, so a pushed cube carries the pusher's velocity and slides to
-   rest by friction once released.
-
-With a kinematic pusher and Coulomb friction the motion does not depend on the
-cube's mass, only on the ratio of its inertia to its mass, so no mass field is
-exposed. The pusher may move at most ``pusher_radius`` per substep
-(``action_scale / substeps <= pusher_radius``), which keeps its centre outside
-the cube and the contact normal well defined.
+Physics: a kinematic pusher and a rigid cube sliding on the table with
+Coulomb friction, ``substeps`` substeps per control step of ``control_dt``
+seconds, contacts resolved by position-based dynamics; the model and its
+equations are in :mod:`rlchain.envs.push_cube_physics`. The pusher may move at
+most ``pusher_radius`` per substep (``action_scale / substeps <=
+pusher_radius``), which keeps its centre outside the cube.
 
 Episode end. ``terminated`` on success (cube within ``success_threshold`` of
 the goal) or failure (cube centre beyond the table edge); ``truncated`` after
@@ -83,6 +55,9 @@ into potential weights: a level reward ``w * Phi`` held for ``H`` steps is worth
   ``place_weight``;
 * ``smoothness``: ``-smoothness_weight * |a_t - a_{t-1}|**2`` (clipped actions);
 * ``success``: ``success_weight`` on the step the goal is reached.
+
+A hand-written controller that solves the task (a baseline, and the check
+that it is solvable) is :func:`rlchain.envs.push_cube_controller.scripted_action`.
 """
 
 from __future__ import annotations
@@ -95,239 +70,123 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from rlchain.envs import push_cube_physics as physics
 from rlchain.envs.base import SingleGymEnv, TorchVecEnv
-from rlchain.utils import check_non_negative, check_positive, resolve_device
+from rlchain.settings import Settings, setting
+from rlchain.utils import MAX_SEED, resolve_device
 
 __all__ = ["PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv"]
 
-GRAVITY = 9.81  # m/s^2
-# Mean distance from the centre of a unit square's points: (sqrt(2) + asinh(1)) / 6.
-_SQUARE_MEAN_RADIUS = (math.sqrt(2.0) + math.asinh(1.0)) / 6.0
 OBS_DIM = 15
+
+#: The spawn regions, each of which must lie inside the table.
+_SPAWN_REGIONS = ("cube_spawn_half_extent", "goal_spawn_half_extent", "pusher_spawn_half_extent")
 
 
 @dataclass
-class PushCubeConfig:
-    """Every setting of :class:`PushCubeEnv` with its default (SI units).
-
-    This dataclass is the single home of the defaults: the env's constructor
-    reads them from here and the Hydra schema is this dataclass.
-    """
+class PushCubeConfig(Settings):
+    """Every setting of :class:`PushCubeEnv` with its default and range (SI units); the Hydra schema."""
 
     _target_: str = "rlchain.envs.push_cube.PushCubeEnv"
-    num_envs: int = 512
+    num_envs: int = setting(512, gt=0)
     """Parallel envs simulated as one batch."""
     device: str = "cpu"
     """Torch device of the simulation: 'cpu', 'cuda', 'cuda:N' or 'auto'."""
-    seed: int = 0
-    """Seed of the env's own torch.Generator."""
-    table_half_extent: float = 0.6
+    seed: int = setting(0, ge=0, le=MAX_SEED)
+    """Seed of the env's own torch.Generator; the same seed gives bit-identical trajectories for the same actions."""
+    table_half_extent: float = setting(0.6, gt=0)
     """The table is [-h, h]^2 metres; a cube centre beyond it has fallen off."""
-    cube_size: float = 0.1
+    cube_size: float = setting(0.1, gt=0)
     """Side of the cube's square footprint, m."""
-    pusher_radius: float = 0.02
+    pusher_radius: float = setting(0.02, gt=0)
     """Radius of the pusher disc, m."""
-    cube_spawn_half_extent: float = 0.2
-    """Cubes spawn uniformly in [-h, h]^2 m with uniform random yaw."""
-    goal_spawn_half_extent: float = 0.3
-    """Goals spawn uniformly in [-h, h]^2 m ..."""
-    min_goal_distance: float = 0.15
+    cube_spawn_half_extent: float = setting(0.2, gt=0)
+    """Cubes spawn uniformly in [-h, h]^2 m with uniform random yaw (h < table_half_extent)."""
+    goal_spawn_half_extent: float = setting(0.3, gt=0)
+    """Goals spawn uniformly in [-h, h]^2 m (h < table_half_extent) ..."""
+    min_goal_distance: float = setting(0.15, ge=0)
     """... at least this far from the cube, m."""
-    pusher_spawn_half_extent: float = 0.3
-    """The pusher spawns uniformly in [-h, h]^2 m, clear of the cube."""
-    success_threshold: float = 0.1
+    pusher_spawn_half_extent: float = setting(0.3, gt=0)
+    """The pusher spawns uniformly in [-h, h]^2 m (h < table_half_extent), clear of the cube."""
+    success_threshold: float = setting(0.1, gt=0)
     """Success when the cube centre is this close to the goal, m."""
-    episode_length: int = 100
+    episode_length: int = setting(100, gt=0)
     """Time limit in control steps."""
-    action_scale: float = 0.05
-    """Commanded pusher displacement per control step for an action of 1, m."""
-    control_dt: float = 0.1
+    action_scale: float = setting(0.05, gt=0)
+    """Commanded pusher displacement per control step for an action of 1, m (at most substeps * pusher_radius)."""
+    control_dt: float = setting(0.1, gt=0)
     """Duration of one control step, s."""
-    substeps: int = 4
+    substeps: int = setting(4, gt=0)
     """Physics substeps per control step."""
-    contact_iterations: int = 1
+    contact_iterations: int = setting(1, gt=0)
     """Contact projections per substep (1 keeps penetration below 1 mm at the defaults)."""
-    friction_coef: float = 0.5
+    friction_coef: float = setting(0.5, ge=0)
     """Coulomb friction coefficient between cube and table."""
-    reach_weight: float = 0.03
+    reach_weight: float = setting(0.03, ge=0)
     """Weight of the reach-behind-the-cube term."""
-    reach_scale: float = 0.1
+    reach_scale: float = setting(0.1, gt=0)
     """Distance scale of the reach term's tanh, m."""
-    place_weight: float = 0.8
+    place_weight: float = setting(0.8, ge=0)
     """Weight of the cube-to-goal exp shaping term."""
-    shaping_scale: float = 30.0
+    shaping_scale: float = setting(30.0, ge=0)
     """Multiplies both potential-based terms: a horizon in steps (see the module docstring)."""
-    place_sigma: float = 0.12
+    place_sigma: float = setting(0.12, gt=0)
     """Width of the cube-to-goal Gaussian shaping, m."""
-    smoothness_weight: float = 0.0
+    smoothness_weight: float = setting(0.0, ge=0)
     """Weight of the action-change penalty; off by default. EmbodiChain's 0.01 also penalises exploration noise,
     which traps critic-free GRPO in a policy that barely moves on some seeds (benchmarks/README.md)."""
-    success_weight: float = 10.0
+    success_weight: float = setting(10.0, ge=0)
     """Bonus on the step the goal is reached."""
 
-
-_D = PushCubeConfig()
-
-
-def square_contact(
-    lx: torch.Tensor, ly: torch.Tensor, half: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Closest-feature query between points and an axis-aligned square.
-
-    Args:
-        lx, ly: point coordinates in the square's frame (float, any equal shapes), m.
-        half: half side of the square, centred at the origin, m.
-
-    Returns:
-        ``(signed_distance, nx, ny, r_cross_n)`` shaped like ``lx``: the signed
-        distance from the point to the square's boundary (negative inside, m),
-        the unit outward normal at the closest boundary point ``q`` (square
-        frame) and the 2-D cross product ``q x n`` (m), the lever arm of a
-        force along ``n`` applied at ``q``.
-    """
-    a, b = lx.abs(), ly.abs()  # work in the first quadrant, restore signs after
-    ex, ey = (a - half).clamp_min(0), (b - half).clamp_min(0)
-    dist = torch.hypot(ex, ey)
-    inside = dist <= 0
-    face_x = a > b  # inside: the nearest face is the one of the larger coordinate
-    inv = 1.0 / dist.clamp_min(1e-12)
-    nxa = torch.where(inside, face_x.float(), ex * inv)
-    nya = torch.where(inside, (~face_x).float(), ey * inv)
-    qxa = torch.where(inside & face_x, half, a.clamp_max(half))
-    qya = torch.where(inside & ~face_x, half, b.clamp_max(half))
-    signed = torch.where(inside, torch.maximum(a, b) - half, dist)
-    r_cross_n = (qxa * nya - qya * nxa) * torch.sign(lx * ly)  # reflect back out of quadrant I
-    return signed, torch.copysign(nxa, lx), torch.copysign(nya, ly), r_cross_n
+    def check(self) -> None:
+        """Every spawn region lies inside the table, and the pusher moves at most ``pusher_radius`` per substep."""
+        for name in _SPAWN_REGIONS:
+            value = getattr(self, name)
+            if value >= self.table_half_extent:
+                raise ValueError(
+                    f"{name}={value} is not allowed with table_half_extent={self.table_half_extent}: "
+                    "expected a number < table_half_extent (spawn regions lie inside the table)"
+                )
+        if self.action_scale / self.substeps > self.pusher_radius:
+            raise ValueError(
+                f"action_scale={self.action_scale} is not allowed with substeps={self.substeps}, "
+                f"pusher_radius={self.pusher_radius}: expected action_scale / substeps <= pusher_radius "
+                f"(it moves the pusher {self.action_scale / self.substeps:.4g} m per substep; "
+                "raise substeps or lower action_scale)"
+            )
 
 
 class PushCubeEnv(TorchVecEnv):
     """Batched planar pushing task; see the module docstring for the model.
 
     Args:
-        num_envs: parallel envs ``N`` (> 0).
-        device: ``'cpu'``, ``'cuda'``, ``'cuda:N'`` or ``'auto'``.
-        seed: seed of the env's own ``torch.Generator``; the same seed gives
-            bit-identical trajectories for the same actions.
-        Other arguments: see :class:`PushCubeConfig` (SI units).
+        settings: fields of :class:`PushCubeConfig` (``self.cfg``), e.g.
+            ``num_envs``, ``device``, ``seed``.
 
     Shapes: observations float32 ``[N, 15]``, actions float32 ``[N, 2]``,
     rewards float32 ``[N]``, terminated/truncated/success bool ``[N]``.
 
     Raises:
-        ValueError: a non-positive size, count, duration or weight scale; a
-            spawn region that does not fit on the table; a per-substep pusher
-            travel above ``pusher_radius``; a CUDA device on a machine without
-            one. ``step`` raises on an action of the wrong shape or with
-            non-finite entries, ``reset`` on a ``group_size`` that does not
-            divide ``num_envs``.
+        ValueError: a setting out of its range (a non-positive size, count,
+            duration or scale, a negative weight), a spawn region that does
+            not fit on the table, a per-substep pusher travel above
+            ``pusher_radius`` (see :class:`PushCubeConfig`), naming it; a CUDA
+            device on a machine without one. ``step`` raises on an action of
+            the wrong shape or with non-finite entries, ``reset`` on a
+            ``group_size`` that does not divide ``num_envs``.
     """
 
-    def __init__(
-        self,
-        num_envs: int = _D.num_envs,
-        device: str | torch.device = _D.device,
-        seed: int = _D.seed,
-        table_half_extent: float = _D.table_half_extent,
-        cube_size: float = _D.cube_size,
-        pusher_radius: float = _D.pusher_radius,
-        cube_spawn_half_extent: float = _D.cube_spawn_half_extent,
-        goal_spawn_half_extent: float = _D.goal_spawn_half_extent,
-        min_goal_distance: float = _D.min_goal_distance,
-        pusher_spawn_half_extent: float = _D.pusher_spawn_half_extent,
-        success_threshold: float = _D.success_threshold,
-        episode_length: int = _D.episode_length,
-        action_scale: float = _D.action_scale,
-        control_dt: float = _D.control_dt,
-        substeps: int = _D.substeps,
-        contact_iterations: int = _D.contact_iterations,
-        friction_coef: float = _D.friction_coef,
-        reach_weight: float = _D.reach_weight,
-        reach_scale: float = _D.reach_scale,
-        place_weight: float = _D.place_weight,
-        shaping_scale: float = _D.shaping_scale,
-        place_sigma: float = _D.place_sigma,
-        smoothness_weight: float = _D.smoothness_weight,
-        success_weight: float = _D.success_weight,
-    ) -> None:
-        for name, value in [
-            ("table_half_extent", table_half_extent),
-            ("cube_size", cube_size),
-            ("pusher_radius", pusher_radius),
-            ("cube_spawn_half_extent", cube_spawn_half_extent),
-            ("goal_spawn_half_extent", goal_spawn_half_extent),
-            ("pusher_spawn_half_extent", pusher_spawn_half_extent),
-            ("success_threshold", success_threshold),
-            ("action_scale", action_scale),
-            ("control_dt", control_dt),
-            ("reach_scale", reach_scale),
-            ("place_sigma", place_sigma),
-        ]:
-            check_positive(name, value)
-        for name, value in [("episode_length", episode_length), ("substeps", substeps), ("contact_iterations", contact_iterations)]:
-            check_positive(name, value, integer=True)
-        for name, value in [
-            ("min_goal_distance", min_goal_distance),
-            ("friction_coef", friction_coef),
-            ("reach_weight", reach_weight),
-            ("place_weight", place_weight),
-            ("smoothness_weight", smoothness_weight),
-            ("success_weight", success_weight),
-            ("shaping_scale", shaping_scale),
-        ]:
-            check_non_negative(name, value)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed={seed!r} is not allowed: expected an integer")
-        for name, value in [
-            ("cube_spawn_half_extent", cube_spawn_half_extent),
-            ("goal_spawn_half_extent", goal_spawn_half_extent),
-            ("pusher_spawn_half_extent", pusher_spawn_half_extent),
-        ]:
-            if value >= table_half_extent:
-                raise ValueError(
-                    f"{name}={value} is not allowed: spawn regions must lie inside the table "
-                    f"(< table_half_extent={table_half_extent})"
-                )
-        if action_scale / substeps > pusher_radius:
-            raise ValueError(
-                f"action_scale={action_scale} with substeps={substeps} moves the pusher "
-                f"{action_scale / substeps:.4g} m per substep: expected at most pusher_radius={pusher_radius} m "
-                "(raise substeps or lower action_scale)"
-            )
-        super().__init__(num_envs, resolve_device(device))
-        self.seed = seed
-        self.table_half_extent = float(table_half_extent)
-        self.cube_size = float(cube_size)
-        self.pusher_radius = float(pusher_radius)
-        self.cube_spawn_half_extent = float(cube_spawn_half_extent)
-        self.goal_spawn_half_extent = float(goal_spawn_half_extent)
-        self.min_goal_distance = float(min_goal_distance)
-        self.pusher_spawn_half_extent = float(pusher_spawn_half_extent)
-        self.success_threshold = float(success_threshold)
-        self.max_episode_steps = self.episode_length = int(episode_length)
-        self.action_scale = float(action_scale)
-        self.control_dt = float(control_dt)
-        self.substeps = int(substeps)
-        self.contact_iterations = int(contact_iterations)
-        self.friction_coef = float(friction_coef)
-        self.reward_weights = {
-            "reach": float(reach_weight),
-            "place": float(place_weight),
-            "smoothness": float(smoothness_weight),
-            "success": float(success_weight),
-        }
-        self.shaping_scale = float(shaping_scale)
-        self.reach_scale = float(reach_scale)
-        self.place_sigma = float(place_sigma)
-
-        self._half = self.cube_size / 2
+    def __init__(self, **settings: Any) -> None:
+        self.cfg = cfg = PushCubeConfig(**settings)
+        super().__init__(cfg.num_envs, resolve_device(cfg.device))
+        self.max_episode_steps = cfg.episode_length
+        self._half = cfg.cube_size / 2
         # Pusher spawns clear of the cube's circumscribed circle plus 1 cm.
-        self._pusher_clearance = self._half * math.sqrt(2.0) + self.pusher_radius + 0.01
-        self._inertia_per_mass = self.cube_size**2 / 6.0  # k^2, m^2
-        self._dt = self.control_dt / self.substeps
-        self._lin_decel = self.friction_coef * GRAVITY * self._dt  # m/s lost per substep
-        self._ang_decel = (
-            self.friction_coef * GRAVITY * _SQUARE_MEAN_RADIUS * self.cube_size / self._inertia_per_mass * self._dt
-        )  # rad/s lost per substep
+        self._pusher_clearance = self._half * math.sqrt(2.0) + cfg.pusher_radius + 0.01
+        self._inertia_per_mass = physics.inertia_per_mass(cfg.cube_size)  # k^2, m^2
+        self._dt = cfg.control_dt / cfg.substeps
+        # m/s and rad/s lost per substep
+        self._lin_decel, self._ang_decel = physics.friction_decelerations(cfg.friction_coef, cfg.cube_size, self._dt)
 
         self._set_spaces(
             gym.spaces.Box(-np.inf, np.inf, shape=(OBS_DIM,), dtype=np.float32),
@@ -335,7 +194,7 @@ class PushCubeEnv(TorchVecEnv):
         )
         n, dev = self.num_envs, self.device
         self._generator = torch.Generator(device=dev)
-        self._generator.manual_seed(int(seed))
+        self._generator.manual_seed(cfg.seed)
         # State, one contiguous float32 [N] tensor per coordinate (metres,
         # radians, m/s, rad/s): elementwise ops on contiguous vectors are
         # several times faster than on strided columns of an [N, k] tensor.
@@ -348,6 +207,11 @@ class PushCubeEnv(TorchVecEnv):
         self.elapsed_steps = torch.zeros(n, device=dev, dtype=torch.int32)
         self._sample_and_set(torch.ones(n, dtype=torch.bool, device=dev), group_size=1)
         self._reach_potential, self._place_potential, _ = self._potentials()
+
+    @property
+    def seed(self) -> int:
+        """The seed the env was built with (``cfg.seed``; ``reset(seed=...)`` reseeds without changing it)."""
+        return self.cfg.seed
 
     # ----------------------------------------------------------- state views
     @property
@@ -386,25 +250,26 @@ class PushCubeEnv(TorchVecEnv):
         (a candidate is within ``min_goal_distance`` of the cube with
         probability at most 0.2) and below 7e-5 for the pusher (at most 0.09).
         """
+        cfg = self.cfg
         kg, kp = 6, 4  # goal and pusher candidates; the odds above assume these
         # One draw, laid out as rows so every slice below is contiguous.
         u = torch.rand(3 + 2 * kg + 2 * kp, n, generator=self._generator, device=self.device) * 2 - 1
-        cube_x = u[0] * self.cube_spawn_half_extent
-        cube_y = u[1] * self.cube_spawn_half_extent
+        cube_x = u[0] * cfg.cube_spawn_half_extent
+        cube_y = u[1] * cfg.cube_spawn_half_extent
         yaw = u[2] * math.pi
         far_x = torch.where(cube_x > 0, -1.0, 1.0)
         far_y = torch.where(cube_y > 0, -1.0, 1.0)
 
-        gx = u[3 : 3 + kg] * self.goal_spawn_half_extent
-        gy = u[3 + kg : 3 + 2 * kg] * self.goal_spawn_half_extent
-        ok = torch.hypot(gx - cube_x, gy - cube_y) >= self.min_goal_distance
-        goal_x, goal_y = self._first_valid(gx, gy, ok, far_x, far_y, self.goal_spawn_half_extent)
+        gx = u[3 : 3 + kg] * cfg.goal_spawn_half_extent
+        gy = u[3 + kg : 3 + 2 * kg] * cfg.goal_spawn_half_extent
+        ok = torch.hypot(gx - cube_x, gy - cube_y) >= cfg.min_goal_distance
+        goal_x, goal_y = self._first_valid(gx, gy, ok, far_x, far_y, cfg.goal_spawn_half_extent)
 
         off = 3 + 2 * kg
-        px = u[off : off + kp] * self.pusher_spawn_half_extent
-        py = u[off + kp :] * self.pusher_spawn_half_extent
+        px = u[off : off + kp] * cfg.pusher_spawn_half_extent
+        py = u[off + kp :] * cfg.pusher_spawn_half_extent
         ok = torch.hypot(px - cube_x, py - cube_y) >= self._pusher_clearance
-        pusher_x, pusher_y = self._first_valid(px, py, ok, far_x, far_y, self.pusher_spawn_half_extent)
+        pusher_x, pusher_y = self._first_valid(px, py, ok, far_x, far_y, cfg.pusher_spawn_half_extent)
         return pusher_x, pusher_y, cube_x, cube_y, yaw, goal_x, goal_y
 
     @staticmethod
@@ -440,51 +305,28 @@ class PushCubeEnv(TorchVecEnv):
         return action.clamp(-1.0, 1.0)
 
     def _substep(self, dx: torch.Tensor, dy: torch.Tensor) -> None:
-        """One physics substep of ``control_dt / substeps`` s; see the module docstring."""
-        dt = self._dt
-        # 1. Coulomb friction against the table, never reversing the motion.
-        speed = torch.hypot(self.cube_vx, self.cube_vy)
-        keep = (speed - self._lin_decel).clamp_min(0) / speed.clamp_min(1e-9)
-        vx, vy = self.cube_vx * keep, self.cube_vy * keep
-        omega = torch.copysign((self.cube_omega.abs() - self._ang_decel).clamp_min(0), self.cube_omega)
-        # 2. Prediction with the mean twist over the substep (trapezoidal), so a
-        #    cube sliding under constant friction travels exactly v^2 / (2 mu g).
-        x0, y0, yaw0 = self.cube_x, self.cube_y, self.cube_yaw
-        h = 0.5 * dt
-        cx0, cy0 = x0 + (vx + self.cube_vx) * h, y0 + (vy + self.cube_vy) * h
-        yaw_pred = yaw0 + (omega + self.cube_omega) * h
-        cx, cy, yaw = cx0, cy0, yaw_pred
-        lim = self.table_half_extent
-        px = (self.pusher_x + dx).clamp(-lim, lim)
-        py = (self.pusher_y + dy).clamp(-lim, lim)
-        # 3. Contact projection against the kinematic pusher (PBD).
-        k2 = self._inertia_per_mass
-        for _ in range(self.contact_iterations):
-            c, s = torch.cos(yaw), torch.sin(yaw)
-            rx, ry = px - cx, py - cy
-            signed, nx, ny, r_cross_n = square_contact(c * rx + s * ry, c * ry - s * rx, self._half)
-            depth = (self.pusher_radius - signed).clamp_min(0)
-            corr = depth / (1.0 + r_cross_n * r_cross_n / k2)
-            cx = cx - (c * nx - s * ny) * corr
-            cy = cy - (s * nx + c * ny) * corr
-            yaw = yaw - r_cross_n * corr / k2
-        # 4. The contact correction changes the twist by correction / dt
-        #    (a free cube keeps its post-friction twist exactly).
-        inv_dt = 1.0 / dt
-        self.cube_vx = vx + (cx - cx0) * inv_dt
-        self.cube_vy = vy + (cy - cy0) * inv_dt
-        self.cube_omega = omega + (yaw - yaw_pred) * inv_dt
-        self.cube_x, self.cube_y, self.cube_yaw = cx, cy, yaw
+        """One physics substep of ``control_dt / substeps`` s (see :mod:`rlchain.envs.push_cube_physics`)."""
+        cfg, dt = self.cfg, self._dt
+        twist0 = (self.cube_vx, self.cube_vy, self.cube_omega)
+        twist = physics.apply_friction(*twist0, self._lin_decel, self._ang_decel)
+        predicted = physics.predict_pose((self.cube_x, self.cube_y, self.cube_yaw), twist0, twist, dt)
+        px, py = physics.move_pusher(self.pusher_x, self.pusher_y, dx, dy, cfg.table_half_extent)
+        pose = physics.project_contact(
+            predicted, px, py, self._half, cfg.pusher_radius, self._inertia_per_mass, cfg.contact_iterations
+        )
+        self.cube_vx, self.cube_vy, self.cube_omega = physics.contact_twist(twist, pose, predicted, dt)
+        self.cube_x, self.cube_y, self.cube_yaw = pose
         self.pusher_x, self.pusher_y = px, py
 
     def _potentials(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(reach, place, distance_to_goal)`` of the current state, each ``[N]``."""
+        cfg = self.cfg
         tgx, tgy = self.goal_x - self.cube_x, self.goal_y - self.cube_y
         distance = torch.hypot(tgx, tgy)
-        back = (self._half + self.pusher_radius) / distance.clamp_min(1e-6)
+        back = (self._half + cfg.pusher_radius) / distance.clamp_min(1e-6)
         reach_dist = torch.hypot(self.pusher_x - (self.cube_x - tgx * back), self.pusher_y - (self.cube_y - tgy * back))
-        reach = 1.0 - torch.tanh(reach_dist / self.reach_scale)
-        place = torch.exp(distance.square() * (-0.5 / self.place_sigma**2))
+        reach = 1.0 - torch.tanh(reach_dist / cfg.reach_scale)
+        place = torch.exp(distance.square() * (-0.5 / cfg.place_sigma**2))
         return reach, place, distance
 
     def _observe(self) -> torch.Tensor:
@@ -515,28 +357,28 @@ class PushCubeEnv(TorchVecEnv):
         Raises:
             ValueError: wrong shape or non-finite entries.
         """
+        cfg = self.cfg
         action = self._check_action(action)
-        scale = self.action_scale / self.substeps
+        scale = cfg.action_scale / cfg.substeps
         dx, dy = action[:, 0] * scale, action[:, 1] * scale
-        for _ in range(self.substeps):
+        for _ in range(cfg.substeps):
             self._substep(dx, dy)
         self.elapsed_steps = self.elapsed_steps + 1
 
         reach, place, distance = self._potentials()
-        success = distance < self.success_threshold
-        lim = self.table_half_extent
+        success = distance < cfg.success_threshold
+        lim = cfg.table_half_extent
         off_table = (self.cube_x.abs() > lim) | (self.cube_y.abs() > lim)
-        w = self.reward_weights
         rewards = {
-            "reach": w["reach"] * self.shaping_scale * (reach - self._reach_potential),
-            "place": w["place"] * self.shaping_scale * (place - self._place_potential),
-            "smoothness": -w["smoothness"] * (action - self.prev_action).square().sum(dim=-1),
-            "success": w["success"] * success.float(),
+            "reach": cfg.reach_weight * cfg.shaping_scale * (reach - self._reach_potential),
+            "place": cfg.place_weight * cfg.shaping_scale * (place - self._place_potential),
+            "smoothness": -cfg.smoothness_weight * (action - self.prev_action).square().sum(dim=-1),
+            "success": cfg.success_weight * success.float(),
         }
         reward = rewards["reach"] + rewards["place"] + rewards["smoothness"] + rewards["success"]
 
         terminated = success | off_table
-        truncated = (self.elapsed_steps >= self.episode_length) & ~terminated
+        truncated = (self.elapsed_steps >= cfg.episode_length) & ~terminated
         done = terminated | truncated
         final_obs = self._observe()
         self.prev_action = action
@@ -566,48 +408,3 @@ class PushCubeGymEnv(SingleGymEnv):
         kwargs.pop("num_envs", None)
         kwargs.setdefault("device", "cpu")
         super().__init__(PushCubeEnv(num_envs=1, **kwargs))
-
-
-def scripted_action(obs: torch.Tensor, env: PushCubeEnv) -> torch.Tensor:
-    """A hand-written pushing controller, a baseline and a solvability check.
-
-    Goes around the cube to a staging point behind it on the cube->goal line,
-    then pushes through the cube's centre towards the goal, re-aiming every
-    step. Reads only the observation (layout in the module docstring).
-
-    Args:
-        obs: float32 ``[N, 15]`` observations of ``env``.
-        env: the env, for its geometry and ``action_scale``.
-
-    Returns:
-        float32 ``[N, 2]`` actions in ``[-1, 1]``.
-    """
-    pusher, cube, goal = obs[:, 0:2], obs[:, 2:4], obs[:, 9:11]
-    to_goal = goal - cube
-    u = to_goal / to_goal.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-    perp = torch.stack((-u[:, 1], u[:, 0]), dim=-1)
-    rel = pusher - cube
-    along, lateral = (rel * u).sum(-1), (rel * perp).sum(-1)
-    circum = env.cube_size / 2 * math.sqrt(2.0) + env.pusher_radius
-    staging = cube - u * (circum + 0.01)
-
-    # Pushing: behind the cube and close to the goal line.
-    pushing = (along < -env.cube_size / 2) & (lateral.abs() < 0.3 * env.cube_size)
-    aim = (cube - pusher) / rel.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-    push_dir = aim + u
-    push = push_dir / push_dir.norm(dim=-1, keepdim=True).clamp_min(1e-6) * env.action_scale
-
-    # Repositioning: straight to the staging point unless the cube is in the
-    # way, else along an orbit around the cube towards the staging side.
-    ang_p = torch.atan2(rel[:, 1], rel[:, 0])
-    ang_s = torch.atan2(-u[:, 1], -u[:, 0])
-    diff = torch.remainder(ang_s - ang_p + math.pi, 2 * math.pi) - math.pi
-    blocked = diff.abs() > 0.6
-    ang_w = ang_p + diff.clamp(-0.7, 0.7)
-    radius = torch.maximum(rel.norm(dim=-1), torch.full_like(along, circum + 0.02)).clamp_max(circum + 0.05)
-    orbit = cube + radius[:, None] * torch.stack((torch.cos(ang_w), torch.sin(ang_w)), dim=-1)
-    target = torch.where(blocked[:, None], orbit, staging)
-    move = target - pusher
-
-    delta = torch.where(pushing[:, None], push, move)
-    return (delta / env.action_scale).clamp(-1.0, 1.0)
