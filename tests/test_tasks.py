@@ -181,7 +181,7 @@ def test_rlchain_cart_pole_keyword_arguments_reach_make_and_make_vec():
     vec = gym.make_vec("rlchain/CartPole-v1", num_envs=4, vectorization_mode="vector_entry_point",
                        action_mode="continuous", max_episode_steps=7)  # fmt: skip
     assert isinstance(vec, CartPoleEnv) and vec.num_envs == 4
-    assert vec.action_mode == "continuous" and vec.max_episode_steps == 7
+    assert vec.cfg.action_mode == "continuous" and vec.max_episode_steps == 7
 
 
 @pytest.mark.parametrize("make", [lambda: CartPoleEnv(num_envs=12), lambda: GymVecEnv("Pendulum-v1", num_envs=12)])

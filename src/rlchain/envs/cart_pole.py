@@ -38,34 +38,36 @@ import numpy as np
 import torch
 
 from rlchain.envs.base import SingleGymEnv, TorchVecEnv
-from rlchain.utils import check_choice, check_positive, resolve_device
+from rlchain.settings import Settings, setting
+from rlchain.utils import MAX_SEED, resolve_device
 
 __all__ = ["CartPoleConfig", "CartPoleEnv", "CartPoleGymEnv", "INVALID_DISCRETE_ACTION"]
 
 #: The error of a discrete :class:`CartPoleEnv` step on an action outside {0, 1}.
 INVALID_DISCRETE_ACTION = "action contains values other than 0 and 1: expected 0 (push left) or 1 (push right)"
 
+#: The values of ``action_mode``.
+ACTION_MODES = ("discrete", "continuous")
+
 
 @dataclass
-class CartPoleConfig:
-    """Every setting of :class:`CartPoleEnv` with its default (SI units); the Hydra schema."""
+class CartPoleConfig(Settings):
+    """Every setting of :class:`CartPoleEnv` with its default and range (SI units); the Hydra schema."""
 
     _target_: str = "rlchain.envs.cart_pole.CartPoleEnv"
-    num_envs: int = 64
+    num_envs: int = setting(64, gt=0)
     """Parallel envs simulated as one batch."""
     device: str = "cpu"
     """Torch device: 'cpu', 'cuda', 'cuda:N' or 'auto'."""
-    seed: int = 0
+    seed: int = setting(0, ge=0, le=MAX_SEED)
     """Seed of the env's torch.Generator (initial states)."""
-    action_mode: str = "discrete"
+    action_mode: str = setting("discrete", choices=ACTION_MODES)
     """'discrete' (Discrete(2), as gymnasium) or 'continuous' (Box(-1, 1, (1,)) x force_mag)."""
-    max_episode_steps: int = 500
+    max_episode_steps: int = setting(500, gt=0)
     """Time limit in steps (CartPole-v1: 500)."""
-    force_mag: float = 10.0
+    force_mag: float = setting(10.0, gt=0)
     """Force of a full push, N."""
 
-
-_D = CartPoleConfig()
 
 GRAVITY = 9.8  # m/s^2
 MASS_CART = 1.0  # kg
@@ -83,20 +85,18 @@ class CartPoleEnv(TorchVecEnv):
     """``num_envs`` CartPole-v1 systems stepped as one batch on one device.
 
     Args:
-        num_envs: parallel envs ``N`` (> 0).
-        device: ``'cpu'``, ``'cuda'``, ``'cuda:N'`` or ``'auto'``.
-        seed: seed of the env's ``torch.Generator``.
-        action_mode: ``'discrete'`` or ``'continuous'`` (see the module docstring).
-        max_episode_steps: time limit in steps.
-        force_mag: force of a full push, N.
+        settings: fields of :class:`CartPoleConfig` (``self.cfg``): ``num_envs``,
+            ``device``, ``seed``, ``action_mode`` (see the module docstring),
+            ``max_episode_steps``, ``force_mag``.
 
     Shapes: observations float32 ``[N, 4]``; actions int64 ``[N]`` in {0, 1}
     (discrete) or float32 ``[N, 1]`` (continuous); rewards float32 ``[N]``;
     terminated/truncated/success bool ``[N]``.
 
     Raises:
-        ValueError: an unknown ``action_mode``, non-positive counts or force,
-            a CUDA device on a machine without one; ``reset`` on a
+        ValueError: a setting out of its range (an unknown ``action_mode``,
+            a non-positive count or force; see :class:`CartPoleConfig`),
+            naming it; a CUDA device on a machine without one; ``reset`` on a
             ``group_size`` that does not divide ``num_envs``; ``step`` on an
             action of the wrong shape, a discrete action outside {0, 1} or a
             non-finite continuous one. The shape is checked at once, the
@@ -108,33 +108,25 @@ class CartPoleEnv(TorchVecEnv):
 
     _STATE = ("x", "x_dot", "theta", "theta_dot", "elapsed_steps")
 
-    def __init__(
-        self,
-        num_envs: int = _D.num_envs,
-        device: str | torch.device = _D.device,
-        seed: int = _D.seed,
-        action_mode: str = _D.action_mode,
-        max_episode_steps: int = _D.max_episode_steps,
-        force_mag: float = _D.force_mag,
-    ) -> None:
-        check_choice("action_mode", action_mode, ("discrete", "continuous"))
-        check_positive("max_episode_steps", max_episode_steps, integer=True)
-        check_positive("force_mag", force_mag)
-        super().__init__(num_envs, resolve_device(device, name="device"))
-        self.seed = int(seed)
-        self.action_mode = action_mode
-        self.max_episode_steps = int(max_episode_steps)
-        self.force_mag = float(force_mag)
+    def __init__(self, **settings: Any) -> None:
+        self.cfg = cfg = CartPoleConfig(**settings)
+        super().__init__(cfg.num_envs, resolve_device(cfg.device))
+        self.max_episode_steps = cfg.max_episode_steps
         high = np.array([X_THRESHOLD * 2, np.inf, THETA_THRESHOLD * 2, np.inf], dtype=np.float32)
-        action_space = gym.spaces.Discrete(2) if action_mode == "discrete" else gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        action_space = gym.spaces.Discrete(2) if cfg.action_mode == "discrete" else gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
         self._set_spaces(gym.spaces.Box(-high, high, dtype=np.float32), action_space)
         n, dev = self.num_envs, self.device
         self._generator = torch.Generator(device=dev)
-        self._generator.manual_seed(self.seed)
+        self._generator.manual_seed(cfg.seed)
         zeros = lambda: torch.zeros(n, device=dev, dtype=torch.float32)  # noqa: E731
         self.x, self.x_dot, self.theta, self.theta_dot = zeros(), zeros(), zeros(), zeros()
         self.elapsed_steps = torch.zeros(n, device=dev, dtype=torch.int32)
         self._sample_and_set(torch.ones(n, dtype=torch.bool, device=dev), group_size=1)
+
+    @property
+    def seed(self) -> int:
+        """The seed the env was built with (``cfg.seed``; ``reset(seed=...)`` reseeds without changing it)."""
+        return self.cfg.seed
 
     # ------------------------------------------------------------------ reset
     def _sample_and_set(self, mask: torch.Tensor, group_size: int) -> None:
@@ -153,22 +145,22 @@ class CartPoleEnv(TorchVecEnv):
     # ------------------------------------------------------------------- step
     def _force(self, action: torch.Tensor) -> torch.Tensor:
         """Force on the cart, float32 ``[N]``, N, from a checked action."""
-        n = self.num_envs
+        n, force_mag = self.num_envs, self.cfg.force_mag
         if not isinstance(action, torch.Tensor):
             action = torch.as_tensor(np.asarray(action), device=self.device)
-        if self.action_mode == "discrete":
+        if self.cfg.action_mode == "discrete":
             if action.shape == (n, 1):
                 action = action[:, 0]
             if tuple(action.shape) != (n,):
                 raise ValueError(f"action has shape {tuple(action.shape)}: expected ({n},) = (num_envs,) of 0 or 1")
             action = action.to(self.device)
             self._check_flag(~((action == 0) | (action == 1)).all(), INVALID_DISCRETE_ACTION)
-            return torch.where(action == 1, self.force_mag, -self.force_mag).float()
+            return torch.where(action == 1, force_mag, -force_mag).float()
         if tuple(action.shape) != (n, 1):
             raise ValueError(f"action has shape {tuple(action.shape)}: expected ({n}, 1) = (num_envs, 1)")
         action = action.to(device=self.device, dtype=torch.float32)[:, 0]
         self._check_finite(action)
-        return action.clamp(-1.0, 1.0) * self.force_mag
+        return action.clamp(-1.0, 1.0) * force_mag
 
     @torch.no_grad()
     def step(self, action: torch.Tensor):
