@@ -30,10 +30,9 @@ import difflib
 import importlib.util
 import inspect
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from types import MappingProxyType
 from typing import Any
 
 import gymnasium as gym
@@ -43,35 +42,37 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import concatenate, create_empty_array
 
 from rlchain.envs.base import VecEnv, check_group_size
-from rlchain.utils import check_choice, check_positive, resolve_device
+from rlchain.settings import Settings, setting
+from rlchain.utils import MAX_SEED, resolve_device
 
 __all__ = ["GymEnvConfig", "GymVecEnv", "flatten_batch"]
 
 _OBS_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary, gym.spaces.Dict, gym.spaces.Tuple)
 
 
+#: The values of ``vectorization``.
+VECTORIZATIONS = ("sync", "async")
+
+
 @dataclass
-class GymEnvConfig:
-    """Every setting of :class:`GymVecEnv` with its default; the Hydra schema of ``env=gym``."""
+class GymEnvConfig(Settings):
+    """Every setting of :class:`GymVecEnv` with its default and range; the Hydra schema of ``env=gym``."""
 
     _target_: str = "rlchain.envs.gym_adapter.GymVecEnv"
     id: str = "CartPole-v1"
     """A registered gymnasium id, e.g. Pendulum-v1, HalfCheetah-v5, or your own."""
-    num_envs: int = 16
+    num_envs: int = setting(16, gt=0)
     """Parallel copies of the env."""
     device: str = "cpu"
     """Torch device of observations, rewards and flags: 'cpu', 'cuda', 'cuda:N' or 'auto'."""
-    seed: int = 0
+    seed: int = setting(0, ge=0, le=MAX_SEED)
     """Env i is seeded with seed + i at construction."""
-    vectorization: str = "sync"
+    vectorization: str = setting("sync", choices=VECTORIZATIONS)
     """'sync' (one process) or 'async' (one subprocess per env)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments of the env's constructor."""
-    max_episode_steps: int | None = None
+    max_episode_steps: int | None = setting(None, gt=0)
     """Time limit in steps; None keeps the id's registered limit."""
-
-
-_D = GymEnvConfig()
 
 
 def flatten_batch(space: gym.Space, x: Any) -> np.ndarray:
@@ -201,13 +202,13 @@ class GymVecEnv(VecEnv):
     """A gymnasium vector env behind rlchain's torch :class:`VecEnv` contract.
 
     Args:
-        id: a registered gymnasium id.
-        num_envs: parallel copies (> 0).
-        device: where observations, rewards and flags are returned.
-        seed: env ``i`` is seeded with ``seed + i`` at construction.
-        vectorization: ``'sync'`` or ``'async'``.
-        kwargs: extra keyword arguments of the env's constructor.
-        max_episode_steps: time limit in steps; None keeps the registered one.
+        id: the gymnasium id, which may come first, positionally
+            (``GymVecEnv("Pendulum-v1", num_envs=4)``), or by keyword.
+        settings: the other fields of :class:`GymEnvConfig` (``self.cfg``):
+            ``num_envs``, ``device``, ``seed`` (env ``i`` is seeded with
+            ``seed + i`` at construction), ``vectorization``, ``kwargs`` (of
+            the env's constructor), ``max_episode_steps`` (None keeps the
+            registered limit).
 
     Shapes: observations float32 ``[N, flatdim]``; actions float32
     ``[N, act_dim]`` (Box) or int64 ``[N]`` (Discrete); rewards float32 ``[N]``;
@@ -216,57 +217,55 @@ class GymVecEnv(VecEnv):
     Raises:
         ValueError: see :func:`resolve_spec`; an unsupported action or
             observation space; an env without a time limit and no
-            ``max_episode_steps``; bad counts or choices.
+            ``max_episode_steps``; a setting out of its range (see
+            :class:`GymEnvConfig`), naming it.
     """
 
-    def __init__(
-        self,
-        id: str = _D.id,
-        num_envs: int = _D.num_envs,
-        device: str | torch.device = _D.device,
-        seed: int = _D.seed,
-        vectorization: str = _D.vectorization,
-        kwargs: Mapping[str, Any] = MappingProxyType({}),
-        max_episode_steps: int | None = _D.max_episode_steps,
-    ) -> None:
-        check_choice("vectorization", vectorization, ("sync", "async"))
-        if max_episode_steps is not None:
-            check_positive("max_episode_steps", max_episode_steps, integer=True)
-        super().__init__(num_envs, resolve_device(device, name="device"))
-        spec = resolve_spec(id)
-        if max_episode_steps is not None:
-            spec = dataclasses.replace(spec, max_episode_steps=int(max_episode_steps))
+    def __init__(self, id: str | None = None, /, **settings: Any) -> None:
+        if id is not None:
+            if "id" in settings:
+                raise TypeError(f"GymVecEnv got the id twice: {id!r} and id={settings['id']!r}")
+            settings["id"] = id
+        self.cfg = cfg = GymEnvConfig(**settings)
+        super().__init__(cfg.num_envs, resolve_device(cfg.device))
+        spec = resolve_spec(cfg.id)
+        if cfg.max_episode_steps is not None:
+            spec = dataclasses.replace(spec, max_episode_steps=cfg.max_episode_steps)
         if spec.max_episode_steps is None:
             raise ValueError(
-                f"env.id={id!r} has no time limit: set env.max_episode_steps (evaluation needs episodes that end)"
+                f"env.id={cfg.id!r} has no time limit: set env.max_episode_steps (evaluation needs episodes that end)"
             )
-        self.id, self.seed, self.vectorization = id, int(seed), vectorization
         self.max_episode_steps = int(spec.max_episode_steps)
         try:
             self.envs = gym.make_vec(
-                spec, num_envs=num_envs, vectorization_mode=vectorization,
+                spec, num_envs=cfg.num_envs, vectorization_mode=cfg.vectorization,
                 # copy=False: flatten_batch copies every observation once, so
                 # gymnasium's own defensive deepcopy would be a second copy.
-                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False}, **dict(kwargs),
+                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False}, **cfg.kwargs,
             )  # fmt: skip
         except gym.error.DependencyNotInstalled as err:
-            raise ValueError(f"env.id={id!r} needs a package that is not installed: {err}") from err
+            raise ValueError(f"env.id={cfg.id!r} needs a package that is not installed: {err}") from err
         try:
             self._setup_spaces(self.envs.single_observation_space, self.envs.single_action_space)
         except ValueError:
             self.envs.close()
             raise
-        self._rng = np.random.default_rng(self.seed)
+        self._rng = np.random.default_rng(cfg.seed)
         # numpy -> torch for every array of a step. Each array passed is a fresh
         # one, so on the CPU the tensor simply shares its memory.
         self._to_torch: Callable[[np.ndarray], torch.Tensor] = (
             torch.from_numpy if self.device.type == "cpu" else partial(_to_device, device=self.device)
         )
-        self._no_success = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
+        self._no_success = torch.zeros(cfg.num_envs, dtype=torch.bool, device=self.device)
         # gymnasium envs do not declare a success signal: it counts once an
         # info has shown is_success / success.
         self.reports_success = False
-        self.envs.reset(seed=[self.seed + i for i in range(num_envs)])
+        self.envs.reset(seed=[cfg.seed + i for i in range(cfg.num_envs)])
+
+    @property
+    def seed(self) -> int:
+        """The base seed the envs were built with (``cfg.seed``)."""
+        return self.cfg.seed
 
     def _setup_spaces(self, obs_space: gym.Space, action_space: gym.Space) -> None:
         _check_obs_space(obs_space)
