@@ -1,10 +1,17 @@
 """Built-in batched tasks, the gymnasium adapter, and the VecEnv contract checker.
 
 * :class:`PushCubeEnv` (``env=push_cube``), :class:`CartPoleEnv`
-  (``env=cart_pole``): torch-native, batched on one device.
+  (``env=cart_pole``): torch-native, batched on one device. PushCube's
+  physics are pure functions in :mod:`rlchain.envs.push_cube_physics`, its
+  scripted controller is in :mod:`rlchain.envs.push_cube_controller`.
 * :class:`GymVecEnv` (``env=gym env.id=...``): any registered gymnasium id
   through ``gymnasium.make_vec``.
 * :func:`check_vec_env`: checks a user's env against the VecEnv contract.
+
+Each env's settings are the fields of its config dataclass
+(:class:`PushCubeConfig`, :class:`CartPoleConfig`, :class:`GymEnvConfig`; see
+:mod:`rlchain.settings`); the env takes them as keyword arguments and keeps
+them as ``env.cfg``.
 
 ``import rlchain`` registers the tasks with gymnasium:
 ``gymnasium.make_vec("rlchain/PushCube-v0", num_envs=N,
