@@ -4,9 +4,7 @@ Every policy reads ``td["obs"]`` (float32 ``[B, obs_dim]``) and writes:
 
 * :meth:`Policy.get_action` -> ``action`` (``[B, act_dim]`` float32 for Box,
   ``[B]`` int64 for Discrete), ``sample_log_prob`` ``[B]``, ``value`` ``[B]``;
-  :meth:`Policy.act` is the same on plain tensors, ``obs -> (action,
-  sample_log_prob, value)``, which the step loops of collection and
-  evaluation call (a TensorDict per step costs about 4 us of Python);
+  the one method the step loops of collection and evaluation call;
 * :meth:`Policy.get_value` -> ``value`` ``[B]``;
 * :meth:`Policy.evaluate_actions` (reads ``action`` too) -> ``sample_log_prob``,
   ``entropy`` and ``value``, each ``[B]``, differentiable.
@@ -19,23 +17,22 @@ actions use a Categorical over logits.
 Running observation normalisation (``obs_normalization=True``) keeps a mean
 and variance of the observations in buffers, so they travel with the
 ``state_dict`` and every checkpoint; they change only through
-:meth:`Policy.update_obs_normalizer`, which the trainer calls with the
-observations of each collected rollout.
+:meth:`Policy.update_obs_normalizer`, which the algorithm calls with the
+observations of each rollout it learns from.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from functools import partial
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import gymnasium as gym
 import torch
 from tensordict import TensorDict
 from torch import nn
 
-from rlchain.utils import check_choice, check_positive
+from rlchain.settings import Settings, setting
 
 __all__ = [
     "ActorCritic",
@@ -45,13 +42,8 @@ __all__ = [
     "MLP",
     "Policy",
     "RunningMeanStd",
-    "act_via_get_action",
     "bounded",
-    "resolve_act",
 ]
-
-#: ``act(obs, deterministic=False) -> (action, sample_log_prob, value)``.
-ActFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU,
@@ -64,13 +56,13 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
 
 
 @dataclass
-class ActorCriticConfig:
-    """Settings of :class:`ActorCritic` and their defaults (the single home of them)."""
+class ActorCriticConfig(Settings):
+    """Settings of :class:`ActorCritic`, their defaults and ranges."""
 
     _target_: str = "rlchain.policies.ActorCritic"
-    hidden_sizes: list[int] = field(default_factory=lambda: [128, 128])
+    hidden_sizes: list[int] = setting([128, 128], gt=0)
     """Hidden layer widths of the actor and of the critic MLP."""
-    activation: str = "elu"
+    activation: str = setting("elu", choices=tuple(ACTIVATIONS))
     """One of relu, elu, tanh, gelu, silu, leaky_relu."""
     layer_norm: bool = False
     """LayerNorm after every hidden linear layer."""
@@ -83,15 +75,20 @@ class ActorCriticConfig:
     obs_normalization: bool = True
     """Normalise observations with running mean and variance."""
 
+    def check(self) -> None:
+        """``log_std_min <= init_log_std <= log_std_max``."""
+        if self.log_std_min > self.log_std_max or not self.log_std_min <= self.init_log_std <= self.log_std_max:
+            raise ValueError(
+                f"init_log_std={self.init_log_std} is not allowed with log_std_min={self.log_std_min}, "
+                f"log_std_max={self.log_std_max}: expected log_std_min <= init_log_std <= log_std_max"
+            )
+
 
 @dataclass
 class ActorOnlyConfig(ActorCriticConfig):
     """Settings of :class:`ActorOnly` (same as the actor part of :class:`ActorCritic`)."""
 
     _target_: str = "rlchain.policies.ActorOnly"
-
-
-_D = ActorCriticConfig()
 
 
 class _InwardClamp(torch.autograd.Function):
@@ -222,32 +219,12 @@ class Policy(nn.Module):
     observation_space: gym.spaces.Box
     action_space: gym.spaces.Box | gym.spaces.Discrete
 
-    def __init_subclass__(cls, **kwargs: object) -> None:
-        super().__init_subclass__(**kwargs)
-        # get_action and act must choose the same action. A subclass that
-        # overrides one of them gets the other built on its override.
-        overrides_get_action, overrides_act = "get_action" in vars(cls), "act" in vars(cls)
-        if overrides_get_action and not overrides_act:
-            cls.act = Policy.act
-        elif overrides_act and not overrides_get_action:
-            cls.get_action = Policy.get_action_via_act
-
     def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
-        """Sample (or, if ``deterministic``, take the mode of) an action; see the module docstring."""
-        raise NotImplementedError
+        """Write ``action``, ``sample_log_prob`` and ``value`` for ``td["obs"]`` into ``td`` and return it.
 
-    def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`get_action` on tensors: ``obs [B, obs_dim]`` -> ``(action, sample_log_prob [B], value [B])``.
-
-        This default wraps :meth:`get_action`; policies override it (and
-        build ``get_action`` on it) to spare the step loops a TensorDict.
+        ``deterministic`` takes the mode of the action distribution (evaluation).
         """
-        return act_via_get_action(self, obs, deterministic)
-
-    def get_action_via_act(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
-        """:meth:`get_action` built on :meth:`act`: writes its three outputs into ``td``."""
-        td["action"], td["sample_log_prob"], td["value"] = self.act(td["obs"], deterministic)
-        return td
+        raise NotImplementedError
 
     def get_value(self, td: TensorDict) -> TensorDict:
         """Write ``value`` ``[B]`` for ``td["obs"]``."""
@@ -261,52 +238,24 @@ class Policy(nn.Module):
         """Fold observations ``[..., obs_dim]`` into the running statistics (no-op without normalisation)."""
 
 
-def act_via_get_action(policy: object, obs: torch.Tensor, deterministic: bool = False,
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """``(action, sample_log_prob, value)`` of ``policy.get_action`` on ``{"obs": obs}``."""
-    td = policy.get_action(TensorDict({"obs": obs}, batch_size=obs.shape[:1]), deterministic)  # type: ignore[attr-defined]
-    return td["action"], td["sample_log_prob"], td["value"]
-
-
-def resolve_act(policy: object) -> ActFn:
-    """The tensor form of ``policy``'s ``get_action`` (see :meth:`Policy.act`).
-
-    ``policy.act`` when it has one; otherwise (an object that implements only
-    the TensorDict interface) :func:`act_via_get_action` bound to it.
-    """
-    act = getattr(policy, "act", None)
-    return act if act is not None else partial(act_via_get_action, policy)
-
-
 class ActorCritic(Policy):
     """MLP actor and MLP critic with a Gaussian (Box) or Categorical (Discrete) head.
 
     Args:
         observation_space: flat ``gymnasium.spaces.Box`` of one env.
         action_space: ``Box`` (1-D) or ``Discrete`` of one env.
-        Others: see :class:`ActorCriticConfig`.
+        settings: fields of :class:`ActorCriticConfig` (``self.cfg``).
 
     Raises:
         ValueError: a non-flat or non-Box observation space, an action space
-            other than 1-D Box or Discrete, an unknown activation, empty or
-            non-positive hidden sizes, ``log_std_min > log_std_max`` or an
-            ``init_log_std`` outside them.
+            other than 1-D Box or Discrete; a setting out of its range (an
+            unknown activation, a non-positive hidden size, an
+            ``init_log_std`` outside ``[log_std_min, log_std_max]``), naming it.
     """
 
     has_critic = True
 
-    def __init__(
-        self,
-        observation_space: gym.Space,
-        action_space: gym.Space,
-        hidden_sizes: Sequence[int] = tuple(_D.hidden_sizes),
-        activation: str = _D.activation,
-        layer_norm: bool = _D.layer_norm,
-        init_log_std: float = _D.init_log_std,
-        log_std_min: float = _D.log_std_min,
-        log_std_max: float = _D.log_std_max,
-        obs_normalization: bool = _D.obs_normalization,
-    ) -> None:
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, **settings: Any) -> None:
         super().__init__()
         if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
             raise ValueError(
@@ -319,24 +268,16 @@ class ActorCritic(Policy):
             self.discrete, act_out = False, int(action_space.shape[0])
         else:
             raise ValueError(f"action_space={action_space} is not supported: expected a 1-D Box or a Discrete space")
-        check_choice("activation", activation, tuple(ACTIVATIONS))
-        hidden_sizes = list(hidden_sizes)
-        for i, width in enumerate(hidden_sizes):
-            check_positive(f"hidden_sizes[{i}]", width, integer=True)
-        if log_std_min > log_std_max or not log_std_min <= init_log_std <= log_std_max:
-            raise ValueError(
-                f"init_log_std={init_log_std} is not allowed with log_std_min={log_std_min}, "
-                f"log_std_max={log_std_max}: expected log_std_min <= init_log_std <= log_std_max"
-            )
+        self.cfg = cfg = ActorCriticConfig(**settings)
         self.observation_space, self.action_space = observation_space, action_space
         obs_dim = int(observation_space.shape[0])
         self.obs_dim, self.act_dim = obs_dim, act_out
-        self.log_std_min, self.log_std_max = float(log_std_min), float(log_std_max)
-        self.actor = MLP(obs_dim, hidden_sizes, act_out, activation, layer_norm, output_gain=0.01)
+        mlp = dict(hidden_sizes=cfg.hidden_sizes, activation=cfg.activation, layer_norm=cfg.layer_norm)
+        self.actor = MLP(obs_dim, out_dim=act_out, output_gain=0.01, **mlp)
         if not self.discrete:
-            self.log_std = nn.Parameter(torch.full((act_out,), float(init_log_std)))
-        self.critic = MLP(obs_dim, hidden_sizes, 1, activation, layer_norm, output_gain=1.0) if self.has_critic else None
-        self.obs_normalizer = RunningMeanStd(obs_dim) if obs_normalization else None
+            self.log_std = nn.Parameter(torch.full((act_out,), cfg.init_log_std))
+        self.critic = MLP(obs_dim, out_dim=1, output_gain=1.0, **mlp) if self.has_critic else None
+        self.obs_normalizer = RunningMeanStd(obs_dim) if cfg.obs_normalization else None
 
     # ----------------------------------------------------------- internals
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
@@ -346,7 +287,7 @@ class ActorCritic(Policy):
         out = self.actor(x)
         if self.discrete:
             return torch.distributions.Categorical(logits=out, validate_args=False)
-        std = bounded(self.log_std, self.log_std_min, self.log_std_max).exp().expand_as(out)
+        std = bounded(self.log_std, self.cfg.log_std_min, self.cfg.log_std_max).exp().expand_as(out)
         return torch.distributions.Normal(out, std, validate_args=False)
 
     def _log_prob_entropy(self, dist, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -360,27 +301,18 @@ class ActorCritic(Policy):
         return self.critic(x).squeeze(-1)
 
     # ----------------------------------------------------------- interface
-    def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(action, sample_log_prob [B], value [B])`` for ``obs [B, obs_dim]``.
+    def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
+        """Write ``action``, ``sample_log_prob [B]`` and ``value [B]`` for ``td["obs"]`` into ``td`` and return it.
 
         ``deterministic`` takes the Gaussian mean or the most likely category.
         """
-        x = self._features(obs)
+        x = self._features(td["obs"])
         dist = self._distribution(x)
         if deterministic:
             action = dist.probs.argmax(-1) if self.discrete else dist.mean
         else:
             action = dist.sample()
-        return action, self._log_prob_entropy(dist, action)[0], self._value(x)
-
-    def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
-        """Write ``action``, ``sample_log_prob`` and ``value`` into ``td`` and return it.
-
-        Calls this class's :meth:`act` directly, not an override: a subclass
-        that overrides ``get_action`` gets an ``act`` that calls it (see
-        :class:`Policy`), and a virtual call here would loop back.
-        """
-        td["action"], td["sample_log_prob"], td["value"] = ActorCritic.act(self, td["obs"], deterministic)
+        td["action"], td["sample_log_prob"], td["value"] = action, self._log_prob_entropy(dist, action)[0], self._value(x)
         return td
 
     def get_value(self, td: TensorDict) -> TensorDict:

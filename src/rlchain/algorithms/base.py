@@ -11,7 +11,8 @@ from tensordict import TensorDict
 
 from rlchain.buffer import minibatches
 from rlchain.policies import Policy
-from rlchain.utils import check_choice, check_in_range, check_positive
+from rlchain.settings import Settings, setting
+from rlchain.utils import MAX_SEED
 
 __all__ = ["Algorithm", "AlgorithmConfig", "LR_SCHEDULES", "NonFiniteError", "first_non_finite"]
 
@@ -50,32 +51,40 @@ LR_SCHEDULES = ("constant", "linear", "adaptive")
 
 
 @dataclass
-class AlgorithmConfig:
-    """Hyperparameters every rlchain algorithm shares, with their defaults."""
+class AlgorithmConfig(Settings):
+    """Hyperparameters every rlchain algorithm shares, with their defaults and ranges."""
 
     _target_: str = ""
-    learning_rate: float = 3e-4
+    learning_rate: float = setting(3e-4, gt=0)
     """Adam step size (initial value under a schedule)."""
-    n_epochs: int = 5
+    n_epochs: int = setting(5, gt=0)
     """Passes over each rollout."""
-    batch_size: int = 8192
+    batch_size: int = setting(8192, gt=0)
     """Samples (env transitions) per minibatch."""
-    gamma: float = 0.99
+    gamma: float = setting(0.99, ge=0, le=1)
     """Discount factor."""
-    clip_coef: float = 0.2
+    clip_coef: float = setting(0.2, gt=0)
     """Surrogate clipping range epsilon."""
-    ent_coef: float = 0.0
+    ent_coef: float = setting(0.0, ge=0)
     """Weight of the entropy bonus."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = setting(1.0, gt=0)
     """Global gradient-norm clip."""
-    lr_schedule: str = "constant"
+    lr_schedule: str = setting("constant", choices=LR_SCHEDULES)
     """constant, linear (decay to 0 over total_iterations) or adaptive (on target_kl)."""
-    target_kl: float | None = None
+    target_kl: float | None = setting(None, gt=0)
     """KL target of the adaptive schedule (and of PPO's stop_at_target_kl)."""
     total_iterations: int | None = None
-    """Length of the linear schedule in updates (the trainer's iterations)."""
-    seed: int = 0
+    """Length of the linear schedule in updates (the trainer's iterations; read by the linear schedule only)."""
+    seed: int = setting(0, ge=0, le=MAX_SEED)
     """Seed of the minibatch permutation."""
+
+    def check(self) -> None:
+        """A schedule needs its parameter: adaptive a ``target_kl``, linear a ``total_iterations``."""
+        if self.lr_schedule == "adaptive" and self.target_kl is None:
+            raise ValueError("target_kl=None is not allowed with lr_schedule='adaptive': expected a number > 0")
+        if self.lr_schedule == "linear" and (self.total_iterations is None or self.total_iterations <= 0):
+            raise ValueError(f"total_iterations={self.total_iterations} is not allowed with lr_schedule='linear': "
+                             "expected an integer > 0")
 
 
 class Algorithm:
@@ -83,7 +92,11 @@ class Algorithm:
 
     Subclasses implement :meth:`update` (a ``[T, N]`` rollout TensorDict from
     :class:`rlchain.collector.SyncCollector` in, a ``dict[str, float]`` of
-    training statistics out). Shared here: Adam, the learning-rate schedule
+    training statistics out); an update learns everything the policy learns
+    from a rollout, its observation statistics included
+    (:meth:`~rlchain.policies.Policy.update_obs_normalizer`, after the
+    optimiser steps, so collection and update of one rollout see the same
+    statistics). Settings: ``self.cfg`` (:class:`AlgorithmConfig`). Shared here: Adam, the learning-rate schedule
     (``constant``, ``linear`` decay to 0 over ``total_iterations``, or
     ``adaptive``, the rule of rsl_rl: divided by 1.5 when the KL of an update
     exceeds ``2 * target_kl``, multiplied by 1.5 when it is below
@@ -98,48 +111,22 @@ class Algorithm:
     the rollout policy, so that KL is 0 whatever ``target_kl`` is.
 
     Raises:
-        ValueError: out-of-range hyperparameters, an unknown schedule,
-            ``linear`` without ``total_iterations``, ``adaptive`` without
-            ``target_kl``.
+        ValueError: from the settings (:class:`AlgorithmConfig`): a value out
+            of its range, an unknown schedule, ``linear`` without
+            ``total_iterations``, ``adaptive`` without ``target_kl``.
     """
 
-    #: ``env.reset`` options to apply before every rollout (GRPO's group reset), or None.
+    #: ``env.reset`` options every rollout must start with (GRPO's group reset), or None to
+    #: continue the episodes in progress; the trainer builds its collector with them.
     reset_options: dict[str, Any] | None = None
 
-    def __init__(
-        self,
-        policy: Policy,
-        learning_rate: float,
-        n_epochs: int,
-        batch_size: int,
-        max_grad_norm: float,
-        lr_schedule: str,
-        target_kl: float | None,
-        total_iterations: int | None,
-        seed: int,
-    ) -> None:
-        check_positive("learning_rate", learning_rate)
-        check_positive("n_epochs", n_epochs, integer=True)
-        check_positive("batch_size", batch_size, integer=True)
-        check_positive("max_grad_norm", max_grad_norm)
-        check_choice("lr_schedule", lr_schedule, LR_SCHEDULES)
-        if target_kl is not None:
-            check_positive("target_kl", target_kl)
-        if lr_schedule == "adaptive" and target_kl is None:
-            raise ValueError("target_kl=None is not allowed with lr_schedule='adaptive': expected a number > 0")
-        if lr_schedule == "linear":
-            if total_iterations is None:
-                raise ValueError("total_iterations=None is not allowed with lr_schedule='linear': expected an integer > 0")
-            check_positive("total_iterations", total_iterations, integer=True)
-        self.policy = policy
-        self.learning_rate = float(learning_rate)
-        self.n_epochs, self.batch_size = int(n_epochs), int(batch_size)
-        self.max_grad_norm = float(max_grad_norm)
-        self.lr_schedule, self.target_kl, self.total_iterations = lr_schedule, target_kl, total_iterations
-        self.optimizer = torch.optim.Adam(policy.parameters(), lr=self.learning_rate, eps=1e-5)
+    def __init__(self, policy: Policy, cfg: AlgorithmConfig) -> None:
+        self.policy, self.cfg = policy, cfg
+        # fused: one kernel for every parameter's Adam step (on the CPU too).
+        self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
         device = next(policy.parameters()).device
         self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(int(seed))
+        self.generator.manual_seed(cfg.seed)
         self.iteration = 0
 
     @property
@@ -152,15 +139,15 @@ class Algorithm:
             group["lr"] = lr
 
     def _schedule_before_update(self) -> None:
-        if self.lr_schedule == "linear":
-            self._set_lr(self.learning_rate * max(0.0, 1.0 - self.iteration / self.total_iterations))
+        if self.cfg.lr_schedule == "linear":
+            self._set_lr(self.cfg.learning_rate * max(0.0, 1.0 - self.iteration / self.cfg.total_iterations))
 
     def _schedule_after_update(self, update_kl: float) -> None:
         """The adaptive rule (see the class docstring) on the KL an update caused."""
         lr = self.current_lr
-        if update_kl > 2.0 * self.target_kl:
+        if update_kl > 2.0 * self.cfg.target_kl:
             lr = max(1e-5, lr / 1.5)
-        elif update_kl < self.target_kl / 2.0:
+        elif update_kl < self.cfg.target_kl / 2.0:
             lr = min(1e-2, lr * 1.5)
         self._set_lr(lr)
 
@@ -174,8 +161,8 @@ class Algorithm:
         """
         flat = data.reshape(-1)
         total = weight = 0.0
-        for start in range(0, flat.batch_size[0], self.batch_size):
-            chunk = flat[start : start + self.batch_size]
+        for start in range(0, flat.batch_size[0], self.cfg.batch_size):
+            chunk = flat[start : start + self.cfg.batch_size]
             log_ratio = self.policy.evaluate_actions(chunk)["sample_log_prob"] - chunk["sample_log_prob"]
             kl = torch.expm1(log_ratio) - log_ratio
             mask = chunk["mask"] if "mask" in chunk.keys() else torch.ones_like(kl)
@@ -194,7 +181,7 @@ class Algorithm:
             raise NonFiniteError("loss", loss.item(), self.iteration + 1)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
         if not torch.isfinite(grad_norm):
             raise NonFiniteError("grad_norm", grad_norm.item(), self.iteration + 1)
         self.optimizer.step()
@@ -238,9 +225,9 @@ class Algorithm:
         self._schedule_before_update()
         totals: dict[str, torch.Tensor] = {}
         count, epochs = 0, 0
-        for _ in range(self.n_epochs):
+        for _ in range(self.cfg.n_epochs):
             epoch_kl = []
-            for batch in minibatches(data, self.batch_size, self.generator):
+            for batch in minibatches(data, self.cfg.batch_size, self.generator):
                 terms = minibatch_loss(batch)
                 terms["grad_norm"] = self._step(terms.pop("loss"))
                 for key, value in terms.items():
@@ -253,7 +240,7 @@ class Algorithm:
         self.iteration += 1
         stats = {key: (value / count).item() for key, value in totals.items()}
         self._check_finite(stats)
-        if self.lr_schedule == "adaptive":
+        if self.cfg.lr_schedule == "adaptive":
             stats["update_kl"] = self._update_kl(data)
             self._schedule_after_update(stats["update_kl"])
         return stats, epochs
@@ -286,7 +273,3 @@ class Algorithm:
         self.iteration = state["iteration"]
         self.generator.set_state(state["generator"].cpu())  # generator states are CPU byte tensors
 
-
-def check_probability(name: str, value: float) -> None:
-    """Raise unless ``0 <= value <= 1``."""
-    check_in_range(name, value, 0.0, 1.0)

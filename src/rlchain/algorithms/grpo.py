@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from rlchain.algorithms.base import Algorithm, AlgorithmConfig, check_probability
+from rlchain.algorithms.base import Algorithm, AlgorithmConfig
 from rlchain.algorithms.functional import (
     ADVANTAGE_NORMS,
     clipped_surrogate,
@@ -41,14 +41,14 @@ from rlchain.algorithms.functional import (
 )
 from rlchain.envs.base import check_group_size
 from rlchain.policies import Policy
-from rlchain.utils import check_choice, check_non_negative, check_positive
+from rlchain.settings import setting
 
 __all__ = ["GRPO", "GRPOConfig"]
 
 
 @dataclass
 class GRPOConfig(AlgorithmConfig):
-    """GRPO hyperparameters and their defaults (the shared ones in :class:`AlgorithmConfig`)."""
+    """GRPO hyperparameters, their defaults and ranges (the shared ones in :class:`AlgorithmConfig`)."""
 
     _target_: str = "rlchain.algorithms.GRPO"
     learning_rate: float = 1e-3
@@ -57,20 +57,18 @@ class GRPOConfig(AlgorithmConfig):
     """Passes over each rollout (EmbodiChain uses 10; 5 learns as fast per env step on push_cube in half the time)."""
     batch_size: int = 4096
     """Samples (env transitions) per minibatch."""
-    kl_coef: float = 0.0
+    kl_coef: float = setting(0.0, ge=0)
     """Weight of the KL penalty to the initial policy (0 when training from scratch)."""
-    group_size: int = 8
-    """Envs per group sharing an initial state (>= 2, divides num_envs); EmbodiChain uses 4, 8 learns faster on push_cube."""
-    eps: float = 1e-8
+    group_size: int = setting(8, ge=2)
+    """Envs per group sharing an initial state (>= 2: a group compares its members; divides num_envs).
+    EmbodiChain uses 4; 8 learns faster on push_cube."""
+    eps: float = setting(1e-8, gt=0)
     """Added to the standard deviation that advantage_norm divides by."""
-    advantage_norm: str = "std"
+    advantage_norm: str = setting("std", choices=ADVANTAGE_NORMS)
     """How group-centred returns are scaled: 'std' (per group and step, Shao et al. 2024), 'none' (mean-centred
     only, Dr. GRPO, Liu et al. 2025) or 'rollout_std' (one std pooled over the rollout)."""
     truncate_at_first_done: bool = True
     """Mask every step after an env's first done."""
-
-
-_D = GRPOConfig()
 
 
 class GRPO(Algorithm):
@@ -79,58 +77,25 @@ class GRPO(Algorithm):
     Args:
         policy: any policy; an :class:`rlchain.policies.ActorOnly` wastes no
             compute on a critic.
-        Others: see :class:`GRPOConfig`.
+        settings: fields of :class:`GRPOConfig` (``self.cfg``).
 
-    ``update(rollout)`` returns ``actor_loss``, ``entropy``, ``approx_ref_kl``
+    ``update(rollout)`` returns ``policy_loss``, ``entropy``, ``approx_ref_kl``
     (0 when ``kl_coef == 0``), ``approx_kl`` (to the rollout policy),
-    ``clip_fraction``, ``grad_norm``, ``learning_rate`` and ``live_fraction``
+    ``clipfrac``, ``grad_norm``, ``learning_rate`` and ``live_fraction``
     (unmasked share of the rollout).
 
     Raises:
-        ValueError: ``group_size`` < 2, out-of-range hyperparameters; from
-            :meth:`check_env`, a ``num_envs`` that ``group_size`` does not divide.
+        ValueError: a setting out of its range (see :class:`GRPOConfig`),
+            naming it; from :meth:`check_env`, a ``num_envs`` that
+            ``group_size`` does not divide.
         NonFiniteError: from ``update``, at the first non-finite loss, gradient
             norm, reported term or parameter (see :class:`Algorithm`).
     """
 
-    def __init__(
-        self,
-        policy: Policy,
-        learning_rate: float = _D.learning_rate,
-        n_epochs: int = _D.n_epochs,
-        batch_size: int = _D.batch_size,
-        gamma: float = _D.gamma,
-        clip_coef: float = _D.clip_coef,
-        ent_coef: float = _D.ent_coef,
-        kl_coef: float = _D.kl_coef,
-        group_size: int = _D.group_size,
-        eps: float = _D.eps,
-        advantage_norm: str = _D.advantage_norm,
-        truncate_at_first_done: bool = _D.truncate_at_first_done,
-        max_grad_norm: float = _D.max_grad_norm,
-        lr_schedule: str = _D.lr_schedule,
-        target_kl: float | None = _D.target_kl,
-        total_iterations: int | None = _D.total_iterations,
-        seed: int = _D.seed,
-    ) -> None:
-        check_positive("group_size", group_size, integer=True)
-        if group_size < 2:
-            raise ValueError(f"group_size={group_size} is not allowed: expected an integer >= 2 (a group compares its members)")
-        check_probability("gamma", gamma)
-        check_positive("clip_coef", clip_coef)
-        check_non_negative("ent_coef", ent_coef)
-        check_non_negative("kl_coef", kl_coef)
-        check_positive("eps", eps)
-        check_choice("advantage_norm", advantage_norm, ADVANTAGE_NORMS)
-        super().__init__(
-            policy, learning_rate, n_epochs, batch_size, max_grad_norm, lr_schedule, target_kl, total_iterations, seed
-        )
-        self.gamma, self.clip_coef, self.ent_coef, self.kl_coef = float(gamma), float(clip_coef), float(ent_coef), float(kl_coef)
-        self.group_size, self.eps = int(group_size), float(eps)
-        self.truncate_at_first_done = bool(truncate_at_first_done)
-        self.advantage_norm = advantage_norm
+    def __init__(self, policy: Policy, **settings: Any) -> None:
+        super().__init__(policy, GRPOConfig(**settings))
         # Every rollout starts from a group reset: only then do a group's envs share a start.
-        self.reset_options = {"group_size": self.group_size}
+        self.reset_options = {"group_size": self.cfg.group_size}
         self.ref_policy: Policy | None = None
         self.reset_reference()
 
@@ -140,28 +105,34 @@ class GRPO(Algorithm):
         The copy includes the observation normaliser: the reference is a fixed
         function of the observation, whatever the live statistics do later.
         """
-        if self.kl_coef > 0:
+        if self.cfg.kl_coef > 0:
             self.ref_policy = copy.deepcopy(self.policy).requires_grad_(False).eval()
 
     def check_env(self, env: Any) -> None:
-        """Raise ``ValueError`` unless ``group_size`` divides ``env.num_envs``."""
-        check_group_size(self.group_size, env.num_envs)
+        """Raise ``ValueError`` (naming ``algorithm.group_size`` and ``env.num_envs``) unless the one divides the other."""
+        if env.num_envs % self.cfg.group_size:
+            raise ValueError(
+                f"algorithm.group_size={self.cfg.group_size} is not allowed with env.num_envs={env.num_envs}: "
+                "num_envs must be a multiple of group_size"
+            )
 
     def advantages(self, rollout: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
         """Group-relative advantages and the live mask of a ``[T, N]`` rollout (float, bool)."""
         done = rollout["done"]
-        returns = discounted_returns(rollout["reward"], done, self.gamma)
-        mask = first_done_mask(done) if self.truncate_at_first_done else torch.ones_like(done)
-        return group_relative_advantages(returns, mask, self.group_size, self.eps, self.advantage_norm), mask
+        cfg = self.cfg
+        returns = discounted_returns(rollout["reward"], done, cfg.gamma)
+        mask = first_done_mask(done) if cfg.truncate_at_first_done else torch.ones_like(done)
+        return group_relative_advantages(returns, mask, cfg.group_size, cfg.eps, cfg.advantage_norm), mask
 
     def update(self, rollout: TensorDict) -> dict[str, float]:
         """One GRPO update on a ``[T, N]`` rollout; see the class docstring for the returned keys."""
-        check_group_size(self.group_size, rollout.batch_size[1])
+        check_group_size(self.cfg.group_size, rollout.batch_size[1])
         advantages, mask = self.advantages(rollout)
         data = rollout.select("obs", "action", "sample_log_prob").clone(False)
         data.set("advantages", advantages)
         data.set("mask", mask.float())
         stats, _ = self._optimise(data, self._minibatch_loss)
+        self.policy.update_obs_normalizer(rollout["obs"])
         stats.update(learning_rate=self.current_lr, live_fraction=float(mask.float().mean()))
         return stats
 
@@ -175,25 +146,25 @@ class GRPO(Algorithm):
 
         new = self.policy.evaluate_actions(batch)
         surrogate, approx_kl, clipped = clipped_surrogate(
-            new["sample_log_prob"], batch["sample_log_prob"], batch["advantages"], self.clip_coef
+            new["sample_log_prob"], batch["sample_log_prob"], batch["advantages"], self.cfg.clip_coef
         )
-        actor_loss, entropy = masked_mean(surrogate), masked_mean(new["entropy"])
-        loss = actor_loss - self.ent_coef * entropy
+        policy_loss, entropy = masked_mean(surrogate), masked_mean(new["entropy"])
+        loss = policy_loss - self.cfg.ent_coef * entropy
         if self.ref_policy is not None:
             with torch.no_grad():
                 ref_log_prob = self.ref_policy.evaluate_actions(batch)["sample_log_prob"]
             q = ref_log_prob - new["sample_log_prob"]
             ref_kl = masked_mean(q.exp() - q - 1)
-            loss = loss + self.kl_coef * ref_kl
+            loss = loss + self.cfg.kl_coef * ref_kl
         else:
             ref_kl = torch.zeros((), device=loss.device)
         return {
             "loss": loss,
-            "actor_loss": actor_loss,
+            "policy_loss": policy_loss,
             "entropy": entropy,
             "approx_ref_kl": ref_kl,
             "approx_kl": masked_mean(approx_kl),
-            "clip_fraction": masked_mean(clipped),
+            "clipfrac": masked_mean(clipped),
         }
 
     def state_dict(self) -> dict[str, Any]:
