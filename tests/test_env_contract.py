@@ -136,20 +136,6 @@ class NeverTruncates(LineEnv):
         return obs, reward, terminated, torch.zeros_like(truncated), info
 
 
-class ReusesItsBuffers(LineEnv):
-    """Returns one internal reward tensor, overwritten in place every step."""
-
-    def __init__(self, **kw):
-        super().__init__(**kw)
-        self.reward_buf = torch.zeros(self.num_envs)
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = super().step(action)
-        self.reward_buf.copy_(reward + torch.rand(self.num_envs))
-        info["rewards"] = {}
-        return obs, self.reward_buf, terminated, truncated, info
-
-
 class IgnoresTheSeed(LineEnv):
     def reset(self, *, seed=None, options=None):
         return super().reset(seed=None, options=options)
@@ -187,7 +173,6 @@ class LateAutoresetMode(LineEnv):
         (SuccessWithoutDeclaringIt, "success", "while reports_success is False"),
         (NextStepReset, "same-step reset", "must reset in the same step()"),
         (NeverTruncates, "same-step reset", "episodes must end by max_episode_steps=5"),
-        (ReusesItsBuffers, "returned tensors", "modified the reward returned by step"),
         (IgnoresTheSeed, "seeding", "gave different trajectories"),
         (IgnoresGroupSize, "group reset", "start from different observations"),
         (AcceptsAnyGroupSize, "group reset", "did not raise ValueError"),

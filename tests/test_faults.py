@@ -256,7 +256,7 @@ def test_a_run_resumed_into_its_directory_does_not_repeat_logged_rows(tmp_path):
     first = make(2)
     first.train()
     (tmp_path / "at_2.pt").write_bytes((tmp_path / "checkpoints" / "latest.pt").read_bytes())
-    first.iterations = 4
+    first.cfg.iterations = 4
     first.train()
     assert [r["global_step"] for r in rows(tmp_path)] == [32, 64, 96, 128]
     make(4, resume_from=str(tmp_path / "at_2.pt")).train()

@@ -34,10 +34,10 @@ def test_grpo_fine_tunes_a_ppo_policy_against_the_loaded_reference(tmp_path):
     loaded = ppo_dir / "checkpoints" / "latest.pt"
     assert f"policy initialised from {loaded}" in proc.stderr
 
-    rows_kl = [r for r in rows(grpo_dir) if "train/approx_ref_kl" in r]
+    rows_kl = [r for r in rows(grpo_dir) if "losses/approx_ref_kl" in r]
     assert [r["global_step"] for r in rows_kl] == [128, 256]  # a fresh step count
-    assert rows_kl[0]["train/approx_ref_kl"] == 0.0  # the reference is the loaded policy, not the random init
-    assert rows_kl[1]["train/approx_ref_kl"] > 0.0  # ... and it stays frozen while the policy moves
+    assert rows_kl[0]["losses/approx_ref_kl"] == 0.0  # the reference is the loaded policy, not the random init
+    assert rows_kl[1]["losses/approx_ref_kl"] > 0.0  # ... and it stays frozen while the policy moves
 
     ppo = torch.load(loaded, weights_only=True)
     grpo = torch.load(grpo_dir / "checkpoints" / "latest.pt", weights_only=True)

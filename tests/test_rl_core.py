@@ -25,9 +25,10 @@ from rlchain.algorithms.functional import (
     group_relative_advantages,
 )
 from rlchain.algorithms.ppo import ppo_loss
-from rlchain.collector import SyncCollector
+from rlchain.collector import EpisodeWindow, SyncCollector
 from rlchain.envs import CartPoleEnv, GymVecEnv, PushCubeEnv
 from rlchain.envs.base import NON_FINITE_ACTION
+from rlchain.evaluation import evaluate
 from rlchain.policies import ActorCritic, ActorOnly, bounded
 from rlchain.trainer import Trainer
 from rlchain.train import ConfigError, build
@@ -187,7 +188,7 @@ def test_ppo_loss_terms_on_a_fixed_batch():
     # values: unclipped sq err [.01, .16, .25]; clipped values [1.2, .1, 1.8] -> [.09, .16, .64]
     assert out["value_loss"].item() == pytest.approx(0.5 * (0.09 + 0.16 + 0.64) / 3)
     assert out["entropy"].item() == pytest.approx(2.0)
-    assert out["clip_fraction"].item() == pytest.approx(2 / 3)
+    assert out["clipfrac"].item() == pytest.approx(2 / 3)
     r = torch.tensor([1.5, 0.5, 1.0])
     assert out["approx_kl"].item() == pytest.approx(((r - 1) - r.log()).mean().item())
     assert out["loss"].item() == pytest.approx(
@@ -226,45 +227,34 @@ def test_categorical_policy_matches_torch_distributions():
     assert torch.equal(policy.get_action(td.clone(), True)["action"], dist.probs.argmax(-1))
 
 
-def test_act_is_get_action_on_tensors_and_follows_get_action_overrides():
-    torch.manual_seed(0)
-    spaces = (gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Box(-1, 1, (2,), np.float32))
-    policy = ActorCritic(*spaces, hidden_sizes=[8])
-    obs = torch.randn(6, 4)
-    torch.manual_seed(1)
-    action, log_prob, value = policy.act(obs)
-    torch.manual_seed(1)
-    td = policy.get_action(TensorDict({"obs": obs}, batch_size=[6]))
-    for key, tensor in (("action", action), ("sample_log_prob", log_prob), ("value", value)):
-        assert torch.equal(td[key], tensor), key
+def test_get_action_is_the_one_method_collection_and_evaluation_call():
+    # A user's policy overrides get_action (or only has it, duck-typed): the
+    # collector and the evaluation act through it, and nothing else.
+    spaces = (gym.spaces.Box(-np.inf, np.inf, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32))  # LineEnv's
 
-    class Braking(ActorCritic):  # overrides the TensorDict form only
+    class Braking(ActorCritic):  # overrides get_action only
         def get_action(self, td, deterministic=False):
             td = super().get_action(td, deterministic)
             td["action"] = torch.zeros_like(td["action"])
             return td
 
-    class TensorDictOnly:  # no act at all, and not a Policy
+    class TensorDictOnly(torch.nn.Module):  # not a Policy: get_action and get_value only
         has_critic = False
 
         def get_action(self, td, deterministic=False):
             n = td.batch_size[0]
             return td.update({"action": torch.full((n, 1), 0.5), "sample_log_prob": torch.zeros(n), "value": torch.zeros(n)})
 
-    class Doubled(ActorCritic):  # overrides the tensor form only
-        def act(self, obs, deterministic=False):
-            action, log_prob, value = super().act(obs, deterministic)
-            return 2 * action, log_prob, value
-
-    assert torch.equal(Braking(*spaces, hidden_sizes=[8]).act(obs)[0], torch.zeros(6, 2))
-    doubled = Doubled(*spaces, hidden_sizes=[8])
-    td = doubled.get_action(TensorDict({"obs": obs}, batch_size=[6]), deterministic=True)
-    torch.testing.assert_close(td["action"], 2 * doubled.actor(obs))
-    for make, expected in ((lambda env: Braking(env.single_observation_space, env.single_action_space), 0.0),
-                           (lambda env: TensorDictOnly(), 0.5)):  # fmt: skip
+    for policy, expected in ((Braking(*spaces, hidden_sizes=[8]), 0.0), (TensorDictOnly(), 0.5)):
         env = LineEnv(num_envs=4)
-        rollout = SyncCollector(env, make(env), rollout_steps=3).collect()
+        rollout = SyncCollector(env, policy, rollout_steps=3).collect()
         assert rollout["action"].unique().tolist() == [expected]
+        seen = []
+        original = policy.get_action
+        policy.get_action = lambda td, deterministic=False: seen.append(deterministic) or original(td, deterministic)
+        evaluate(LineEnv(num_envs=4, max_episode_steps=3), policy, num_episodes=4, seed=0)
+        assert seen and all(seen)  # evaluation acts deterministically, through get_action
+    assert not hasattr(ActorCritic, "act")
 
 
 def test_actor_only_has_no_critic_and_zero_value():
@@ -438,10 +428,13 @@ def test_collector_stores_each_step_and_counts_episodes_across_rollouts():
     env, twin = LineEnv(num_envs=6, max_episode_steps=3), LineEnv(num_envs=6, max_episode_steps=3)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
     collector = SyncCollector(env, policy, rollout_steps=5)
+    window = EpisodeWindow(min_episodes=4)
     twin_obs, _ = twin.reset()
     ret, length, finished = torch.zeros(6), torch.zeros(6, dtype=torch.int64), []
     for _ in range(3):
         rollout = collector.collect().clone()
+        window.add(collector.finished)
+        from_here = len(finished)
         for t in range(5):
             assert torch.equal(rollout["obs"][t], twin_obs)
             twin_obs, reward, terminated, truncated, info = twin.step(rollout["action"][t])
@@ -453,7 +446,41 @@ def test_collector_stores_each_step_and_counts_episodes_across_rollouts():
                 torch.testing.assert_close(rollout[key][t], value, msg=f"{key} at step {t}")
             finished += ret[done].tolist()
             ret, length = ret.masked_fill(done, 0.0), length.masked_fill(done, 0)
-    assert len(finished) > 6 and collector.episode_returns == pytest.approx(finished[-len(collector.episode_returns):])
+        assert collector.finished["return"] == pytest.approx(finished[from_here:])
+        # the window: this rollout's episodes, topped up with earlier ones to at least 4
+        assert window.returns == pytest.approx(finished[-max(4, len(finished) - from_here):])
+    assert len(finished) > 6
+
+
+def test_collector_copies_each_step_so_an_env_may_reuse_its_buffers():
+    # An env that returns the same obs/reward/flag tensors every step, overwritten
+    # in place (as simulators with preallocated buffers do): the rollout must hold
+    # each step's values, as stepping a twin env that returns fresh tensors shows.
+    class ReusesItsBuffers(LineEnv):
+        def reset(self, *, seed=None, options=None):
+            obs, info = super().reset(seed=seed, options=options)
+            self.obs_buf = obs.clone()
+            return self.obs_buf, info
+
+        def step(self, action):
+            obs, reward, terminated, truncated, info = super().step(action)
+            if not hasattr(self, "step_bufs"):
+                self.step_bufs = (reward.clone(), terminated.clone(), truncated.clone())
+            self.obs_buf.copy_(obs)
+            for buf, value in zip(self.step_bufs, (reward, terminated, truncated)):
+                buf.copy_(value)
+            return self.obs_buf, *self.step_bufs, info
+
+    torch.manual_seed(0)
+    env, twin = ReusesItsBuffers(num_envs=6, max_episode_steps=3), LineEnv(num_envs=6, max_episode_steps=3)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    rollout = SyncCollector(env, policy, rollout_steps=7).collect()
+    twin_obs, _ = twin.reset()
+    for t in range(7):
+        assert torch.equal(rollout["obs"][t], twin_obs), t
+        twin_obs, reward, terminated, truncated, _ = twin.step(rollout["action"][t])
+        assert torch.equal(rollout["reward"][t], reward) and torch.equal(rollout["terminated"][t], terminated)
+        assert torch.equal(rollout["truncated"][t], truncated), t
 
 
 def test_collector_rejects_reward_terms_that_come_and_go():
@@ -473,12 +500,16 @@ def test_collector_rejects_reward_terms_that_come_and_go():
 def test_collector_group_reset_and_episode_stats():
     env = LineEnv(num_envs=8, max_episode_steps=4)
     policy = ActorOnly(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-    collector = SyncCollector(env, policy, rollout_steps=4)
-    rollout = collector.collect(reset_options={"group_size": 4})
-    first = rollout["obs"][0, :, 0].view(2, 4)
-    assert torch.equal(first, first[:, :1].expand(2, 4)) and first[0, 0] != first[1, 0]
-    stats = collector.episode_stats()
-    assert 0.0 <= stats["success_rate"] <= 1.0 and 1 <= stats["episode_length_avg_100"] <= 4
+    collector = SyncCollector(env, policy, rollout_steps=4, reset_options={"group_size": 4})
+    for _ in range(2):  # every rollout starts from a group reset
+        rollout = collector.collect()
+        first = rollout["obs"][0, :, 0].view(2, 4)
+        assert torch.equal(first, first[:, :1].expand(2, 4)) and first[0, 0] != first[1, 0]
+        assert torch.equal(rollout["episode_length"][0], torch.ones(8, dtype=torch.int64))
+    window = EpisodeWindow(min_episodes=100)
+    window.add(collector.finished)
+    stats = window.means(success=True)
+    assert 0.0 <= stats["charts/success_rate"] <= 1.0 and 1 <= stats["charts/episodic_length"] <= 4
     assert "rewards/progress" in collector.last_stats and "metrics/distance" in collector.last_stats
 
 
@@ -549,14 +580,16 @@ def test_the_adaptive_rate_follows_the_kl_the_update_caused(algo):
     torch.manual_seed(0)
     env = LineEnv(num_envs=8)
     make = ActorCritic if algo == "ppo" else ActorOnly
-    policy = make(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    # The update ends by folding the rollout into the observation statistics;
+    # update_kl is the KL of the optimiser steps, so compare without them.
+    policy = make(env.single_observation_space, env.single_action_space, hidden_sizes=[8], obs_normalization=False)
     rollout = SyncCollector(env, policy, 4).collect()
     if algo == "ppo":
         algorithm = PPO(policy, learning_rate=1e-3, lr_schedule="adaptive", target_kl=1e-9, batch_size=32, n_epochs=1)
     else:
         algorithm = GRPO(policy, learning_rate=1e-3, lr_schedule="adaptive", target_kl=1e-9, batch_size=32, n_epochs=1,
                          group_size=4)  # fmt: skip
-        rollout = SyncCollector(env, policy, 4).collect(reset_options={"group_size": 4})
+        rollout = SyncCollector(env, policy, 4, reset_options={"group_size": 4}).collect()
     stats = algorithm.update(rollout)
     assert stats["learning_rate"] == pytest.approx(1e-3 / 1.5)
     # update_kl is the KL from the rollout policy to the updated one over the (live) samples
@@ -596,7 +629,7 @@ def test_non_finite_loss_stops_the_run_naming_the_iteration_and_keeps_the_checkp
                       output_dir=str(tmp_path), progress=False)  # fmt: skip
     trainer.train()  # 3 good iterations, checkpoint at the end
     good = (tmp_path / "checkpoints" / "latest.pt").read_bytes()
-    trainer.iterations = 5
+    trainer.cfg.iterations = 5
     with torch.no_grad():
         policy.critic[0].weight.fill_(float("nan"))
     with pytest.raises(RuntimeError, match=r"non-finite loss at iteration 4 \(nan\); last good checkpoint: .*latest.pt"):
@@ -729,7 +762,7 @@ def test_a_task_without_success_logs_and_shows_no_success_rate(tmp_path, capsys)
     assert len(lines) == 2 and all("success" not in line and "eval return" in line for line in lines)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(not any("success" in key for key in row) for row in rows)
-    assert "charts/episode_reward_avg_100" in rows[-1] and "eval/avg_reward" in rows[-1]
+    assert "charts/episodic_return" in rows[-1] and "eval/avg_reward" in rows[-1]
     assert summary["best_eval_success_rate"] is None and "eval/success_rate" not in summary["final"]
 
 
@@ -748,7 +781,7 @@ def test_trainer_writes_the_run_directory(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["global_step"] for r in rows] == [32, 64, 96, 128]
     assert "eval/success_rate" in rows[1] and "eval/success_rate" not in rows[0]
-    for key in ("charts/SPS", "train/policy_loss", "train/explained_variance", "rewards/progress", "metrics/distance"):
+    for key in ("charts/SPS", "losses/policy_loss", "losses/explained_variance", "losses/clipfrac", "charts/learning_rate", "rewards/progress", "metrics/distance"):
         assert key in rows[-1], key
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     state = torch.load(tmp_path / "checkpoints" / "latest.pt", weights_only=True)

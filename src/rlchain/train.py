@@ -3,6 +3,7 @@
 Usage::
 
     rlchain-train algorithm=grpo env=push_cube                  # one run -> outputs/<date>/<time>/
+    rlchain-train experiment=push_cube_ppo                      # a tuned preset (debug=tiny: the smallest run)
     rlchain-train env.num_envs=1024 algorithm.learning_rate=1e-3 # override any field
     rlchain-train -m algorithm=ppo,grpo seed=0,1                 # a sweep -> multirun/<date>/<time>/<job>/
     rlchain-train --help | --cfg job                             # groups and options | the composed config
@@ -39,11 +40,16 @@ from rlchain.checkpoint import atomic_write_json
 from rlchain.trainer import Trainer, requeue_signal, run_placement
 from rlchain.utils import check_seed, resolve_device
 
-__all__ = ["ConfigError", "RunFailed", "build", "check_top_level_keys", "cli", "exit_code", "main", "train"]
+__all__ = ["PRESET_SLOTS", "ConfigError", "RunFailed", "build", "check_top_level_keys", "cli", "exit_code", "main",
+           "preset_overrides", "train"]
 
 
 class ConfigError(CompactHydraException):
     """A config value a component rejected; Hydra prints just this message (no traceback)."""
+
+
+#: The config nodes of the components: a message that starts with one names its field in full.
+_GROUP_PREFIXES = tuple(f"{field.name}." for field in dataclasses.fields(TrainConfig) if field.name in ("env", "policy", "algorithm", "trainer"))
 
 
 @contextlib.contextmanager
@@ -56,8 +62,10 @@ def _component(group: str) -> Iterator[None]:
         if not isinstance(cause, ValueError):
             raise
         message = str(cause)
-        if group and re.match(r"^[A-Za-z_][\w\[\].]*=", message):
-            message = message if message.startswith(f"{group}.") else f"{group}.{message}"
+        if message.startswith(_GROUP_PREFIXES):
+            pass  # it names its field already (e.g. the trainer's check of algorithm.group_size)
+        elif group and re.match(r"^[A-Za-z_][\w\[\].]*=", message):
+            message = f"{group}.{message}"
         elif group:
             message = f"{group}: {message}"
         raise ConfigError(f"Invalid config: {message}") from cause
@@ -170,7 +178,6 @@ def build(cfg: DictConfig) -> Trainer:
         ).to(env.device)
     with _component("algorithm"):
         algorithm = instantiate(cfg.algorithm, policy=policy, _convert_="all")
-        algorithm.check_env(env)
     config = OmegaConf.to_container(cfg, resolve=True)
     with _component("trainer"):
         return instantiate(
@@ -301,9 +308,25 @@ def main(cfg: DictConfig) -> float | None:
     return summary["objective"]
 
 
+#: Config groups with a slot in ``train.yaml``'s defaults list (``experiment: null``, ...).
+PRESET_SLOTS = ("experiment", "hparams_search", "debug")
+
+
+def preset_overrides(args: list[str]) -> list[str]:
+    """``args`` with ``+experiment=x`` written as ``experiment=x`` (likewise ``hparams_search``, ``debug``).
+
+    These groups have a slot in the defaults list, so ``experiment=x`` selects
+    one; Hydra refuses ``+`` (add) for a group the list already has, which
+    was the way to select a preset before the slots existed.
+    """
+    return [arg[1:] if arg.startswith(tuple(f"+{slot}=" for slot in PRESET_SLOTS)) else arg for arg in args]
+
+
 def cli() -> None:
-    """The ``rlchain-train`` command: :func:`main`, and a Ctrl-C before training starts
-    (while Hydra composes, or the env is built) ends with one line and exit status 130."""
+    """The ``rlchain-train`` command: :func:`main` (see :func:`preset_overrides` for its arguments), and a
+    Ctrl-C before training starts (while Hydra composes, or the env is built) ends with one line and exit
+    status 130."""
+    sys.argv[1:] = preset_overrides(sys.argv[1:])
     try:
         main()
     except KeyboardInterrupt:

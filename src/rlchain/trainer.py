@@ -43,14 +43,17 @@ import torch
 
 from rlchain.algorithms.base import Algorithm, NonFiniteError, first_non_finite
 from rlchain.checkpoint import atomic_write_json, check_state_matches, load_checkpoint, save_checkpoint
-from rlchain.collector import SyncCollector, step_env
+from rlchain.collector import EpisodeWindow, SyncCollector
 from rlchain.envs.base import VecEnv
-from rlchain.policies import Policy, resolve_act
+from rlchain.evaluation import evaluate
+from rlchain.policies import Policy
+from rlchain.progress import Progress
 from rlchain.run_dir import existing_run
-from rlchain.utils import LAUNCHER_SLOT_ENV, check_choice, check_positive, check_seed
+from rlchain.settings import Settings, setting
+from rlchain.utils import LAUNCHER_SLOT_ENV, MAX_SEED
 from rlchain.writer import MetricWriter
 
-__all__ = ["OBJECTIVE_DIRECTIONS", "STOP_SIGNALS", "ObjectiveError", "WANDB_MODES", "Trainer", "TrainerConfig", "evaluate",
+__all__ = ["OBJECTIVE_DIRECTIONS", "STOP_SIGNALS", "ObjectiveError", "WANDB_MODES", "Trainer", "TrainerConfig",
            "requeue_signal", "run_placement"]
 
 OBJECTIVE_DIRECTIONS = ("maximize", "minimize")
@@ -84,32 +87,32 @@ class _Abort(BaseException):
 
 
 @dataclass
-class TrainerConfig:
-    """Trainer settings and their defaults (the single home of them)."""
+class TrainerConfig(Settings):
+    """Trainer settings, their defaults and ranges."""
 
     _target_: str = "rlchain.trainer.Trainer"
-    iterations: int = 100
+    iterations: int = setting(100, gt=0)
     """Collect-and-update iterations."""
-    rollout_steps: int = 100
+    rollout_steps: int = setting(100, gt=0)
     """Steps per env per rollout (GRPO, which resets every env each rollout: at least the env's max_episode_steps)."""
-    eval_freq: int = 10
+    eval_freq: int = setting(10, gt=0)
     """Evaluate every this many iterations (and after the last one)."""
-    save_freq: int = 50
+    save_freq: int = setting(50, gt=0)
     """Write checkpoints/latest.pt every this many iterations (and at the end)."""
-    num_eval_envs: int = 256
+    num_eval_envs: int = setting(256, gt=0)
     """Parallel envs of the evaluation env."""
-    num_eval_episodes: int = 256
+    num_eval_episodes: int = setting(256, gt=0)
     """Episodes per evaluation (rounded up to a multiple of num_eval_envs)."""
     output_dir: str = "."
     """Run directory for logs, checkpoints and summary.json."""
-    seed: int = 0
+    seed: int = setting(0, ge=0, le=MAX_SEED)
     """Seeds torch's global RNG (action sampling) and, plus 1, the eval env."""
     exp_name: str = "rlchain"
     """Experiment name: the W&B run name."""
     objective: str = "auto"
     """Key of summary['final'] returned as the run objective for sweepers; best.pt is the evaluation that is best
     by it. 'auto': eval/success_rate for a task that reports success, else eval/avg_reward."""
-    objective_direction: str = "maximize"
+    objective_direction: str = setting("maximize", choices=OBJECTIVE_DIRECTIONS)
     """'maximize' or 'minimize': which way the objective is better (best.pt, sweep tables)."""
     resume_from: str | None = None
     """Checkpoint to continue from (its step count continues); 'auto': this run directory's own
@@ -124,14 +127,15 @@ class TrainerConfig:
     """W&B project."""
     wandb_entity: str | None = None
     """W&B entity (team or user); None for the default."""
-    wandb_mode: str | None = None
+    wandb_mode: str | None = setting(None, choices=WANDB_MODES)
     """W&B mode: online, offline or disabled; None follows WANDB_MODE."""
+    stats_min_episodes: int = setting(100, gt=0)
+    """charts/episodic_return, charts/episodic_length and charts/success_rate average every episode that ended in
+    the latest rollout and, when fewer ended, the latest episodes before it, up to this many."""
     progress: bool = True
     """Show a progress bar on a terminal, plain lines otherwise; off inside the
     devices launcher's parallel jobs, which print a line as each job starts and ends."""
 
-
-_D = TrainerConfig()
 
 
 def run_placement(device: torch.device | str) -> dict[str, Any]:
@@ -149,74 +153,6 @@ def run_placement(device: torch.device | str) -> dict[str, Any]:
     }
 
 
-@torch.no_grad()
-def evaluate(env: VecEnv, policy: Policy, num_episodes: int, seed: int) -> dict[str, float]:
-    """Run deterministic episodes and average their outcomes.
-
-    Every env of ``env`` runs ``ceil(num_episodes / num_envs)`` complete
-    episodes from a reset with ``seed`` (the same start states at every
-    evaluation); all of them count, so no bias towards short episodes. The
-    done counters are read once per ``max_episode_steps`` steps.
-
-    Returns:
-        ``avg_reward`` (undiscounted episode return), ``avg_length`` (steps),
-        ``success_rate`` (share of episodes whose last step reported success;
-        only for an env whose ``reports_success`` is true), ``episodes``, and
-        for every task metric its mean over the episodes' last steps (e.g. the
-        final ``distance_to_goal``).
-
-    Raises:
-        RuntimeError: an env that does not end its episodes within
-            ``max_episode_steps`` steps.
-    """
-    was_training = policy.training
-    policy.eval()
-    n = env.num_envs
-    per_env = math.ceil(num_episodes / n)
-    obs, _ = env.reset(seed=seed)
-    dev = env.device
-    ret, length = torch.zeros(n, device=dev), torch.zeros(n, device=dev)
-    finished = torch.zeros(n, dtype=torch.int64, device=dev)
-    tot_ret, tot_len, tot_succ = (torch.zeros(n, device=dev) for _ in range(3))
-    metric_sums: dict[str, torch.Tensor] = {}
-    episode_limit = int(env.max_episode_steps)
-    # Every env ends an episode at least every max_episode_steps steps.
-    max_steps = per_env * episode_limit
-    act = resolve_act(policy)
-    for step in range(1, max_steps + 1):
-        action = act(obs, True)[0]
-        obs, reward, terminated, truncated, info = step_env(env, obs, action)
-        done = terminated | truncated
-        counts = done & (finished < per_env)
-        ret += reward
-        length += 1
-        tot_ret += torch.where(counts, ret, 0.0)
-        tot_len += torch.where(counts, length, 0.0)
-        tot_succ += (counts & info["success"]).float()
-        for name, value in info.get("metrics", {}).items():
-            metric_sums[name] = metric_sums.get(name, torch.zeros(n, device=dev)) + torch.where(counts, value.float(), 0.0)
-        finished += done.long()
-        ret.masked_fill_(done, 0.0)
-        length.masked_fill_(done, 0.0)
-        if step % episode_limit == 0 and bool((finished >= per_env).all()):
-            break
-    else:
-        if not bool((finished >= per_env).all()):
-            raise RuntimeError(
-                f"evaluation: some envs did not finish {per_env} episodes in {max_steps} steps; "
-                f"does the env truncate at max_episode_steps={episode_limit}?"
-            )
-    if was_training:
-        policy.train()
-    total = n * per_env
-    out = {"avg_reward": tot_ret.sum().item() / total, "avg_length": tot_len.sum().item() / total}
-    if getattr(env, "reports_success", True):
-        out["success_rate"] = tot_succ.sum().item() / total
-    out["episodes"] = float(total)
-    out.update({name: value.sum().item() / total for name, value in metric_sums.items()})
-    return out
-
-
 class Trainer:
     """Runs the loop of DESIGN.md: collect, update, log, evaluate, checkpoint.
 
@@ -229,10 +165,10 @@ class Trainer:
             ``_partial_`` of the env config), or None for no evaluation.
         run_config: the run's composed configuration (plain dict), stored in
             checkpoints and logged as hyperparameters.
-        Others: see :class:`TrainerConfig`.
+        settings: fields of :class:`TrainerConfig` (``self.cfg``).
 
     Raises:
-        ValueError: non-positive counts, an env the algorithm rejects (e.g.
+        ValueError: a setting out of its range (naming it), an env the algorithm rejects (e.g.
             GRPO's ``group_size`` not dividing ``num_envs``), a
             ``rollout_steps`` below the env's ``max_episode_steps`` for an
             algorithm that resets every env each rollout (GRPO), an ``output_dir``
@@ -251,67 +187,34 @@ class Trainer:
         algorithm: Algorithm,
         eval_env: VecEnv | Callable[..., VecEnv] | None = None,
         run_config: dict[str, Any] | None = None,
-        iterations: int = _D.iterations,
-        rollout_steps: int = _D.rollout_steps,
-        eval_freq: int = _D.eval_freq,
-        save_freq: int = _D.save_freq,
-        num_eval_envs: int = _D.num_eval_envs,
-        num_eval_episodes: int = _D.num_eval_episodes,
-        output_dir: str = _D.output_dir,
-        seed: int = _D.seed,
-        exp_name: str = _D.exp_name,
-        objective: str = _D.objective,
-        objective_direction: str = _D.objective_direction,
-        resume_from: str | None = _D.resume_from,
-        init_from: str | None = _D.init_from,
-        use_wandb: bool = _D.use_wandb,
-        wandb_project: str = _D.wandb_project,
-        wandb_entity: str | None = _D.wandb_entity,
-        wandb_mode: str | None = _D.wandb_mode,
-        progress: bool = _D.progress,
+        **settings: Any,
     ) -> None:
-        for name, value in [
-            ("iterations", iterations),
-            ("rollout_steps", rollout_steps),
-            ("eval_freq", eval_freq),
-            ("save_freq", save_freq),
-            ("num_eval_envs", num_eval_envs),
-            ("num_eval_episodes", num_eval_episodes),
-        ]:
-            check_positive(name, value, integer=True)
-        check_seed("seed", seed)
-        check_choice("objective_direction", objective_direction, OBJECTIVE_DIRECTIONS)
-        check_choice("wandb_mode", wandb_mode, WANDB_MODES)
-        if use_wandb:
+        self.cfg = cfg = TrainerConfig(**settings)
+        if cfg.use_wandb:
             try:
                 import wandb  # noqa: F401  (an optional extra; the writer uses it)
             except ImportError:
                 raise ValueError('use_wandb=True needs wandb, an optional extra: pip install "rlchain[wandb]"') from None
         algorithm.check_env(env)
-        if algorithm.reset_options is not None and rollout_steps < env.max_episode_steps:
+        if algorithm.reset_options is not None and cfg.rollout_steps < env.max_episode_steps:
             raise ValueError(
-                f"rollout_steps={rollout_steps} is shorter than the env's time limit (max_episode_steps="
+                f"rollout_steps={cfg.rollout_steps} is shorter than the env's time limit (max_episode_steps="
                 f"{env.max_episode_steps}): {type(algorithm).__name__} resets every env when a rollout starts, so an "
                 f"episode longer than the rollout would never end (no whole-episode return, no success); "
                 f"expected rollout_steps >= {env.max_episode_steps}"
             )
         self.env, self.policy, self.algorithm = env, policy, algorithm
-        self.iterations, self.rollout_steps = iterations, rollout_steps
-        self.eval_freq, self.save_freq = eval_freq, save_freq
-        self.num_eval_episodes, self.seed, self.objective = num_eval_episodes, seed, objective
-        self.objective_direction = objective_direction
+        self.objective = cfg.objective  # 'auto' is resolved once an evaluation shows which metric exists
         self.config = run_config or {}
-        self.exp_name = exp_name
-        self.progress = progress
         if callable(eval_env) and not isinstance(eval_env, VecEnv):
-            eval_env = eval_env(num_envs=num_eval_envs, seed=seed + 1)
+            eval_env = eval_env(num_envs=cfg.num_eval_envs, seed=cfg.seed + 1)
         self.eval_env = eval_env
-        self.output_dir = Path(output_dir)
+        self.output_dir = Path(cfg.output_dir)
         self.checkpoint_dir = self.output_dir / "checkpoints"
-        self._wandb = dict(use_wandb=use_wandb, wandb_project=wandb_project, wandb_entity=wandb_entity, wandb_mode=wandb_mode)
 
-        torch.manual_seed(seed)
-        self.collector = SyncCollector(env, policy, rollout_steps)
+        torch.manual_seed(cfg.seed)
+        self.collector = SyncCollector(env, policy, cfg.rollout_steps, reset_options=algorithm.reset_options)
+        self.episodes = EpisodeWindow(cfg.stats_min_episodes)
         self.global_step = 0
         self.iteration = 0
         self.best_success: float | None = None
@@ -325,6 +228,7 @@ class Trainer:
         self.summary: dict[str, Any] = {}
         for stale in self.checkpoint_dir.glob(".*.tmp"):  # a save cut short by kill -9
             stale.unlink(missing_ok=True)
+        resume_from = cfg.resume_from
         marker = existing_run(self.output_dir) if resume_from is None else None
         if marker is not None:
             raise ValueError(
@@ -343,8 +247,8 @@ class Trainer:
             print(f"rlchain: resumed from {resume_from} at iteration {self.iteration} "
                   f"(global_step {self.global_step:,}){restart}", file=sys.stderr, flush=True)  # fmt: skip
         self.init_from: str | None = None
-        if init_from is not None and resume_from is None:
-            self.init_from = str(self.init_policy(init_from))
+        if cfg.init_from is not None and resume_from is None:
+            self.init_from = str(self.init_policy(cfg.init_from))
 
     def init_policy(self, source: str | Path) -> Path:
         """Load the policy (weights and observation normaliser) of a checkpoint into this run's policy.
@@ -401,6 +305,7 @@ class Trainer:
             "policy": self.policy.state_dict(),
             "algorithm": self.algorithm.state_dict(),
             "collector": self.collector.state_dict(),
+            "episodes": self.episodes.state_dict(),
             "global_step": self.global_step,
             "iteration": self.iteration,
             "best_success": self.best_success,
@@ -446,6 +351,7 @@ class Trainer:
         state = self._load_policy(path, "resume_from")
         self.algorithm.load_state_dict(state["algorithm"])
         self.collector.load_state_dict(state["collector"])
+        self.episodes.load_state_dict(state["episodes"])
         exact = "env" in state and hasattr(self.env, "load_state_dict")
         if exact:
             self.env.load_state_dict(state["env"])
@@ -491,8 +397,11 @@ class Trainer:
             In both cases ``summary.json`` first records ``status="failed"``,
             the one-line ``error`` and the ``traceback``, and the logs are flushed.
         """
-        writer = MetricWriter(self.output_dir, config=self.config, run_name=self.exp_name,
-                              purge_step=self.global_step if self.global_step else None, **self._wandb)  # fmt: skip
+        cfg = self.cfg
+        wandb = dict(use_wandb=cfg.use_wandb, wandb_project=cfg.wandb_project, wandb_entity=cfg.wandb_entity,
+                     wandb_mode=cfg.wandb_mode)  # fmt: skip
+        writer = MetricWriter(self.output_dir, config=self.config, run_name=cfg.exp_name,
+                              purge_step=self.global_step if self.global_step else None, **wandb)  # fmt: skip
         handlers = {}
         if threading.current_thread() is threading.main_thread():
             requeue = requeue_signal()
@@ -503,13 +412,13 @@ class Trainer:
         start_step = self.global_step
         status, error, failure, trace = "completed", None, None, None
         in_sweep_slot = LAUNCHER_SLOT_ENV in os.environ
-        bar = _Progress(self.iterations, self.iteration, enabled=self.progress and not in_sweep_slot)
+        bar = Progress(cfg.iterations, self.iteration, enabled=cfg.progress and not in_sweep_slot)
         try:
             try:
-                if self.iteration >= self.iterations:
-                    print(f"rlchain: the run has already reached trainer.iterations={self.iterations}: nothing to train",
+                if self.iteration >= cfg.iterations:
+                    print(f"rlchain: the run has already reached trainer.iterations={cfg.iterations}: nothing to train",
                           file=sys.stderr, flush=True)  # fmt: skip
-                while self.iteration < self.iterations:
+                while self.iteration < cfg.iterations:
                     self._iterate(writer, bar)
                     if self._stop_signal is not None:
                         status = "interrupted"
@@ -551,21 +460,21 @@ class Trainer:
             raise failure
         return summary
 
-    def _iterate(self, writer: MetricWriter, bar: "_Progress") -> None:
+    def _iterate(self, writer: MetricWriter, bar: Progress) -> None:
+        cfg = self.cfg
         t0 = time.perf_counter()
-        rollout = self.collector.collect(reset_options=self.algorithm.reset_options)
+        rollout = self.collector.collect()
         t1 = time.perf_counter()
         train_stats = self.algorithm.update(rollout)
-        # Normalizer statistics change only from collected data, after the
-        # update, so collection and update of one rollout see the same ones.
-        self.policy.update_obs_normalizer(rollout["obs"])
         t2 = time.perf_counter()
         self.iteration += 1
         steps = rollout.numel()
         self.global_step += steps
+        self.episodes.add(self.collector.finished)
 
-        row = {f"train/{k}": v for k, v in train_stats.items()}
-        row.update({f"charts/{k}": v for k, v in self.collector.episode_stats().items()})
+        # CleanRL's names: what the update reports under losses/, the rate and the episodes under charts/.
+        row = {("charts/" if k == "learning_rate" else "losses/") + k: v for k, v in train_stats.items()}
+        row.update(self.episodes.means(success=getattr(self.env, "reports_success", True)))
         row.update(self.collector.last_stats)
         row["charts/SPS"] = steps / (t2 - t0)
         row["charts/iteration"] = self.iteration
@@ -574,10 +483,10 @@ class Trainer:
         row["time/elapsed_s"] = t2 - self._start
         self.last_train = row
 
-        last = self.iteration == self.iterations
-        if self.eval_env is not None and (self.iteration % self.eval_freq == 0 or last):
+        last = self.iteration == cfg.iterations
+        if self.eval_env is not None and (self.iteration % cfg.eval_freq == 0 or last):
             t3 = time.perf_counter()
-            eval_stats = evaluate(self.eval_env, self.policy, self.num_eval_episodes, seed=self.seed + 1)
+            eval_stats = evaluate(self.eval_env, self.policy, cfg.num_eval_episodes, seed=cfg.seed + 1)
             self.last_eval = {f"eval/{k}": v for k, v in eval_stats.items()}
             self.last_eval["eval/global_step"] = self.global_step
             row.update(self.last_eval)
@@ -593,7 +502,7 @@ class Trainer:
         writer.log(row, self.global_step)
         if not self._objective_checked:
             self._check_objective(row)
-        if self.iteration % self.save_freq == 0 and not last:
+        if self.iteration % cfg.save_freq == 0 and not last:
             self.save()
             writer.flush()
         bar.update(self.iteration, self.global_step, row)
@@ -634,7 +543,7 @@ class Trainer:
         """Whether ``value`` of the objective beats the best so far (strictly: ties keep the earlier)."""
         if self.best_objective is None:
             return True
-        return value > self.best_objective if self.objective_direction == "maximize" else value < self.best_objective
+        return value > self.best_objective if self.cfg.objective_direction == "maximize" else value < self.best_objective
 
     def _summary(self, status: str, error: str | None, elapsed: float, steps: int) -> dict[str, Any]:
         final = {**self.last_train, **self.last_eval}
@@ -644,7 +553,7 @@ class Trainer:
             "status": status,
             "error": error,
             "signal": self._stop_signal,
-            "exp_name": self.exp_name,
+            "exp_name": self.cfg.exp_name,
             **run_placement(self.env.device),
             "global_step": self.global_step,
             "iteration": self.iteration,
@@ -652,7 +561,7 @@ class Trainer:
             "SPS": steps / elapsed if elapsed > 0 else 0.0,
             "init_from": self.init_from,
             "objective_name": self.objective,
-            "objective_direction": self.objective_direction,
+            "objective_direction": self.cfg.objective_direction,
             "objective": objective,
             "best_objective": self.best_objective,
             "best_objective_step": self.best_objective_step,
@@ -661,46 +570,3 @@ class Trainer:
             "final": final,
             "checkpoints": checkpoints,
         }
-
-
-class _Progress:
-    """A rich progress bar on a terminal, else one plain line per iteration (flushed)."""
-
-    def __init__(self, total: int, done: int, enabled: bool) -> None:
-        from rich.console import Console
-
-        self.total, self.enabled = total, enabled
-        self.start, self.start_done = time.perf_counter(), done
-        self._rich = None
-        if enabled and Console().is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self._rich = Progress(
-                TextColumn("iter"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"),
-                TextColumn("ETA"), TimeRemainingColumn(),
-            )  # fmt: skip
-            self._task = self._rich.add_task("train", total=total, completed=done, info="")
-            self._rich.start()
-
-    def update(self, iteration: int, global_step: int, row: dict[str, float]) -> None:
-        if not self.enabled:
-            return
-        info = f"step {global_step:,} | SPS {row['charts/SPS']:,.0f}"
-        if "charts/episode_reward_avg_100" in row:
-            info += f" | reward {row['charts/episode_reward_avg_100']:.2f}"
-        if "charts/success_rate" in row:
-            info += f" | success {row['charts/success_rate']:.2f}"
-        if "eval/success_rate" in row:
-            info += f" | eval success {row['eval/success_rate']:.2f}"
-        elif "eval/avg_reward" in row:
-            info += f" | eval return {row['eval/avg_reward']:.2f}"
-        if self._rich is not None:
-            self._rich.update(self._task, completed=iteration, info=info)
-            return
-        rate = (time.perf_counter() - self.start) / max(1, iteration - self.start_done)
-        eta = rate * (self.total - iteration)
-        print(f"iter {iteration}/{self.total} | {info} | ETA {eta:.0f}s", flush=True)
-
-    def close(self) -> None:
-        if self._rich is not None:
-            self._rich.stop()

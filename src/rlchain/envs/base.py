@@ -80,11 +80,6 @@ class VecEnv(gym.vector.VectorEnv):
     neither logs nor shows a success rate for it.
 
     :func:`rlchain.envs.check_vec_env` checks an env against every rule here.
-
-    Returned tensors belong to the caller: a later ``step`` or ``reset`` must
-    not modify them in place (the collector keeps references to a whole
-    rollout's tensors before it stores them). Build new tensors each step, as
-    the built-in tasks do, or return copies of internal buffers.
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
