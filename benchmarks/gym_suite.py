@@ -3,7 +3,7 @@
     python benchmarks/gym_suite.py                 # every row
     python benchmarks/gym_suite.py --only overhead # one kind: learning | reference | overhead
 
-Learning rows run ``rlchain-train +experiment=<preset> seed=<s>`` and read
+Learning rows run ``rlchain-train experiment=<preset> seed=<s>`` and read
 each run's ``metrics.jsonl``: the first env step at which the deterministic
 eval return (``eval/avg_reward``) reached the bar, and the eval return at the
 budget (mean over seeds where there are several).
@@ -68,7 +68,7 @@ def learning_row(name: str, preset: str, seeds: list[int], bar: float, budget: i
     for seed in seeds:
         run_dir = tmp / f"{preset}_{seed}"
         env = {**os.environ, "WANDB_MODE": "disabled"}
-        cmd = [sys.executable, "-m", "rlchain.train", f"+experiment={preset}", f"seed={seed}", "device=cpu",
+        cmd = [sys.executable, "-m", "rlchain.train", f"experiment={preset}", f"seed={seed}", "device=cpu",
                "trainer.progress=false", f"hydra.run.dir={run_dir}"]  # fmt: skip
         start = time.perf_counter()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -8,8 +8,8 @@ count):
 
 * ``main``: ``algorithm=grpo env=push_cube`` with the schema defaults (the main
   job, ``make train``);
-* ``grpo``: ``+experiment=push_cube_grpo``;
-* ``ppo``: ``+experiment=push_cube_ppo``.
+* ``grpo``: ``experiment=push_cube_grpo``;
+* ``ppo``: ``experiment=push_cube_ppo``.
 
 It prints one row per run and seed: env steps and wall seconds until the eval
 success rate first reaches 0.6 (EmbodiChain's bar for push_cube) and 0.9, the
@@ -32,8 +32,8 @@ from rlchain.train import train
 
 RUNS = {
     "main": ["algorithm=grpo", "env=push_cube"],
-    "grpo": ["+experiment=push_cube_grpo"],
-    "ppo": ["+experiment=push_cube_ppo"],
+    "grpo": ["experiment=push_cube_grpo"],
+    "ppo": ["experiment=push_cube_ppo"],
 }
 BARS = (0.6, 0.9)
 

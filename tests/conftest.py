@@ -17,18 +17,8 @@ from omegaconf import DictConfig, open_dict
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # user components (toy_env, user_components) importable by _target_
 
-#: Overrides that shrink any run to a couple of seconds on the CPU.
-TINY = [
-    "device=cpu",
-    "env.num_envs=16",
-    "trainer.iterations=2",
-    "trainer.rollout_steps=8",
-    "trainer.eval_freq=1",
-    "trainer.num_eval_envs=8",
-    "trainer.num_eval_episodes=8",
-    "trainer.progress=false",
-    "algorithm.batch_size=64",
-]
+#: Shrinks any run to a couple of seconds on the CPU (conf/debug/tiny.yaml).
+TINY = ["debug=tiny"]
 
 
 def run_cli(args: list[str], cwd: Path, module: str = "rlchain.train", timeout: float = 300,

@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 from hydra.utils import get_class
+from omegaconf import OmegaConf
 
 from rlchain.algorithms import GRPO, PPO
 from rlchain.config import SCHEMAS
 from rlchain.envs import PushCubeEnv
 from rlchain.policies import ActorCritic, ActorOnly
+from rlchain.settings import Settings
 from rlchain.train import ConfigError, build, train
 from rlchain.trainer import Trainer
 
@@ -82,26 +84,43 @@ def test_overrides_reach_the_instances(compose_cfg):
 
 @pytest.mark.parametrize("experiment, algo", [("push_cube_ppo", PPO), ("push_cube_grpo", GRPO)])
 def test_experiment_presets(compose_cfg, experiment, algo):
-    cfg = compose_cfg([f"+experiment={experiment}", *TINY, "env.episode_length=8"])
+    cfg = compose_cfg([f"experiment={experiment}", *TINY, "env.episode_length=8"])
     assert isinstance(build(cfg).algorithm, algo)
-    assert compose_cfg([f"+experiment={experiment}"]).algorithm.learning_rate == 1e-3
+    assert compose_cfg([f"experiment={experiment}"]).algorithm.learning_rate == 1e-3
 
 
-def test_schema_fields_match_their_targets_constructor():
+def test_presets_fill_their_slots_with_or_without_a_plus(tmp_path, compose_cfg):
+    # experiment, hparams_search and debug have slots in the defaults list:
+    # `experiment=x` selects a preset, and `+experiment=x` (the older spelling) does the same.
+    for args in (["experiment=push_cube_ppo"], ["+experiment=push_cube_ppo"], ["+experiment=push_cube_ppo", "+debug=tiny"]):
+        proc = run_cli(["--cfg", "job", *args], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        job = OmegaConf.create(proc.stdout)
+        tiny = "+debug=tiny" in args
+        assert (job.env.num_envs, job.trainer.iterations) == ((16, 2) if tiny else (512, 400)), args
+    assert compose_cfg(["hparams_search=ppo_push_cube_optuna"]).trainer.iterations == 400
+
+
+def test_each_setting_is_written_once_in_its_schema():
+    # A component's constructor names only runtime objects and takes its
+    # settings as **settings: the schema (a Settings dataclass) is the one
+    # place of each setting's default, type, range and doc.
     for group, option, schema in SCHEMAS:
         target = get_class(schema._target_)
-        params = {
-            name: p for name, p in inspect.signature(target.__init__).parameters.items()
-            if name != "self" and name not in RUNTIME_ONLY and p.kind is not p.VAR_KEYWORD
-        }  # fmt: skip
-        fields = {f.name: f for f in dataclasses.fields(schema) if f.name != "_target_"}
-        assert set(params) == set(fields), f"{group}/{option}: schema and {target.__name__} differ"
-        for name, field in fields.items():
-            default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
-            ctor_default = params[name].default
-            if isinstance(ctor_default, tuple):
-                ctor_default = list(ctor_default)
-            assert ctor_default == default, f"{group}/{option}.{name}: {ctor_default!r} != {default!r}"
+        params = list(inspect.signature(target.__init__).parameters.values())
+        named = {p.name for p in params if p.kind is not p.VAR_KEYWORD} - {"self"}
+        assert named <= RUNTIME_ONLY, f"{group}/{option}: {target.__name__} names settings {named - RUNTIME_ONLY}"
+        assert any(p.kind is p.VAR_KEYWORD for p in params), f"{group}/{option}: {target.__name__} takes no **settings"
+        assert issubclass(schema, Settings), f"{group}/{option}: {schema.__name__} is not a Settings dataclass"
+
+
+def test_a_built_component_holds_its_composed_settings(compose_cfg):
+    cfg = compose_cfg([*TINY, "algorithm.clip_coef=0.3", "policy.hidden_sizes=[16,8]", "trainer.save_freq=7"])
+    trainer = build(cfg)
+    for component, node in ((trainer, cfg.trainer), (trainer.algorithm, cfg.algorithm), (trainer.policy, cfg.policy),
+                            (trainer.env, cfg.env)):  # fmt: skip
+        expected = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "_target_"}
+        assert {k: getattr(component.cfg, k) for k in expected} == expected, type(component).__name__
 
 
 # ------------------------------------------------------------ the command
@@ -142,7 +161,7 @@ def test_users_own_env_policy_and_algorithm_from_their_config_dir(tmp_path):
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["train/updates_seen"] for r in rows] == [1.0, 2.0, 3.0]
+    assert [r["losses/updates_seen"] for r in rows] == [1.0, 2.0, 3.0]
     assert "metrics/distance" in rows[-1]
 
 
@@ -174,7 +193,7 @@ def test_help_and_cfg_job(tmp_path):
         (["algorithm=grpo", "algorithm.advantage_norm=max"],
          "algorithm.advantage_norm='max' is not allowed: expected one of 'std', 'none', 'rollout_std'"),
         (["algorithm=grpo", "algorithm.group_size=3", "env.num_envs=64"],
-         "algorithm.group_size=3 is not allowed with num_envs=64: num_envs must be a multiple of group_size"),
+         "algorithm.group_size=3 is not allowed with env.num_envs=64: num_envs must be a multiple of group_size"),
         pytest.param(["device=cuda"], "device='cuda' is not available: this machine has no CUDA device",
                      marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")),
     ],
@@ -240,15 +259,15 @@ def test_a_users_config_group_may_add_a_top_level_key(tmp_path):
 
 
 def test_a_preset_at_global_adds_no_top_level_key(compose_cfg, tmp_path):
-    # +experiment=... is a group choice whose option is `# @package _global_`: it sets
+    # experiment=... is a group choice whose option is `# @package _global_`: it sets
     # env, algorithm, ... and adds no key `experiment`, so +experiment.<anything> is a mistake.
-    cfg = compose_cfg(["+experiment=cart_pole_ppo", "+experiment.algorithm.learning_rate=1e-3", *TINY])
+    cfg = compose_cfg(["experiment=cart_pole_ppo", "+experiment.algorithm.learning_rate=1e-3", *TINY])
     with pytest.raises(ConfigError, match=r"^Invalid config: unknown top-level key 'experiment': expected one of "
                                           r"algorithm, device, env, exp_name, policy, seed, trainer$"):  # fmt: skip
         train(cfg)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and "unknown top-level key 'experiment'" in summary["error"]
-    assert isinstance(build(compose_cfg(["+experiment=cart_pole_ppo", *TINY, f"trainer.output_dir={tmp_path / 'ok'}"])), Trainer)
+    assert isinstance(build(compose_cfg(["experiment=cart_pole_ppo", *TINY, f"trainer.output_dir={tmp_path / 'ok'}"])), Trainer)
 
 
 # ------------------------------------------------------------ the wheel

@@ -23,8 +23,7 @@ import rlchain.config  # noqa: F401  (registers the config schemas that compose 
 from conftest import TINY, run_cli
 
 #: TINY's runs on cart_pole, evaluated only after the last iteration (so the env that signals is the training env).
-BASE = [o for o in TINY if o.split("=")[0] not in ("trainer.iterations", "trainer.eval_freq")]
-BASE += ["env=cart_pole", "trainer.eval_freq=100"]
+BASE = [*TINY, "env=cart_pole", "trainer.eval_freq=100"]
 FOUR_ITERATIONS = [*BASE, "trainer.iterations=4"]
 STEPS_PER_ITERATION = 8 * 16  # rollout_steps x num_envs of TINY
 #: Step 19 of the env: in the third iteration's rollout (steps 17 to 24).

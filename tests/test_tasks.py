@@ -398,7 +398,7 @@ def test_task_presets_train_with_a_tiny_budget(compose_cfg, preset):
     # 8-step episodes: a GRPO rollout must hold a whole one
     tiny = ["trainer.iterations=2", "trainer.rollout_steps=8", "env.max_episode_steps=8", "trainer.eval_freq=1", "trainer.num_eval_envs=2",
             "trainer.num_eval_episodes=2", "trainer.progress=false", "device=cpu"]  # fmt: skip
-    cfg = compose_cfg([f"+experiment={preset}", *tiny])
+    cfg = compose_cfg([f"experiment={preset}", *tiny])
     summary = build(cfg).train()
     assert summary["status"] == "completed" and summary["global_step"] == 2 * 8 * cfg.env.num_envs
     assert summary["objective_name"] == "eval/avg_reward" and summary["objective"] == summary["final"]["eval/avg_reward"]
@@ -407,7 +407,7 @@ def test_task_presets_train_with_a_tiny_budget(compose_cfg, preset):
 def test_a_task_without_success_shows_and_logs_none(tmp_path):
     # Pendulum has no success signal: no "success 0.00" in the progress lines,
     # the final line or the logs; the objective (eval/avg_reward) instead.
-    proc = run_cli(["+experiment=gym_pendulum_ppo", "trainer.iterations=2", "trainer.rollout_steps=8",
+    proc = run_cli(["experiment=gym_pendulum_ppo", "trainer.iterations=2", "trainer.rollout_steps=8",
                     "trainer.eval_freq=1", "trainer.num_eval_envs=2", "trainer.num_eval_episodes=2",
                     "device=cpu"], tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
