@@ -108,8 +108,10 @@ def test_each_setting_is_written_once_in_its_schema():
     for group, option, schema in SCHEMAS:
         target = get_class(schema._target_)
         params = list(inspect.signature(target.__init__).parameters.values())
-        named = {p.name for p in params if p.kind is not p.VAR_KEYWORD} - {"self"}
+        # a positional-only shorthand (GymVecEnv("Pendulum-v1", ...)) passes the value on, with no default of its own
+        named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.POSITIONAL_ONLY)} - {"self"}
         assert named <= RUNTIME_ONLY, f"{group}/{option}: {target.__name__} names settings {named - RUNTIME_ONLY}"
+        assert all(p.default is None for p in params[1:] if p.kind is p.POSITIONAL_ONLY), f"{group}/{option}"
         assert any(p.kind is p.VAR_KEYWORD for p in params), f"{group}/{option}: {target.__name__} takes no **settings"
         assert issubclass(schema, Settings), f"{group}/{option}: {schema.__name__} is not a Settings dataclass"
 
