@@ -89,6 +89,14 @@ def test_experiment_presets(compose_cfg, experiment, algo):
     assert compose_cfg([f"experiment={experiment}"]).algorithm.learning_rate == 1e-3
 
 
+def test_the_algorithm_checks_its_env_once(compose_cfg):
+    from user_components import EnvCheckCountingPPO
+
+    EnvCheckCountingPPO.checks = 0
+    build(compose_cfg([*TINY, "algorithm._target_=user_components.EnvCheckCountingPPO"]))
+    assert EnvCheckCountingPPO.checks == 1
+
+
 def test_presets_fill_their_slots_with_or_without_a_plus(tmp_path, compose_cfg):
     # experiment, hparams_search and debug have slots in the defaults list:
     # `experiment=x` selects a preset, and `+experiment=x` (the older spelling) does the same.

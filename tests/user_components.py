@@ -24,6 +24,16 @@ class CountingPPO(PPO):
         return {**super().update(rollout), "updates_seen": float(self.updates_seen)}
 
 
+class EnvCheckCountingPPO(PPO):
+    """PPO that counts how often it is asked to check its env."""
+
+    checks = 0
+
+    def check_env(self, env):
+        type(self).checks += 1
+        super().check_env(env)
+
+
 def process_killing_env(**kwargs):
     """An env ``_target_`` whose construction kills its process, as the kernel's OOM killer would."""
     import os
