@@ -117,7 +117,7 @@ def cpu_sweep(tmp_path_factory):
     """The GRPO preset cut to 2 learning rates x 2 seeds, on 2 CPU slots; jobs 0 and 1, then 2 and 3, meet."""
     cwd = tmp_path_factory.mktemp("cpu_sweep")
     proc = run_cli([
-        "-m", "+sweep=grpo_push_cube", "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2",
+        "-m", "sweep=grpo_push_cube", "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2",
         # command-line values replace the preset's for the same key
         "algorithm.group_size=8", "algorithm.kl_coef=0.0", "algorithm.learning_rate=1e-3,3e-4", "seed=0,1", *SHORT, "env.episode_length=8", MEET,
     ], cwd, **barrier_env(2, cwd / "barrier"))  # fmt: skip
@@ -555,7 +555,7 @@ def test_workers_die_with_their_launcher(tmp_path):
 def test_sweep_presets_compose(preset, n_jobs):
     GlobalHydra.instance().clear()
     with initialize_config_module("rlchain.conf", version_base="1.3"):
-        cfg = compose("train", overrides=[f"+sweep={preset}"], return_hydra_config=True)
+        cfg = compose("train", overrides=[f"sweep={preset}"], return_hydra_config=True)
     GlobalHydra.instance().clear()
     params = cfg.hydra.sweeper.params
     assert "seed" in params and len(str(params.seed).split(",")) == 3
@@ -571,14 +571,14 @@ def test_sweep_presets_compose(preset, n_jobs):
 def test_the_study_presets_compare_ppo_and_grpo_arms_at_one_budget(compose_cfg, env, budget):
     GlobalHydra.instance().clear()
     with initialize_config_module("rlchain.conf", version_base="1.3"):
-        cfg = compose("train", overrides=[f"+sweep=ppo_vs_grpo_{env}"], return_hydra_config=True)
+        cfg = compose("train", overrides=[f"sweep=ppo_vs_grpo_{env}"], return_hydra_config=True)
     params = cfg.hydra.sweeper.params
-    arms = str(params["+study"]).split(",")
+    arms = str(params["study"]).split(",")
     assert len(arms) == 7 and str(params.seed) == "0,1,2"
     assert list(cfg.hydra.callbacks.sweep_summary.at_steps)[-1] <= budget
     seen = set()
     for arm in arms:
-        arm_cfg = compose_cfg([f"+study={arm}"])
+        arm_cfg = compose_cfg([f"study={arm}"])
         steps = arm_cfg.trainer.iterations * arm_cfg.trainer.rollout_steps * arm_cfg.env.num_envs
         assert steps == pytest.approx(budget, rel=0.02), arm
         algorithm = arm_cfg.algorithm

@@ -309,11 +309,11 @@ def main(cfg: DictConfig) -> float | None:
 
 
 #: Config groups with a slot in ``train.yaml``'s defaults list (``experiment: null``, ...).
-PRESET_SLOTS = ("experiment", "hparams_search", "debug")
+PRESET_SLOTS = ("experiment", "study", "sweep", "hparams_search", "debug")
 
 
 def preset_overrides(args: list[str]) -> list[str]:
-    """``args`` with ``+experiment=x`` written as ``experiment=x`` (likewise ``hparams_search``, ``debug``).
+    """``args`` with ``+experiment=x`` written as ``experiment=x`` (likewise every group of :data:`PRESET_SLOTS`).
 
     These groups have a slot in the defaults list, so ``experiment=x`` selects
     one; Hydra refuses ``+`` (add) for a group the list already has, which
