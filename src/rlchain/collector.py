@@ -13,9 +13,9 @@ from rlchain.policies import Policy
 
 __all__ = ["EpisodeWindow", "SyncCollector", "step_env"]
 
-#: The rollout keys the step loop writes when the policy has acted, and when the env has stepped.
+#: The rollout keys the step loop copies when the policy has acted, and when the env has stepped (``done`` it computes in place).
 _ACT_KEYS = ("obs", "action", "sample_log_prob", "value")
-_STEP_KEYS = ("reward", "terminated", "truncated", "done", "final_obs", "success", "episode_return", "episode_length")
+_STEP_KEYS = ("reward", "terminated", "truncated", "final_obs", "success", "episode_return", "episode_length")
 
 
 def _add_terms(sums: dict[str, torch.Tensor], info: dict[str, Any], first: bool) -> None:
@@ -30,12 +30,12 @@ def _add_terms(sums: dict[str, torch.Tensor], info: dict[str, Any], first: bool)
         sums.clear()
         for group in ("rewards", "metrics"):
             for name, value in info.get(group, {}).items():
-                sums[f"{group}/{name}"] = value.to(torch.float64, copy=True)
+                sums[f"{group}/{name}"] = value.float().clone()
         return
     for key, total in sums.items():
         group, name = key.split("/", 1)
         try:
-            total += info[group][name]
+            total.add_(info[group][name])
         except KeyError:
             raise ValueError(
                 f"info[{group!r}][{name!r}] is missing at some step: an env must report the same terms every step"
@@ -135,22 +135,23 @@ class SyncCollector:
             self._episode_length.zero_()
         obs, n = self._obs, env.num_envs
         ret, length = self._episode_return, self._episode_length
-        acted = [data[key] for key in _ACT_KEYS]
-        stepped = [data[key] for key in _STEP_KEYS]
+        # The storage's rows, one view per step and key: each step is written into place.
+        acted = list(zip(*(data[key].unbind(0) for key in _ACT_KEYS)))
+        stepped = list(zip(*(data[key].unbind(0) for key in _STEP_KEYS)))
+        dones = data["done"].unbind(0)
         term_sums: dict[str, torch.Tensor] = {}
         for t in range(self.rollout_steps):
             step = policy.get_action(TensorDict({"obs": obs}, batch_size=[n]))
             action = step["action"]
             # Stored before the env steps: an env may reuse its buffers for the next step.
-            for row, value in zip(acted, (obs, action, step["sample_log_prob"], step["value"])):
-                row[t] = value
+            for row, value in zip(acted[t], (obs, action, step["sample_log_prob"], step["value"])):
+                row.copy_(value)
             next_obs, reward, terminated, truncated, info = step_env(env, obs, action)
-            done = terminated | truncated
             ret += reward
             length += 1
-            for row, value in zip(stepped, (reward, terminated, truncated, done, info["final_obs"], info["success"],
-                                            ret, length)):  # fmt: skip
-                row[t] = value
+            for row, value in zip(stepped[t], (reward, terminated, truncated, info["final_obs"], info["success"], ret, length)):
+                row.copy_(value)
+            done = torch.logical_or(terminated, truncated, out=dones[t])
             ret.masked_fill_(done, 0.0)
             length.masked_fill_(done, 0)
             _add_terms(term_sums, info, first=t == 0)
@@ -162,7 +163,7 @@ class SyncCollector:
         done = data["done"]
         finished = (data["episode_return"][done], data["episode_length"][done], data["success"][done])
         self.finished = dict(zip(("return", "length", "success"), (x.tolist() for x in finished)))
-        means = torch.stack(list(term_sums.values())).sum(-1) / data.numel() if term_sums else None
+        means = torch.stack(list(term_sums.values())).sum(-1, dtype=torch.float64) / data.numel() if term_sums else None
         self.last_stats = dict(zip(term_sums, means.tolist())) if means is not None else {}
         return data
 
