@@ -290,10 +290,11 @@ class ActorCritic(Policy):
         std = bounded(self.log_std, self.cfg.log_std_min, self.cfg.log_std_max).exp().expand_as(out)
         return torch.distributions.Normal(out, std, validate_args=False)
 
-    def _log_prob_entropy(self, dist, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.discrete:
-            return dist.log_prob(action), dist.entropy()
-        return dist.log_prob(action).sum(-1), dist.entropy().sum(-1)
+    def _log_prob(self, dist, action: torch.Tensor) -> torch.Tensor:
+        return dist.log_prob(action) if self.discrete else dist.log_prob(action).sum(-1)
+
+    def _entropy(self, dist) -> torch.Tensor:
+        return dist.entropy() if self.discrete else dist.entropy().sum(-1)
 
     def _value(self, x: torch.Tensor) -> torch.Tensor:
         if self.critic is None:
@@ -312,7 +313,7 @@ class ActorCritic(Policy):
             action = dist.probs.argmax(-1) if self.discrete else dist.mean
         else:
             action = dist.sample()
-        td["action"], td["sample_log_prob"], td["value"] = action, self._log_prob_entropy(dist, action)[0], self._value(x)
+        td["action"], td["sample_log_prob"], td["value"] = action, self._log_prob(dist, action), self._value(x)
         return td
 
     def get_value(self, td: TensorDict) -> TensorDict:
@@ -323,7 +324,8 @@ class ActorCritic(Policy):
     def evaluate_actions(self, td: TensorDict) -> TensorDict:
         """Return a new TensorDict with differentiable ``sample_log_prob``, ``entropy``, ``value`` ``[B]``."""
         x = self._features(td["obs"])
-        log_prob, entropy = self._log_prob_entropy(self._distribution(x), td["action"])
+        dist = self._distribution(x)
+        log_prob, entropy = self._log_prob(dist, td["action"]), self._entropy(dist)
         return TensorDict(
             {"sample_log_prob": log_prob, "entropy": entropy, "value": self._value(x)},
             batch_size=td.batch_size,
