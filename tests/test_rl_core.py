@@ -430,7 +430,7 @@ def test_collector_stores_each_step_and_counts_episodes_across_rollouts():
     collector = SyncCollector(env, policy, rollout_steps=5)
     window = EpisodeWindow(min_episodes=4)
     twin_obs, _ = twin.reset()
-    ret, length, finished = torch.zeros(6), torch.zeros(6, dtype=torch.int64), []
+    ret, length, finished = torch.zeros(6, dtype=torch.float64), torch.zeros(6, dtype=torch.int64), []
     for _ in range(3):
         rollout = collector.collect().clone()
         window.add(collector.finished)

@@ -38,7 +38,7 @@ class RolloutBuffer:
                                             ``V(final_obs)`` on done rows, else the next
                                             step's value; the bootstrap target, filled
                                             after the rollout by the collector
-    episode_return      f32 [T,N]           undiscounted return so far, incl. this step
+    episode_return      f64 [T,N]           undiscounted return so far, incl. this step
     episode_length      i64 [T,N]           steps so far, incl. this step
     success             bool [T,N]          the env reported success on this step
     ==================  ==================  =============================================
@@ -84,7 +84,7 @@ class RolloutBuffer:
                 "done": b(),
                 "final_obs": f32(*obs_shape),
                 "next_value": f32(),
-                "episode_return": f32(),
+                "episode_return": torch.zeros(t, n, dtype=torch.float64, device=device),  # long sums do not drift
                 "episode_length": torch.zeros(t, n, dtype=torch.int64, device=device),
                 "success": b(),
             },

@@ -15,7 +15,7 @@ __all__ = ["EpisodeWindow", "SyncCollector", "step_env"]
 
 #: The rollout keys the step loop copies when the policy has acted, and when the env has stepped (``done`` it computes in place).
 _ACT_KEYS = ("obs", "action", "sample_log_prob", "value")
-_STEP_KEYS = ("reward", "terminated", "truncated", "final_obs", "success", "episode_return", "episode_length")
+_STEP_KEYS = ("reward", "terminated", "truncated", "final_obs", "success")
 
 
 def _add_terms(sums: dict[str, torch.Tensor], info: dict[str, Any], first: bool) -> None:
@@ -109,6 +109,8 @@ class SyncCollector:
         self._obs: torch.Tensor | None = None
         self._episode_return = torch.zeros(n, dtype=torch.float64, device=dev)  # float64: long sums do not drift
         self._episode_length = torch.zeros(n, dtype=torch.int64, device=dev)
+        self._running = torch.ones(n, dtype=torch.int64, device=dev)  # 1 where an episode goes on into the next step
+        self._one = torch.ones((), dtype=torch.int64, device=dev)
         self.finished: dict[str, list] = {"return": [], "length": [], "success": []}
         self.last_stats: dict[str, float] = {}
 
@@ -131,31 +133,32 @@ class SyncCollector:
         env, policy, data = self.env, self.policy, self.buffer.data
         if self.reset_options is not None or self._obs is None:
             self._obs, _ = env.reset(options=self.reset_options)
-            self._episode_return.zero_()
-            self._episode_length.zero_()
+            self.restart_episodes()
         obs, n = self._obs, env.num_envs
-        ret, length = self._episode_return, self._episode_length
         # The storage's rows, one view per step and key: each step is written into place.
         acted = list(zip(*(data[key].unbind(0) for key in _ACT_KEYS)))
         stepped = list(zip(*(data[key].unbind(0) for key in _STEP_KEYS)))
-        dones = data["done"].unbind(0)
+        dones, returns, lengths = (data[key].unbind(0) for key in ("done", "episode_return", "episode_length"))
+        # Step t's episode return and length: the previous step's times `running` (0 where an
+        # episode ended there), plus this step's reward and 1; before step 0, the carried episode.
+        ret, length, running = self._episode_return, self._episode_length, self._running
         term_sums: dict[str, torch.Tensor] = {}
         for t in range(self.rollout_steps):
             step = policy.get_action(TensorDict({"obs": obs}, batch_size=[n]))
             action = step["action"]
             # Stored before the env steps: an env may reuse its buffers for the next step.
-            for row, value in zip(acted[t], (obs, action, step["sample_log_prob"], step["value"])):
-                row.copy_(value)
+            torch._foreach_copy_(acted[t], (obs, action, step["sample_log_prob"], step["value"]))
             next_obs, reward, terminated, truncated, info = step_env(env, obs, action)
-            ret += reward
-            length += 1
-            for row, value in zip(stepped[t], (reward, terminated, truncated, info["final_obs"], info["success"], ret, length)):
-                row.copy_(value)
-            done = torch.logical_or(terminated, truncated, out=dones[t])
-            ret.masked_fill_(done, 0.0)
-            length.masked_fill_(done, 0)
+            torch._foreach_copy_(stepped[t], (reward, terminated, truncated, info["final_obs"], info["success"]))
+            ret = torch.addcmul(reward, ret, running, out=returns[t])
+            length = torch.addcmul(self._one, length, running, out=lengths[t])
+            torch.logical_not(torch.logical_or(terminated, truncated, out=dones[t]), out=running)
             _add_terms(term_sums, info, first=t == 0)
             obs = next_obs
+        # The carries into the next rollout: zero where an episode just ended.
+        torch.mul(ret, running, out=self._episode_return)
+        torch.mul(length, running, out=self._episode_length)
+        self._running.fill_(1)
         self._obs = obs
         self._bootstrap_values(data, obs)
 
@@ -186,6 +189,11 @@ class SyncCollector:
         if ended[0].numel():
             next_value[ended] = value(data["final_obs"][ended])
 
+    def restart_episodes(self) -> None:
+        """Carry no episode into the next rollout (every env was just reset)."""
+        self._episode_return.zero_()
+        self._episode_length.zero_()
+
     def restart(self) -> None:
         """Start afresh: reset every env before the next rollout and carry no episode into it.
 
@@ -193,8 +201,7 @@ class SyncCollector:
         observation and episode carries belong to an env state that is gone.
         """
         self._obs = None
-        self._episode_return.zero_()
-        self._episode_length.zero_()
+        self.restart_episodes()
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue collecting exactly where this collector stopped."""
