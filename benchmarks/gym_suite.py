@@ -40,6 +40,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
+from tensordict import TensorDict
 
 #: (name, preset, seeds, bar on eval/avg_reward, env-step budget)
 LEARNING = [
@@ -89,21 +90,20 @@ def learning_row(name: str, preset: str, seeds: list[int], bar: float, budget: i
 
 
 class ReplayPolicy:
-    """Replays a fixed list of random actions through the policy interface the collector calls.
+    """Replays a fixed list of random actions through ``get_action``, the one method the collector calls.
 
-    A plain class with the tensor form of ``get_action``
-    (:meth:`rlchain.policies.Policy.act`), as the built-in policies have: the
-    harness itself should cost next to nothing.
+    A plain class, not a network: the harness itself should cost next to nothing.
     """
 
     has_critic = False
 
     def __init__(self, actions: list[torch.Tensor]) -> None:
         self.actions = itertools.cycle(actions)
-        self.zeros = torch.zeros(actions[0].shape[0])  # log-prob and value: never modified, so shared by every step
+        self.zeros = torch.zeros(actions[0].shape[0])  # log-prob and value: the collector copies them
 
-    def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return next(self.actions), self.zeros, self.zeros
+    def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
+        td["action"], td["sample_log_prob"], td["value"] = next(self.actions), self.zeros, self.zeros
+        return td
 
 
 def overhead_round(env_id: str, num_envs: int, block: int = 256, repeats: int = 30) -> tuple[float, float]:
