@@ -17,13 +17,13 @@ import torch
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from rlchain.algorithms import GRPO, PPO
+from rlchain.algorithms import GRPO, PPO, GRPOConfig
 from rlchain.config import SCHEMAS
 from rlchain.envs import PushCubeEnv
 from rlchain.policies import ActorCritic, ActorOnly
 from rlchain.settings import Settings
 from rlchain.train import ConfigError, build, train
-from rlchain.trainer import Trainer
+from rlchain.trainer import Trainer, TrainerConfig
 
 from conftest import TESTS, TINY, run_cli
 
@@ -87,6 +87,13 @@ def test_experiment_presets(compose_cfg, experiment, algo):
     cfg = compose_cfg([f"experiment={experiment}", *TINY, "env.episode_length=8"])
     assert isinstance(build(cfg).algorithm, algo)
     assert compose_cfg([f"experiment={experiment}"]).algorithm.learning_rate == 1e-3
+
+
+def test_settings_errors_write_their_bounds_in_full():
+    with pytest.raises(ValueError, match=r"^seed=-1 is not allowed: expected an integer in \[0, 4294967295\]$"):
+        TrainerConfig(seed=-1)
+    with pytest.raises(ValueError, match=r"^eps=0.0 is not allowed: expected a number > 0$"):
+        GRPOConfig(eps=0)
 
 
 def test_the_algorithm_checks_its_env_once(compose_cfg):

@@ -74,15 +74,22 @@ def _kinds(annotation: Any) -> tuple[tuple[type, ...], bool, Any]:
     return ((annotation,) if isinstance(annotation, type) else ()), False, None
 
 
+def _bound(x: float | None) -> str | None:
+    """A bound as written in a message: whole numbers in full (4294967295, 0), others as ``:g`` (1e-08)."""
+    if x is None:
+        return None
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
 def _describe(kind: type | None, bounds: dict[str, Any]) -> str:
     """What is allowed, in words: 'an integer > 0', 'a number in [0, 1]', "one of 'a', 'b'"."""
     if bounds.get("choices") is not None:
         return "one of " + ", ".join(repr(c) for c in bounds["choices"])
     noun = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(kind, "a value")
-    gt, ge, le = bounds.get("gt"), bounds.get("ge"), bounds.get("le")
+    gt, ge, le = (_bound(bounds.get(key)) for key in ("gt", "ge", "le"))
     if ge is not None and le is not None:
-        return f"{noun} in [{ge:g}, {le:g}]"
-    parts = [f"> {gt:g}" if gt is not None else "", f">= {ge:g}" if ge is not None else "", f"<= {le:g}" if le is not None else ""]
+        return f"{noun} in [{ge}, {le}]"
+    parts = [f"> {gt}" if gt is not None else "", f">= {ge}" if ge is not None else "", f"<= {le}" if le is not None else ""]
     return " ".join([noun, *(p for p in parts if p)])
 
 
