@@ -141,7 +141,7 @@ class SyncCollector:
         dones, returns, lengths = (data[key].unbind(0) for key in ("done", "episode_return", "episode_length"))
         # Step t's episode return and length: the previous step's times `running` (0 where an
         # episode ended there), plus this step's reward and 1; before step 0, the carried episode.
-        ret, length, running = self._episode_return, self._episode_length, self._running
+        ret, length, running = self._episode_return, self._episode_length, self._running.fill_(1)
         term_sums: dict[str, torch.Tensor] = {}
         for t in range(self.rollout_steps):
             step = policy.get_action(TensorDict({"obs": obs}, batch_size=[n]))
@@ -158,7 +158,6 @@ class SyncCollector:
         # The carries into the next rollout: zero where an episode just ended.
         torch.mul(ret, running, out=self._episode_return)
         torch.mul(length, running, out=self._episode_length)
-        self._running.fill_(1)
         self._obs = obs
         self._bootstrap_values(data, obs)
 
