@@ -133,7 +133,7 @@ class SyncCollector:
         env, policy, data = self.env, self.policy, self.buffer.data
         if self.reset_options is not None or self._obs is None:
             self._obs, _ = env.reset(options=self.reset_options)
-            self.restart_episodes()
+            self._restart_episodes()
         obs, n = self._obs, env.num_envs
         # The storage's rows, one view per step and key: each step is written into place.
         acted = list(zip(*(data[key].unbind(0) for key in _ACT_KEYS)))
@@ -188,7 +188,7 @@ class SyncCollector:
         if ended[0].numel():
             next_value[ended] = value(data["final_obs"][ended])
 
-    def restart_episodes(self) -> None:
+    def _restart_episodes(self) -> None:
         """Carry no episode into the next rollout (every env was just reset)."""
         self._episode_return.zero_()
         self._episode_length.zero_()
@@ -200,7 +200,7 @@ class SyncCollector:
         observation and episode carries belong to an env state that is gone.
         """
         self._obs = None
-        self.restart_episodes()
+        self._restart_episodes()
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue collecting exactly where this collector stopped."""

@@ -49,7 +49,7 @@ class ConfigError(CompactHydraException):
 
 
 #: The config nodes of the components: a message that starts with one names its field in full.
-_GROUP_PREFIXES = tuple(f"{field.name}." for field in dataclasses.fields(TrainConfig) if field.name in ("env", "policy", "algorithm", "trainer"))
+_GROUP_PREFIXES = ("env.", "policy.", "algorithm.", "trainer.")
 
 
 @contextlib.contextmanager

@@ -15,9 +15,6 @@ import torch
 __all__ = [
     "LAUNCHER_SLOT_ENV",
     "check_positive",
-    "check_non_negative",
-    "check_in_range",
-    "check_choice",
     "check_seed",
     "one_line",
     "resolve_device",
@@ -43,38 +40,6 @@ def check_positive(name: str, value: Any, *, integer: bool = False) -> None:
         raise ValueError(f"{name}={value!r} is not allowed: expected {kind} > 0")
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name}={value!r} is not allowed: expected {kind} > 0")
-
-
-def check_non_negative(name: str, value: Any) -> None:
-    """Raise unless ``value`` is a finite number >= 0.
-
-    Raises:
-        ValueError: naming ``name``, the value and the allowed range.
-    """
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name}={value!r} is not allowed: expected a number >= 0")
-
-
-def check_in_range(name: str, value: Any, low: float, high: float) -> None:
-    """Raise unless ``value`` is a finite number with ``low <= value <= high``.
-
-    Raises:
-        ValueError: naming ``name``, the value and the allowed interval.
-    """
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not (ok and low <= value <= high):
-        raise ValueError(f"{name}={value!r} is not allowed: expected a number in [{low}, {high}]")
-
-
-def check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
-    """Raise unless ``value`` is one of ``choices``.
-
-    Raises:
-        ValueError: naming ``name``, the value and the allowed choices.
-    """
-    if value not in choices:
-        allowed = ", ".join(repr(c) for c in choices)
-        raise ValueError(f"{name}={value!r} is not allowed: expected one of {allowed}")
 
 
 def one_line(text: Any) -> str:

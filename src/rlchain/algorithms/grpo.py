@@ -110,11 +110,7 @@ class GRPO(Algorithm):
 
     def check_env(self, env: Any) -> None:
         """Raise ``ValueError`` (naming ``algorithm.group_size`` and ``env.num_envs``) unless the one divides the other."""
-        if env.num_envs % self.cfg.group_size:
-            raise ValueError(
-                f"algorithm.group_size={self.cfg.group_size} is not allowed with env.num_envs={env.num_envs}: "
-                "num_envs must be a multiple of group_size"
-            )
+        check_group_size(self.cfg.group_size, env.num_envs, names=("algorithm.group_size", "env.num_envs"))
 
     def advantages(self, rollout: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
         """Group-relative advantages and the live mask of a ``[T, N]`` rollout (float, bool)."""

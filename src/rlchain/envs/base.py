@@ -29,16 +29,20 @@ __all__ = ["NON_FINITE_ACTION", "SingleGymEnv", "TorchVecEnv", "VecEnv", "check_
 NON_FINITE_ACTION = "action contains NaN or inf: expected finite values (they are clipped to [-1, 1])"
 
 
-def check_group_size(group_size: Any, num_envs: int) -> int:
+def check_group_size(group_size: Any, num_envs: int, names: tuple[str, str] = ("group_size", "num_envs")) -> int:
     """Validate a GRPO group size against ``num_envs`` and return it.
+
+    ``names`` are how the message names the two values (``algorithm.group_size``
+    and ``env.num_envs`` when the algorithm checks its env).
 
     Raises:
         ValueError: unless ``group_size`` is a positive int dividing ``num_envs``.
     """
-    check_positive("group_size", group_size, integer=True)
+    group_name, envs_name = names
+    check_positive(group_name, group_size, integer=True)
     if num_envs % group_size != 0:
         raise ValueError(
-            f"group_size={group_size} is not allowed with num_envs={num_envs}: "
+            f"{group_name}={group_size} is not allowed with {envs_name}={num_envs}: "
             "num_envs must be a multiple of group_size"
         )
     return group_size
