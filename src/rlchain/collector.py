@@ -105,6 +105,11 @@ class SyncCollector:
             rollout_steps, env.num_envs, env.single_observation_space, env.single_action_space, env.device
         )
         self.rollout_steps = rollout_steps
+        # The storage's rows, one view per step and key, made once: each step is written into place.
+        data = self.buffer.data
+        self._acted_rows = list(zip(*(data[key].unbind(0) for key in _ACT_KEYS)))
+        self._stepped_rows = list(zip(*(data[key].unbind(0) for key in _STEP_KEYS)))
+        self._tally_rows = list(zip(*(data[key].unbind(0) for key in ("done", "episode_return", "episode_length"))))
         n, dev = env.num_envs, env.device
         self._obs: torch.Tensor | None = None
         self._episode_return = torch.zeros(n, dtype=torch.float64, device=dev)  # float64: long sums do not drift
@@ -135,24 +140,22 @@ class SyncCollector:
             self._obs, _ = env.reset(options=self.reset_options)
             self._restart_episodes()
         obs, n = self._obs, env.num_envs
-        # The storage's rows, one view per step and key: each step is written into place.
-        acted = list(zip(*(data[key].unbind(0) for key in _ACT_KEYS)))
-        stepped = list(zip(*(data[key].unbind(0) for key in _STEP_KEYS)))
-        dones, returns, lengths = (data[key].unbind(0) for key in ("done", "episode_return", "episode_length"))
         # Step t's episode return and length: the previous step's times `running` (0 where an
         # episode ended there), plus this step's reward and 1; before step 0, the carried episode.
         ret, length, running = self._episode_return, self._episode_length, self._running.fill_(1)
         term_sums: dict[str, torch.Tensor] = {}
-        for t in range(self.rollout_steps):
+        for t, (acted, stepped, (done_row, ret_row, length_row)) in enumerate(
+            zip(self._acted_rows, self._stepped_rows, self._tally_rows)
+        ):
             step = policy.get_action(TensorDict({"obs": obs}, batch_size=[n]))
             action = step["action"]
             # Stored before the env steps: an env may reuse its buffers for the next step.
-            torch._foreach_copy_(acted[t], (obs, action, step["sample_log_prob"], step["value"]))
+            torch._foreach_copy_(acted, (obs, action, step["sample_log_prob"], step["value"]))
             next_obs, reward, terminated, truncated, info = step_env(env, obs, action)
-            torch._foreach_copy_(stepped[t], (reward, terminated, truncated, info["final_obs"], info["success"]))
-            ret = torch.addcmul(reward, ret, running, out=returns[t])
-            length = torch.addcmul(self._one, length, running, out=lengths[t])
-            torch.logical_not(torch.logical_or(terminated, truncated, out=dones[t]), out=running)
+            torch._foreach_copy_(stepped, (reward, terminated, truncated, info["final_obs"], info["success"]))
+            ret = torch.addcmul(reward, ret, running, out=ret_row)
+            length = torch.addcmul(self._one, length, running, out=length_row)
+            torch.logical_not(torch.logical_or(terminated, truncated, out=done_row), out=running)
             _add_terms(term_sums, info, first=t == 0)
             obs = next_obs
         # The carries into the next rollout: zero where an episode just ended.
