@@ -104,7 +104,6 @@ class SyncCollector:
         self.buffer = RolloutBuffer(
             rollout_steps, env.num_envs, env.single_observation_space, env.single_action_space, env.device
         )
-        self.rollout_steps = rollout_steps
         # The storage's rows, one view per step and key, made once: each step is written into place.
         data = self.buffer.data
         self._acted_rows = list(zip(*(data[key].unbind(0) for key in _ACT_KEYS)))
