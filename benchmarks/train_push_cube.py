@@ -53,8 +53,8 @@ def run(name: str, seed: int, out: Path, extra: list[str]) -> dict[str, object]:
         reached = next((r for r in evals if r["eval/success_rate"] >= bar), None)
         row[f"steps_to_{bar}"] = reached["global_step"] if reached else None
         row[f"seconds_to_{bar}"] = reached["time/elapsed_s"] if reached else None
-    row.update(final_success=evals[-1]["eval/success_rate"], best_success=summary["best_eval_success_rate"],
-               total_steps=summary["global_step"], total_seconds=summary["elapsed_s"], SPS=summary["SPS"])  # fmt: skip
+    row.update(final_success=evals[-1]["eval/success_rate"], best_success=summary.best_eval_success_rate,
+               total_steps=summary.global_step, total_seconds=summary.elapsed_s, SPS=summary.SPS)  # fmt: skip
     return row
 
 

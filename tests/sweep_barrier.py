@@ -1,6 +1,7 @@
 """An env ``_target_`` that makes the jobs of a sweep meet, so a test can prove they ran together.
 
-Each job, as it builds its env, writes a marker named after its job number into the
+Each job, as it builds its env, writes a marker named after its job number (holding the
+job's torch CPU thread count) into the
 directory named by ``$RLCHAIN_TEST_BARRIER`` and waits until every job of its round has
 written one: with ``P = $RLCHAIN_TEST_BARRIER_PARTIES``, jobs ``r*P .. r*P + P - 1``
 form round ``r``. A job therefore completes only if the other jobs of its round were
@@ -19,6 +20,7 @@ import os
 import time
 from pathlib import Path
 
+import torch
 from hydra.core.hydra_config import HydraConfig
 
 from rlchain.envs import PushCubeEnv
@@ -44,7 +46,7 @@ def meet() -> None:
     parties = int(os.environ[PARTIES_ENV])
     num = int(HydraConfig.get().job.num)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / str(num)).touch()
+    (directory / str(num)).write_text(str(torch.get_num_threads()))
     first = num - num % parties
     round_ = [directory / str(n) for n in range(first, first + parties)]
     deadline = time.monotonic() + TIMEOUT_S

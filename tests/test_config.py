@@ -24,6 +24,7 @@ from rlchain.policies import ActorCritic, ActorOnly
 from rlchain.settings import Settings
 from rlchain.train import ConfigError, build, train
 from rlchain.trainer import Trainer, TrainerConfig
+from rlchain.summary import RunSummary
 
 from conftest import TESTS, TINY, run_cli
 
@@ -104,16 +105,19 @@ def test_the_algorithm_checks_its_env_once(compose_cfg):
     assert EnvCheckCountingPPO.checks == 1
 
 
-def test_presets_fill_their_slots_with_or_without_a_plus(tmp_path, compose_cfg):
-    # experiment, hparams_search and debug have slots in the defaults list:
-    # `experiment=x` selects a preset, and `+experiment=x` (the older spelling) does the same.
-    for args in (["experiment=push_cube_ppo"], ["+experiment=push_cube_ppo"], ["+experiment=push_cube_ppo", "+debug=tiny"]):
+def test_presets_fill_their_slots(tmp_path, compose_cfg):
+    # experiment, study, sweep, hparams_search and debug have slots in the defaults list: `experiment=x`
+    # selects a preset, and debug comes last, so it shrinks whatever preset the run chose.
+    for args in (["experiment=push_cube_ppo"], ["experiment=push_cube_ppo", "debug=tiny"]):
         proc = run_cli(["--cfg", "job", *args], tmp_path)
         assert proc.returncode == 0, proc.stderr
         job = OmegaConf.create(proc.stdout)
-        tiny = "+debug=tiny" in args
+        tiny = "debug=tiny" in args
         assert (job.env.num_envs, job.trainer.iterations) == ((16, 2) if tiny else (512, 400)), args
     assert compose_cfg(["hparams_search=ppo_push_cube_optuna"]).trainer.iterations == 400
+    # `+experiment=x`, the spelling from before the slots, is Hydra's error: the group is in the defaults list
+    proc = run_cli(["--cfg", "job", "+experiment=push_cube_ppo"], tmp_path)
+    assert proc.returncode == 1 and "Multiple values for experiment" in proc.stderr
 
 
 def test_each_setting_is_written_once_in_its_schema():
@@ -149,10 +153,10 @@ def test_single_run_end_to_end(tmp_path):
                  "checkpoints/latest.pt", "checkpoints/best.pt"):  # fmt: skip
         assert (run_dir / name).is_file(), name
     assert list((run_dir / "tensorboard").glob("events.*"))
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["global_step"] == 2 * 16 * 8
-    assert summary["exp_name"] == "grpo_push_cube"
-    assert f"final eval success rate {summary['final']['eval/success_rate']:.3f}" in proc.stdout
+    summary = RunSummary.read(run_dir)
+    assert summary.status == "completed" and summary.global_step == 2 * 16 * 8
+    assert summary.exp_name == "grpo_push_cube"
+    assert f"final eval success rate {summary.final['eval/success_rate']:.3f}" in proc.stdout
 
 
 def test_multirun_runs_four_jobs_each_in_its_own_directory(tmp_path):
@@ -163,10 +167,10 @@ def test_multirun_runs_four_jobs_each_in_its_own_directory(tmp_path):
     assert [j.name for j in jobs] == ["0", "1", "2", "3"]
     seen = set()
     for job in jobs:
-        summary = json.loads((job / "summary.json").read_text())
-        assert summary["status"] == "completed" and summary["global_step"] == 256
+        summary = RunSummary.read(job)
+        assert summary.status == "completed" and summary.global_step == 256
         overrides = (job / ".hydra" / "overrides.yaml").read_text()
-        seen.add((summary["exp_name"], "seed=1" in overrides))
+        seen.add((summary.exp_name, "seed=1" in overrides))
         assert (job / "checkpoints" / "latest.pt").is_file()
     assert seen == {("ppo_push_cube", False), ("ppo_push_cube", True), ("grpo_push_cube", False), ("grpo_push_cube", True)}
 
@@ -227,10 +231,10 @@ def test_a_run_rejected_at_build_still_records_its_failure(tmp_path):
     proc = run_cli(["env.num_envs=0", "device=cpu"], tmp_path)
     assert proc.returncode != 0
     (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "failed" and summary["global_step"] == 0
-    assert summary["error"] == "Invalid config: env.num_envs=0 is not allowed: expected an integer > 0"
-    assert summary["device"] == "cpu" and summary["end_time"] >= summary["start_time"]
+    summary = RunSummary.read(run_dir)
+    assert summary.status == "failed" and summary.global_step == 0
+    assert summary.error == "Invalid config: env.num_envs=0 is not allowed: expected an integer > 0"
+    assert summary.device == "cpu" and summary.end_time >= summary.start_time
 
 
 def test_hydra_full_error_shows_the_traceback(tmp_path):
@@ -254,8 +258,8 @@ def test_a_new_top_level_key_is_rejected_with_one_clear_message(tmp_path, overri
     assert "Traceback" not in proc.stderr
     assert not list(tmp_path.rglob("*.pt")), "no checkpoint may be left behind"
     (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "failed" and summary["global_step"] == 0 and summary["error"] == message
+    summary = RunSummary.read(run_dir)
+    assert summary.status == "failed" and summary.global_step == 0 and summary.error == message
 
 
 def test_a_users_config_group_may_add_a_top_level_key(tmp_path):
@@ -267,8 +271,8 @@ def test_a_users_config_group_may_add_a_top_level_key(tmp_path):
     proc = run_cli(user, tmp_path / "ok")
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = list((tmp_path / "ok" / "outputs").glob("*/*"))
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["global_step"] == 2 * 4 * 16
+    summary = RunSummary.read(run_dir)
+    assert summary.status == "completed" and summary.global_step == 2 * 4 * 16
     proc = run_cli([*user, "+sed=3"], tmp_path / "misspelt")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert ("Invalid config: unknown top-level key 'sed' (did you mean 'seed'?): "
@@ -282,8 +286,8 @@ def test_a_preset_at_global_adds_no_top_level_key(compose_cfg, tmp_path):
     with pytest.raises(ConfigError, match=r"^Invalid config: unknown top-level key 'experiment': expected one of "
                                           r"algorithm, device, env, exp_name, policy, seed, trainer$"):  # fmt: skip
         train(cfg)
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "failed" and "unknown top-level key 'experiment'" in summary["error"]
+    summary = RunSummary.read(tmp_path)
+    assert summary.status == "failed" and "unknown top-level key 'experiment'" in summary.error
     assert isinstance(build(compose_cfg(["experiment=cart_pole_ppo", *TINY, f"trainer.output_dir={tmp_path / 'ok'}"])), Trainer)
 
 

@@ -196,14 +196,21 @@ def test_the_contract_error_is_a_value_error():
         check_vec_env(NoTimeLimit(num_envs=2))
 
 
-def test_a_gymnasium_env_reports_success_once_it_has_shown_a_success_flag():
+def test_a_gymnasium_env_knows_whether_it_reports_success_from_its_construction(capsys):
+    # success_key names the info flag; reports_success never changes while the env runs
     plain = GymVecEnv("Pendulum-v1", num_envs=2)
-    for _ in range(3):
-        plain.step(torch.zeros(2, 1))
     assert plain.reports_success is False
     check_vec_env(plain)
-    flagged = GymVecEnv("rlchain_test/DictObs-v0", num_envs=2)  # is_success in the info of its third step
-    assert flagged.reports_success is False
-    for _ in range(3):
-        flagged.step(torch.ones(2, 1))
+    flagged = GymVecEnv("rlchain_test/DictObs-v0", num_envs=2, success_key="is_success")  # flag on the third step
     assert flagged.reports_success is True
+    for _ in range(3):
+        _, _, _, _, info = flagged.step(torch.ones(2, 1))
+    assert info["success"].tolist() == [True, True] and flagged.reports_success is True
+    capsys.readouterr()
+    unread = GymVecEnv("rlchain_test/DictObs-v0", num_envs=2)  # the same flag, no success_key: one notice
+    for _ in range(6):
+        _, _, _, _, info = unread.step(torch.ones(2, 1))
+    assert unread.reports_success is False and not info["success"].any()
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == ("rlchain: env.id=rlchain_test/DictObs-v0 reports info['is_success'], which env.success_key=None "
+                    "leaves unread: set env.success_key=is_success to log a success rate")

@@ -27,6 +27,7 @@ from rlchain.envs import PushCubeEnv
 from rlchain.algorithms import PPO
 from rlchain.policies import ActorCritic
 from rlchain.trainer import Trainer
+from rlchain.summary import RunSummary
 
 from conftest import TESTS, TINY, rows, run_cli
 
@@ -66,8 +67,8 @@ def run_dir(cwd: Path) -> Path:
     return path
 
 
-def summary_of(path: Path) -> dict:
-    return json.loads((path / "summary.json").read_text())
+def summary_of(path: Path) -> RunSummary:
+    return RunSummary.read(path)
 
 
 # ------------------------------------------------------------------ signals
@@ -82,9 +83,9 @@ def test_a_stop_signal_ends_the_run_after_its_iteration_with_a_checkpoint(tmp_pa
     name = signal.Signals(signum).name
     assert proc.returncode == 128 + signum, err.read_text()
     summary = summary_of(run_dir(tmp_path))
-    assert summary["status"] == "interrupted" and summary["signal"] == name
+    assert summary.status == "interrupted" and summary.signal == name
     latest = torch.load(run_dir(tmp_path) / "checkpoints" / "latest.pt", weights_only=True)
-    assert latest["global_step"] == summary["global_step"] == rows(run_dir(tmp_path))[-1]["global_step"]
+    assert latest["global_step"] == summary.global_step == rows(run_dir(tmp_path))[-1]["global_step"]
     assert "Traceback" not in err.read_text()
     last = out.strip().splitlines()[-1]
     assert last.startswith(f"rlchain: interrupted by {name} at ") and "resume with trainer.resume_from=" in last
@@ -102,7 +103,7 @@ def test_a_second_signal_aborts_at_once_and_still_writes_the_summary(tmp_path):
     proc.communicate(timeout=120)
     assert proc.returncode == 130, err.read_text()
     summary = summary_of(run_dir(tmp_path))
-    assert summary["status"] == "aborted" and summary["signal"] == "SIGINT"
+    assert summary.status == "aborted" and summary.signal == "SIGINT"
     assert "Traceback" not in err.read_text() and "KeyboardInterrupt" not in err.read_text()
 
 
@@ -127,7 +128,7 @@ def test_a_failed_training_is_one_line_and_its_traceback_is_in_the_summary(tmp_p
     assert "Traceback" not in proc.stderr
     assert len(lines) == 1 and lines[0].startswith("rlchain: failed: RuntimeError: the simulator exploded | "), lines
     summary = summary_of(run_dir(tmp_path))
-    assert summary["status"] == "failed" and "the simulator exploded" in summary["traceback"]
+    assert summary.status == "failed" and "the simulator exploded" in summary.traceback
     (tmp_path / "full").mkdir()
     proc = run_cli(failing, tmp_path / "full", HYDRA_FULL_ERROR="1")
     assert proc.returncode != 0 and "Traceback" in proc.stderr
@@ -138,7 +139,7 @@ def test_a_diverging_ppo_stops_at_the_first_non_finite_value(tmp_path):
     proc = run_cli(["algorithm.learning_rate=2e4", "device=cpu", "trainer.progress=false"], tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "rlchain: failed: non-finite grad_norm at iteration 1 (inf); last good checkpoint: none written yet" in proc.stderr
-    assert summary_of(run_dir(tmp_path))["status"] == "failed"
+    assert summary_of(run_dir(tmp_path)).status == "failed"
     assert not list(run_dir(tmp_path).rglob("*.pt"))
 
 
@@ -157,7 +158,7 @@ def test_a_checkpoint_directory_that_cannot_be_written_fails_the_run_in_one_line
     proc = run_cli([*USER, f"hydra.run.dir={run}"], tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "rlchain: failed: FileExistsError: " in proc.stderr and str(run / "checkpoints") in proc.stderr
-    assert summary_of(run)["status"] == "failed"
+    assert summary_of(run).status == "failed"
 
 
 def test_a_full_disk_keeps_the_last_good_checkpoint_and_fails_in_one_line(tmp_path):
@@ -181,7 +182,7 @@ def test_a_full_disk_keeps_the_last_good_checkpoint_and_fails_in_one_line(tmp_pa
     assert "File too large" in proc.stderr
     assert (run / "checkpoints" / "latest.pt").read_bytes() == good
     assert not list((run / "checkpoints").glob(".*.tmp"))
-    assert summary_of(run)["status"] == "failed"
+    assert summary_of(run).status == "failed"
 
 
 # ------------------------------------------------------------- checkpoints
@@ -213,8 +214,8 @@ def test_resuming_a_finished_run_keeps_its_final_metrics_and_objective(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "already reached trainer.iterations=2" in proc.stderr
     after = summary_of(run)
-    assert after["objective"] is not None and after["objective"] == before["objective"]
-    assert after["final"]["eval/success_rate"] == before["final"]["eval/success_rate"]
+    assert after.objective is not None and after.objective == before.objective
+    assert after.final["eval/success_rate"] == before.final["eval/success_rate"]
     assert not list((run / "checkpoints").glob(".*.tmp"))
 
 
@@ -292,7 +293,7 @@ def test_a_refused_run_leaves_the_summary_of_the_run_it_found(compose_cfg, tmp_p
     # single run comes earlier); the run it found keeps its summary.json.
     from rlchain.train import ConfigError, train
 
-    assert train(compose_cfg(TINY))["status"] == "completed"
+    assert train(compose_cfg(TINY)).status == "completed"
     before = (tmp_path / "summary.json").read_text()
     with pytest.raises(ConfigError, match="already holds a run"):
         train(compose_cfg([*TINY, "seed=5"]))
@@ -308,5 +309,5 @@ def test_ctrl_c_ends_a_sweep_of_the_basic_launcher_instead_of_starting_its_next_
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=120)
     assert proc.returncode == 130, err.read_text()
-    assert summary_of(job0())["status"] == "interrupted"
+    assert summary_of(job0()).status == "interrupted"
     assert not (job0().parent / "1").exists()

@@ -13,6 +13,7 @@ from rlchain.algorithms import GRPO, PPO
 from rlchain.envs import CartPoleEnv
 from rlchain.policies import ActorCritic
 from rlchain.trainer import Trainer
+from rlchain.summary import RunSummary
 
 # 8-step push_cube episodes, so a GRPO rollout (TINY: 8 steps) holds a whole one.
 SHORT = [*TINY, "env=push_cube", "env.episode_length=8"]
@@ -47,8 +48,8 @@ def test_grpo_fine_tunes_a_ppo_policy_against_the_loaded_reference(tmp_path):
     assert any(not torch.equal(grpo["policy"][k], ppo["policy"][k]) for k in reference)  # trained on from there
     adam_steps = {float(s["step"]) for s in grpo["algorithm"]["optimizer"]["state"].values()}
     assert adam_steps == {2.0}  # a fresh optimiser: this run's two minibatch steps only
-    summary = json.loads((grpo_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["init_from"] == str(loaded)
+    summary = RunSummary.read(grpo_dir)
+    assert summary.status == "completed" and summary.init_from == str(loaded)
 
 
 def test_a_checkpoint_whose_policy_does_not_match_is_refused_naming_the_shapes(tmp_path):

@@ -19,6 +19,7 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
 import rlchain.config  # noqa: F401  (registers the config schemas that compose needs)
+from rlchain.summary import RunSummary
 
 from conftest import TINY, run_cli
 
@@ -51,8 +52,8 @@ def run_preempted_sweep(tmp_path: Path, *overrides: str) -> tuple[Path, str]:
     job_log = "".join(p.read_text() for p in sorted(job_folder.glob("*_log.*")))
     assert "Requeued job" in job_log  # submitit's handler requeued it
     run_dir = sweep / "0"
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["global_step"] == 4 * STEPS_PER_ITERATION
+    summary = RunSummary.read(run_dir)
+    assert summary.status == "completed" and summary.global_step == 4 * STEPS_PER_ITERATION
     return run_dir, job_log
 
 
@@ -80,21 +81,38 @@ def test_a_run_started_again_in_its_directory_with_resume_from_auto_goes_on(tmp_
     again = run_cli([*FOUR_ITERATIONS, "trainer.resume_from=auto", f"hydra.run.dir={run_dir}"], tmp_path)
     assert again.returncode == 0, again.stderr
     assert f"rlchain: resumed from {run_dir / 'checkpoints' / 'latest.pt'} at iteration 2" in again.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["global_step"] == 4 * STEPS_PER_ITERATION
+    summary = RunSummary.read(run_dir)
+    assert summary.status == "completed" and summary.global_step == 4 * STEPS_PER_ITERATION
     assert logged_iterations(run_dir) == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("launcher", ["slurm", "slurm_local"])
-def test_the_slurm_presets_make_their_jobs_resume_from_auto(launcher):
+def test_the_slurm_presets_requeue_their_jobs(launcher):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     GlobalHydra.instance().clear()
     with initialize_config_module("rlchain.conf", version_base="1.3"):
         cfg = compose("train", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
-        override = compose("train", overrides=[f"hydra/launcher={launcher}", "trainer.resume_from=null"])
     GlobalHydra.instance().clear()
-    # the job's environment, where trainer.resume_from's default reads it
-    assert cfg.hydra.job.env_set.RLCHAIN_RESUME_FROM == "auto"
-    assert override.trainer.resume_from is None  # the command line still decides
+    assert cfg.trainer.resume_from is None  # which a submitit job reads as auto (see the next test)
+    assert "RLCHAIN_RESUME_FROM" not in cfg.hydra.job.env_set  # no variable of rlchain's own reaches the job
     if launcher == "slurm":  # a time limit requeues too (submitit_slurm's default, 0, requeues none)
         assert cfg.hydra.launcher.max_num_timeout > 0
+
+
+def test_a_submitit_job_goes_on_from_its_own_latest_checkpoint_and_a_plain_run_refuses_it(tmp_path, monkeypatch):
+    from rlchain.envs import CartPoleEnv
+    from rlchain.algorithms import PPO
+    from rlchain.policies import ActorCritic
+    from rlchain.trainer import Trainer
+
+    def make():
+        env = CartPoleEnv(num_envs=4, max_episode_steps=8)
+        policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+        return Trainer(env, policy, PPO(policy, batch_size=16), iterations=2, rollout_steps=4,
+                       output_dir=str(tmp_path), progress=False)  # fmt: skip
+
+    make().train()
+    with pytest.raises(ValueError, match="already holds a run"):
+        make()  # resume_from=None outside a submitit job: a fresh start, refused here
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")  # what submitit sets in its jobs
+    assert make().global_step == 2 * 4 * 4

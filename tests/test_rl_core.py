@@ -31,6 +31,7 @@ from rlchain.envs.base import NON_FINITE_ACTION
 from rlchain.evaluation import evaluate
 from rlchain.policies import ActorCritic, ActorOnly, bounded
 from rlchain.trainer import Trainer
+from rlchain.summary import RunSummary
 from rlchain.train import ConfigError, build
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -247,7 +248,7 @@ def test_get_action_is_the_one_method_collection_and_evaluation_call():
 
     for policy, expected in ((Braking(*spaces, hidden_sizes=[8]), 0.0), (TensorDictOnly(), 0.5)):
         env = LineEnv(num_envs=4)
-        rollout = SyncCollector(env, policy, rollout_steps=3).collect()
+        rollout = SyncCollector(env, policy, rollout_steps=3).collect().data
         assert rollout["action"].unique().tolist() == [expected]
         seen = []
         original = policy.get_action
@@ -376,7 +377,7 @@ def test_collector_bootstraps_truncations_from_final_obs_only():
     torch.manual_seed(0)
     env = LineEnv(num_envs=16, max_episode_steps=3)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-    rollout = SyncCollector(env, policy, rollout_steps=12).collect()
+    rollout = SyncCollector(env, policy, rollout_steps=12).collect().data
     truncated, done = rollout["truncated"], rollout["done"]
     assert truncated.any() and rollout["terminated"].any()
     with torch.no_grad():
@@ -407,7 +408,7 @@ def test_collector_reads_final_obs_only_on_done_rows():
     env = FinalObsOnDoneRowsOnly(num_envs=16, max_episode_steps=3)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
     collector = SyncCollector(env, policy, rollout_steps=12)
-    rollout = collector.collect()
+    rollout = collector.collect().data
     done = rollout["done"]
     assert done.any() and (~done).any()
     next_obs = torch.cat((rollout["obs"][1:], collector._obs[None]))  # the state each transition moved to
@@ -432,8 +433,9 @@ def test_collector_stores_each_step_and_counts_episodes_across_rollouts():
     twin_obs, _ = twin.reset()
     ret, length, finished = torch.zeros(6, dtype=torch.float64), torch.zeros(6, dtype=torch.int64), []
     for _ in range(3):
-        rollout = collector.collect().clone()
-        window.add(collector.finished)
+        result = collector.collect()
+        rollout = result.data.clone()
+        window.add(result.episodes)
         from_here = len(finished)
         for t in range(5):
             assert torch.equal(rollout["obs"][t], twin_obs)
@@ -446,7 +448,7 @@ def test_collector_stores_each_step_and_counts_episodes_across_rollouts():
                 torch.testing.assert_close(rollout[key][t], value, msg=f"{key} at step {t}")
             finished += ret[done].tolist()
             ret, length = ret.masked_fill(done, 0.0), length.masked_fill(done, 0)
-        assert collector.finished["return"] == pytest.approx(finished[from_here:])
+        assert result.episodes.returns == pytest.approx(finished[from_here:])
         # the window: this rollout's episodes, topped up with earlier ones to at least 4
         assert window.returns == pytest.approx(finished[-max(4, len(finished) - from_here):])
     assert len(finished) > 6
@@ -474,7 +476,7 @@ def test_collector_copies_each_step_so_an_env_may_reuse_its_buffers():
     torch.manual_seed(0)
     env, twin = ReusesItsBuffers(num_envs=6, max_episode_steps=3), LineEnv(num_envs=6, max_episode_steps=3)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-    rollout = SyncCollector(env, policy, rollout_steps=7).collect()
+    rollout = SyncCollector(env, policy, rollout_steps=7).collect().data
     twin_obs, _ = twin.reset()
     for t in range(7):
         assert torch.equal(rollout["obs"][t], twin_obs), t
@@ -502,15 +504,16 @@ def test_collector_group_reset_and_episode_stats():
     policy = ActorOnly(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
     collector = SyncCollector(env, policy, rollout_steps=4, reset_options={"group_size": 4})
     for _ in range(2):  # every rollout starts from a group reset
-        rollout = collector.collect()
+        result = collector.collect()
+        rollout = result.data
         first = rollout["obs"][0, :, 0].view(2, 4)
         assert torch.equal(first, first[:, :1].expand(2, 4)) and first[0, 0] != first[1, 0]
         assert torch.equal(rollout["episode_length"][0], torch.ones(8, dtype=torch.int64))
     window = EpisodeWindow(min_episodes=100)
-    window.add(collector.finished)
+    window.add(result.episodes)
     stats = window.means(success=True)
     assert 0.0 <= stats["charts/success_rate"] <= 1.0 and 1 <= stats["charts/episodic_length"] <= 4
-    assert "rewards/progress" in collector.last_stats and "metrics/distance" in collector.last_stats
+    assert "rewards/progress" in result.term_means and "metrics/distance" in result.term_means
 
 
 # --------------------------------------------------------------- algorithms
@@ -563,7 +566,7 @@ def test_bad_ppo_hyperparameters(kwargs, match):
 def test_lr_schedules():
     policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32))
     env = LineEnv(num_envs=8)
-    rollout = SyncCollector(env, policy, 4).collect()
+    rollout = SyncCollector(env, policy, 4).collect().data
     linear = PPO(policy, learning_rate=1e-3, lr_schedule="linear", total_iterations=4, batch_size=16, n_epochs=1)
     lrs = [linear.update(rollout)["learning_rate"] for _ in range(4)]
     assert lrs == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
@@ -583,13 +586,14 @@ def test_the_adaptive_rate_follows_the_kl_the_update_caused(algo):
     # The update ends by folding the rollout into the observation statistics;
     # update_kl is the KL of the optimiser steps, so compare without them.
     policy = make(env.single_observation_space, env.single_action_space, hidden_sizes=[8], obs_normalization=False)
-    rollout = SyncCollector(env, policy, 4).collect()
+    rollout = SyncCollector(env, policy, 4).collect().data
     if algo == "ppo":
         algorithm = PPO(policy, learning_rate=1e-3, lr_schedule="adaptive", target_kl=1e-9, batch_size=32, n_epochs=1)
     else:
         algorithm = GRPO(policy, learning_rate=1e-3, lr_schedule="adaptive", target_kl=1e-9, batch_size=32, n_epochs=1,
                          group_size=4)  # fmt: skip
-        rollout = SyncCollector(env, policy, 4, reset_options={"group_size": 4}).collect()
+        env = LineEnv(num_envs=8, max_episode_steps=4)  # a GRPO rollout holds a whole episode
+        rollout = SyncCollector(env, policy, 4, reset_options={"group_size": 4}).collect().data
     stats = algorithm.update(rollout)
     assert stats["learning_rate"] == pytest.approx(1e-3 / 1.5)
     # update_kl is the KL from the rollout policy to the updated one over the (live) samples
@@ -606,7 +610,7 @@ def test_the_adaptive_rate_follows_the_kl_the_update_caused(algo):
 def test_explained_variance_of_constant_returns_is_nan():
     # gamma = 0 and a constant reward make every return 1; the old values vary.
     policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32))
-    rollout = SyncCollector(LineEnv(num_envs=8), policy, 4).collect().clone()
+    rollout = SyncCollector(LineEnv(num_envs=8), policy, 4).collect().data.clone()
     rollout["reward"].fill_(1.0)
     rollout["value"].copy_(torch.linspace(-1, 1, 32).view(4, 8))
     stats = PPO(policy, gamma=0.0, batch_size=32, n_epochs=1).update(rollout)
@@ -617,7 +621,7 @@ def test_explained_variance_of_constant_returns_is_nan():
 
 def test_ppo_stops_epochs_at_target_kl():
     policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32))
-    rollout = SyncCollector(LineEnv(num_envs=8), policy, 8).collect()
+    rollout = SyncCollector(LineEnv(num_envs=8), policy, 8).collect().data
     algo = PPO(policy, learning_rate=0.05, n_epochs=50, batch_size=16, target_kl=1e-4, stop_at_target_kl=True)
     assert algo.update(rollout)["epochs"] < 50
 
@@ -635,8 +639,8 @@ def test_non_finite_loss_stops_the_run_naming_the_iteration_and_keeps_the_checkp
     with pytest.raises(RuntimeError, match=r"non-finite loss at iteration 4 \(nan\); last good checkpoint: .*latest.pt"):
         trainer.train()
     assert (tmp_path / "checkpoints" / "latest.pt").read_bytes() == good
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "failed" and "iteration 4" in summary["error"]
+    summary = RunSummary.read(tmp_path)
+    assert summary.status == "failed" and "iteration 4" in summary.error
 
 
 class FailingPPO(PPO):
@@ -660,9 +664,9 @@ def test_any_error_during_training_is_recorded_and_reraised(tmp_path):
                       output_dir=str(tmp_path), progress=False)  # fmt: skip
     with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate"):
         trainer.train()
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "failed" and summary["iteration"] == 2
-    assert summary["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    summary = RunSummary.read(tmp_path)
+    assert summary.status == "failed" and summary.iteration == 2
+    assert summary.error == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["global_step"] for r in rows] == [32, 64]  # the two good iterations were flushed
 
@@ -686,7 +690,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     resumed = make_push_cube_ppo(tmp_path / "c", iterations=3, resume_from=str(ckpt))
     assert resumed.global_step == 2 * 32 * 16 and resumed.iteration == 2
     summary = resumed.train()
-    assert summary["global_step"] == 3 * 32 * 16
+    assert summary.global_step == 3 * 32 * 16
     for (name, a), b in zip(straight.policy.state_dict().items(), resumed.policy.state_dict().values()):
         assert torch.equal(a, b), name
     assert torch.equal(straight.env.cube_x, resumed.env.cube_x)
@@ -706,8 +710,9 @@ def test_resume_on_an_env_that_cannot_save_its_state_restarts_it_fresh(tmp_path,
     capsys.readouterr()
     resumed = make(tmp_path / "b", iterations=3, resume_from=str(tmp_path / "a" / "checkpoints" / "latest.pt"))
     twin = GymVecEnv("Pendulum-v1", num_envs=4, seed=0)
-    fresh_obs, _ = twin.reset()  # what the restarted env's first reset gives
-    rollout = resumed.collector.collect()
+    twin.reset()  # the saved run's one reset, at its first rollout
+    fresh_obs, _ = twin.reset()  # the restarted env's reset draws the next seeds of the saved generator
+    rollout = resumed.collector.collect().data
     assert torch.equal(rollout["obs"][0], fresh_obs)
     assert torch.equal(rollout["episode_length"], torch.arange(1, 9)[:, None].expand(8, 4))
     assert resumed.global_step == 2 * 8 * 4 and resumed.iteration == 2
@@ -748,8 +753,8 @@ def test_best_checkpoint_follows_the_objective_and_its_direction(tmp_path, direc
     assert [r["eval/avg_reward"] for r in rows] == [3.0, 6.0, 9.0, 12.0]
     best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=True)
     assert best["global_step"] == 12 * best_eval and best["best_objective"] == 3.0 * best_eval
-    assert summary["best_objective"] == 3.0 * best_eval and summary["best_objective_step"] == 12 * best_eval
-    assert summary["objective_direction"] == direction
+    assert summary.best_objective == 3.0 * best_eval and summary.best_objective_step == 12 * best_eval
+    assert summary.objective_direction == direction
 
 
 def test_a_task_without_success_logs_and_shows_no_success_rate(tmp_path, capsys):
@@ -763,7 +768,7 @@ def test_a_task_without_success_logs_and_shows_no_success_rate(tmp_path, capsys)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(not any("success" in key for key in row) for row in rows)
     assert "charts/episodic_return" in rows[-1] and "eval/avg_reward" in rows[-1]
-    assert summary["best_eval_success_rate"] is None and "eval/success_rate" not in summary["final"]
+    assert summary.best_eval_success_rate is None and "eval/success_rate" not in summary.final
 
 
 def test_trainer_writes_the_run_directory(tmp_path):
@@ -773,11 +778,11 @@ def test_trainer_writes_the_run_directory(tmp_path):
                       iterations=4, rollout_steps=4, eval_freq=2, save_freq=2, num_eval_envs=4, num_eval_episodes=6,
                       output_dir=str(tmp_path), progress=False, run_config={"algorithm": {"name": "ppo"}})  # fmt: skip
     summary = trainer.train()
-    assert summary == json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["global_step"] == 4 * 8 * 4
-    assert summary["objective"] == summary["final"]["eval/success_rate"]
-    assert summary["final"]["eval/episodes"] == 8.0  # 6 rounded up to whole rounds of 4 envs
-    assert set(summary["checkpoints"]) == {"latest", "best"}
+    assert summary == RunSummary.read(tmp_path)
+    assert summary.status == "completed" and summary.global_step == 4 * 8 * 4
+    assert summary.objective == summary.final["eval/success_rate"]
+    assert summary.final["eval/episodes"] == 8.0  # 6 rounded up to whole rounds of 4 envs
+    assert set(summary.checkpoints) == {"latest", "best"}
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["global_step"] for r in rows] == [32, 64, 96, 128]
     assert "eval/success_rate" in rows[1] and "eval/success_rate" not in rows[0]
@@ -817,11 +822,12 @@ from toy_env import LineEnv
 from rlchain.policies import ActorCritic
 from rlchain.algorithms import PPO
 from rlchain.trainer import Trainer
+from rlchain.summary import RunSummary
 env = LineEnv(num_envs=64)
 policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[256, 256])
 t = Trainer(env, policy, PPO(policy, batch_size=64, n_epochs=4), iterations=100000, rollout_steps=64,
             save_freq=100000, output_dir={out!r}, progress=True)
-print(t.train()["status"], flush=True)
+print(t.train().status, flush=True)
 """
 
 
@@ -837,11 +843,11 @@ def test_ctrl_c_saves_a_checkpoint_flushes_logs_and_exits_cleanly(tmp_path):
     assert proc.returncode == 0, err
     assert out.strip().splitlines()[-1] == "interrupted"
     assert "stopping after this iteration" in err
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "interrupted"
+    summary = RunSummary.read(tmp_path)
+    assert summary.status == "interrupted"
     rows = metrics.read_text().splitlines()
-    assert json.loads(rows[-1])["global_step"] == summary["global_step"]
-    assert torch.load(tmp_path / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == summary["global_step"]
+    assert json.loads(rows[-1])["global_step"] == summary.global_step
+    assert torch.load(tmp_path / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == summary.global_step
 
 
 # --------------------------------------------------------------- learning
@@ -855,7 +861,7 @@ def train_push_cube(tmp_path, policy_cls, make_algorithm, iterations: int, rollo
     trainer = Trainer(env, policy, make_algorithm(policy), eval_env=PushCubeEnv, iterations=iterations,
                       rollout_steps=rollout_steps, eval_freq=iterations, output_dir=str(tmp_path), progress=False)  # fmt: skip
     before = evaluate(trainer.eval_env, policy, 256, seed=1)["success_rate"]
-    return before, trainer.train()["final"]["eval/success_rate"]
+    return before, trainer.train().final["eval/success_rate"]
 
 
 @pytest.mark.slow
@@ -907,9 +913,9 @@ def non_finite_run(tmp_path, make_algorithm, policy_cls=ActorCritic, **trainer_k
                       output_dir=str(tmp_path), progress=False, **trainer_kwargs)  # fmt: skip
     with pytest.raises(RuntimeError) as info:
         trainer.train()
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "failed" and summary["error"] == str(info.value)
-    assert "Traceback" in summary["traceback"] and "NonFiniteError" in summary["traceback"]
+    summary = RunSummary.read(tmp_path)
+    assert summary.status == "failed" and summary.error == str(info.value)
+    assert "Traceback" in summary.traceback and "NonFiniteError" in summary.traceback
     for path in (tmp_path / "checkpoints").glob("*.pt"):
         state = torch.load(path, weights_only=True)
         assert all(torch.isfinite(v).all() for v in state["policy"].values() if v.is_floating_point()), path

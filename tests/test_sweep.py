@@ -19,8 +19,8 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from hydra_plugins.rlchain_launcher._devices import LauncherConfigError, make_slots, visible_cuda_devices
-from hydra_plugins.rlchain_launcher._jobs import TaskRef
+from hydra_plugins.rlchain_launcher._slots import make_slots, visible_cuda_devices
+from hydra_plugins.rlchain_launcher.config import DevicesLauncherConf, LauncherConfigError
 import rlchain.config  # noqa: F401  (registers the schemas the compose() tests need)
 from rlchain.report import JobResult, learning_curves, load_jobs
 from rlchain.train import build
@@ -40,8 +40,9 @@ def sweep_dir_of(cwd: Path) -> Path:
     return sweep
 
 
-def summaries(sweep: Path) -> dict[int, dict]:
-    return {j.num: j.summary for j in load_jobs(sweep)}
+def summaries(sweep: Path) -> dict[int, JobResult]:
+    """Each job of the sweep, its run's summary and the launcher's record joined, by job number."""
+    return {j.num: j for j in load_jobs(sweep)}
 
 
 def one_job_at_a_time_per_slot(records) -> bool:
@@ -52,7 +53,7 @@ def one_job_at_a_time_per_slot(records) -> bool:
     """
     by_slot: dict[int, list[tuple[float, float]]] = {}
     for r in records:
-        by_slot.setdefault(r["slot"], []).append((r["start_time"], r["end_time"]))
+        by_slot.setdefault(r.slot, []).append((r.start_time, r.end_time))
     spans = [sorted(s) for s in by_slot.values()]
     return all(end <= start for s in spans for (_, end), (start, _) in zip(s, s[1:]))
 
@@ -90,8 +91,15 @@ def _cuda_count() -> int:
 )
 def test_bad_launcher_settings_name_the_field(devices, jobs_per_device, threads, message):
     with pytest.raises(LauncherConfigError) as info:
-        make_slots(devices, jobs_per_device, threads)
+        settings = DevicesLauncherConf(devices=devices, jobs_per_device=jobs_per_device, threads_per_job=threads)
+        make_slots(settings.devices, settings.jobs_per_device, settings.threads_per_job)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["stagger_s", "kill_after_s"])
+def test_launcher_durations_are_numbers_of_seconds(name):
+    with pytest.raises(LauncherConfigError, match=rf"^hydra.launcher.{name}=-1 is not allowed: expected a number >= 0$"):
+        DevicesLauncherConf(**{name: -1})
 
 
 def test_bad_launcher_setting_on_the_command_line(tmp_path):
@@ -99,16 +107,6 @@ def test_bad_launcher_setting_on_the_command_line(tmp_path):
     assert proc.returncode != 0
     assert "hydra.launcher.jobs_per_device=0 is not allowed: expected an integer >= 1" in proc.stderr
     assert "Traceback" not in proc.stderr
-
-
-def test_task_reference_unwraps_hydra_main_and_refuses_what_cannot_travel():
-    import rlchain.train
-
-    ref = TaskRef.of(rlchain.train.main.__wrapped__)  # what @hydra.main hands the launcher
-    assert ref == TaskRef("rlchain.train", "main") and ref.resolve() is rlchain.train.main.__wrapped__
-    assert TaskRef.of(rlchain.train.train) is rlchain.train.train  # plain functions pickle as they are
-    with pytest.raises(LauncherConfigError, match="define it at the top level of an importable module"):
-        TaskRef.of(lambda cfg: 0.0)
 
 
 # ------------------------------------------------- a 4-job sweep on 2 slots
@@ -129,13 +127,16 @@ def test_two_slots_run_exactly_two_jobs_at_a_time(cpu_sweep):
     sweep, proc = cpu_sweep
     runs = summaries(sweep)
     assert sorted(runs) == [0, 1, 2, 3]
-    assert all(s["status"] == "completed" and s["exp_name"] == "grpo_push_cube" for s in runs.values())
-    records = [s["launcher"] for s in runs.values()]
-    assert {r["slot"] for r in records} == {0, 1}
-    assert all(r["device"] == "cpu" and r["cuda_visible_devices"] == "" for r in records)
+    assert all(s.status == "completed" and s.summary.exp_name == "grpo_push_cube" for s in runs.values())
+    records = [s.record for s in runs.values()]
+    assert {r.slot for r in records} == {0, 1}
+    assert all(r.device == "cpu" and r.cuda_visible_devices == "" for r in records)
     # every job completed, so each met the other job of its pair at the barrier: two jobs ran at a time;
     # two slots, each running its jobs one after another: never more than two
     assert one_job_at_a_time_per_slot(records)
+    # each job trained with its slot's threads (the cores shared out), whatever the worker imported first
+    threads = {int((sweep.parent.parent.parent / "barrier" / str(n)).read_text()) for n in runs}
+    assert threads == {r.num_threads for r in records} == {max(1, len(os.sched_getaffinity(0)) // 2)}
     # the preset's grid, cut down on the command line, reached the jobs
     configs = [OmegaConf.load(sweep / str(n) / ".hydra" / "config.yaml") for n in runs]
     assert {c.algorithm._target_ for c in configs} == {"rlchain.algorithms.GRPO"}
@@ -155,11 +156,11 @@ def test_summary_tables_rank_jobs_and_group_seeds(cpu_sweep):
     for row in rows:
         s = runs[int(row["job"])]
         assert row["status"] == "completed" and row["device"] == "cpu"
-        assert int(row["global_step"]) == s["global_step"] == 8 * 16 * 8
-        assert float(row["final eval success rate"]) == pytest.approx(s["final"]["eval/success_rate"])
-        assert float(row["best eval success rate"]) == pytest.approx(s["best_eval_success_rate"])
-        assert float(row["final eval return"]) == pytest.approx(s["final"]["eval/avg_reward"])
-        assert float(row["wall_s"]) == pytest.approx(s["launcher"]["wall_s"])
+        assert int(row["global_step"]) == s.summary.global_step == 8 * 16 * 8
+        assert float(row["final eval success rate"]) == pytest.approx(s.summary.final["eval/success_rate"])
+        assert float(row["best eval success rate"]) == pytest.approx(s.summary.best_eval_success_rate)
+        assert float(row["final eval return"]) == pytest.approx(s.summary.final["eval/avg_reward"])
+        assert float(row["wall_s"]) == pytest.approx(s.record.wall_s)
         assert {"seed", "algorithm.learning_rate"} <= set(row)  # the overrides that vary, one column each
     md = (sweep / "summary.md").read_text()
     assert "## Configurations over seeds (mean ± std)" in md and "![" in md
@@ -176,7 +177,7 @@ def test_seed_group_statistics_are_mean_and_sample_std(cpu_sweep):
     jobs = load_jobs(sweep)
     by_lr: dict[str, list[float]] = {}
     for job in jobs:
-        by_lr.setdefault(job.params()["algorithm.learning_rate"], []).append(job.summary["final"]["eval/avg_reward"])
+        by_lr.setdefault(job.params()["algorithm.learning_rate"], []).append(job.summary.final["eval/avg_reward"])
     md = (sweep / "summary.md").read_text()
     for lr, values in by_lr.items():
         line = next(line for line in md.splitlines() if line.startswith(f"| algorithm.learning_rate={lr} |"))
@@ -258,16 +259,16 @@ def test_pinned_devices_give_concurrent_jobs_distinct_gpus(tmp_path):
     ], tmp_path, **barrier_env(2, tmp_path / "barrier"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     runs = summaries(sweep_dir_of(tmp_path))
-    assert all(s["status"] == "completed" and s["device"] == "cuda:0" for s in runs.values())
-    records = {n: s["launcher"] for n, s in runs.items()}
-    assert all(s["cuda_visible_devices"] == records[n]["cuda_visible_devices"] for n, s in runs.items())
-    assert {r["cuda_visible_devices"] for r in records.values()} == set(ids)
-    assert all(r["device"] == f"cuda:{r['cuda_visible_devices']}" for r in records.values())
+    assert all(s.status == "completed" and s.summary.device == "cuda:0" for s in runs.values())
+    records = {n: s.record for n, s in runs.items()}
+    assert all(s.summary.cuda_visible_devices == records[n].cuda_visible_devices for n, s in runs.items())
+    assert {r.cuda_visible_devices for r in records.values()} == set(ids)
+    assert all(r.device == f"cuda:{r.cuda_visible_devices}" for r in records.values())
     # each slot is one device, the two slots two devices, and a slot runs one job at a time:
     # jobs that run together see distinct devices, as jobs 0 and 1 did (they met at the barrier)
-    assert len({(r["slot"], r["cuda_visible_devices"]) for r in records.values()}) == 2
+    assert len({(r.slot, r.cuda_visible_devices) for r in records.values()}) == 2
     assert one_job_at_a_time_per_slot(records.values())
-    assert records[0]["cuda_visible_devices"] != records[1]["cuda_visible_devices"]
+    assert records[0].cuda_visible_devices != records[1].cuda_visible_devices
 
 
 def test_cuda_ids_must_be_visible(monkeypatch):
@@ -316,7 +317,7 @@ def test_failed_jobs_are_listed_in_one_line_each_and_keep_their_tracebacks(tmp_p
     assert "Traceback" not in console
     sweep = sweep_dir_of(tmp_path)
     runs = summaries(sweep)
-    assert [runs[n]["status"] for n in range(4)] == ["completed", "failed", "failed", "failed"]
+    assert [runs[n].status for n in range(4)] == ["completed", "failed", "failed", "failed"]
     config_error = "Invalid config: env.num_envs=0 is not allowed: expected an integer > 0"
     expected = {
         1: f"job 1 (env._target_=rlchain.envs.PushCubeEnv env.num_envs=0): {config_error}",
@@ -331,8 +332,8 @@ def test_failed_jobs_are_listed_in_one_line_each_and_keep_their_tracebacks(tmp_p
         assert any(shown.endswith(line) for shown in lines[header + 1:header + 4]), (line, lines[header:])
     # the tracebacks are in each failed job's own summary.json and Hydra job log
     for n in (1, 2, 3):
-        assert "Traceback (most recent call last)" in runs[n]["traceback"]
-    assert f"RuntimeError: {FAILURE}" in runs[2]["traceback"] and "sweep_faults.py" in runs[2]["traceback"]
+        assert "Traceback (most recent call last)" in runs[n].summary.traceback
+    assert f"RuntimeError: {FAILURE}" in runs[2].summary.traceback and "sweep_faults.py" in runs[2].summary.traceback
     log = (sweep / "2" / "train.log").read_text()
     assert "Traceback (most recent call last)" in log and f"RuntimeError: {FAILURE}" in log
     with open(sweep / "summary.csv") as f:
@@ -378,9 +379,9 @@ def test_a_killed_worker_fails_its_job_and_the_sweep_goes_on(tmp_path):
                     "seed=0,1", *TINY], tmp_path)  # fmt: skip
     assert proc.returncode != 0
     runs = summaries(sweep_dir_of(tmp_path))
-    assert [runs[n]["status"] for n in range(4)] == ["completed", "completed", "failed", "failed"]
-    assert "the worker process died" in runs[2]["error"]
-    assert runs[3]["launcher"]["slot"] == 0  # a fresh worker took the slot after the first died
+    assert [runs[n].status for n in range(4)] == ["completed", "completed", "failed", "failed"]
+    assert "the worker process died" in runs[2].error
+    assert runs[3].record.slot == 0  # a fresh worker took the slot after the first died
 
 
 # ------------------------------------------------- signals and orphans
@@ -452,10 +453,10 @@ def test_a_stop_signal_stops_the_jobs_gracefully_and_keeps_finished_work(tmp_pat
         assert proc.wait(timeout=120) == code, stderr_of(tmp_path)
     sweep = sweep_dir_of(tmp_path)
     runs = summaries(sweep)
-    assert sorted(n for n, s in runs.items() if s) == [0, 1]  # jobs 2 and 3 never started
+    assert sorted(n for n, s in runs.items() if s.summary is not None) == [0, 1]  # jobs 2 and 3 never started
     for n in (0, 1):
-        assert runs[n]["status"] == "interrupted" and runs[n]["signal"] == sig.name
-        assert 0 < runs[n]["iteration"] < 100000
+        assert runs[n].status == "interrupted" and runs[n].signal == sig.name
+        assert 0 < runs[n].summary.iteration < 100000
         assert (sweep / str(n) / "checkpoints" / "latest.pt").is_file()
     with open(sweep / "summary.csv") as f:
         assert {r["job"]: r["status"] for r in csv.DictReader(f)} == {"0": "interrupted", "1": "interrupted"}
@@ -477,7 +478,7 @@ def test_a_second_ctrl_c_aborts_the_jobs_and_the_sweep_exits_130(tmp_path):
     sweep = sweep_dir_of(tmp_path)
     runs = summaries(sweep)
     for n in (0, 1):
-        assert runs[n]["status"] == "aborted" and runs[n]["signal"] == "SIGINT"
+        assert runs[n].status == "aborted" and runs[n].signal == "SIGINT"
         assert not (sweep / str(n) / "checkpoints" / "latest.pt").exists()
     with open(sweep / "summary.csv") as f:
         assert [r["status"] for r in csv.DictReader(f)] == ["aborted", "aborted"]
@@ -495,8 +496,8 @@ def test_workers_that_do_not_stop_are_killed_after_kill_after_s(tmp_path):
         assert proc.wait(timeout=120) == 143, stderr_of(tmp_path)
     runs = summaries(sweep_dir_of(tmp_path))
     for n in (0, 1):
-        assert runs[n]["status"] == "aborted" and runs[n]["signal"] == "SIGTERM"
-        assert runs[n]["error"].startswith("killed by the launcher: it had not stopped 1 s after the second stop")
+        assert runs[n].status == "aborted" and runs[n].signal == "SIGTERM"
+        assert runs[n].error.startswith("killed by the launcher: it had not stopped 1 s after the second stop")
 
 
 def _children(pid: int) -> dict[int, str]:
@@ -545,8 +546,8 @@ def test_workers_die_with_their_launcher(tmp_path):
     sweep = sweep_dir_of(tmp_path)
     runs = summaries(sweep)
     for n in (0, 1):
-        assert runs[n]["status"] == "interrupted" and runs[n]["signal"] == "SIGTERM"
-        assert runs[n]["launcher"]["pid"] in workers
+        assert runs[n].status == "interrupted" and runs[n].signal == "SIGTERM"
+        assert runs[n].summary.pid in workers  # the launcher, killed, wrote no record of its own
         assert (sweep / str(n) / "checkpoints" / "latest.pt").is_file()
 
 
@@ -609,16 +610,16 @@ def test_optuna_search_runs_batches_in_parallel_and_reports_the_best(tmp_path):
     assert proc.returncode == 0, proc.stderr
     sweep = sweep_dir_of(tmp_path)
     runs = summaries(sweep)
-    assert sorted(runs) == [0, 1, 2, 3] and all(s["status"] == "completed" for s in runs.values())
+    assert sorted(runs) == [0, 1, 2, 3] and all(s.status == "completed" for s in runs.values())
     results = OmegaConf.load(sweep / "optimization_results.yaml")
     assert set(results.best_params) == {"algorithm.learning_rate", "algorithm.clip_coef", "algorithm.ent_coef",
                                         "algorithm.n_epochs"}  # fmt: skip
-    assert results.best_value == max(s["objective"] for s in runs.values())
+    assert results.best_value == max(s.summary.objective for s in runs.values())
     assert "Best parameters:" in proc.stdout
     # each batch of n_jobs trials ran side by side: its jobs met at the barrier, so on distinct slots
     for batch in ((0, 1), (2, 3)):
-        a, b = (runs[n]["launcher"] for n in batch)
-        assert a["slot"] != b["slot"]
+        a, b = (runs[n].record for n in batch)
+        assert a.slot != b.slot
     assert (sweep / "summary.csv").is_file()
 
 
@@ -628,8 +629,8 @@ def test_submitit_local_runs_a_two_job_sweep(tmp_path):
     assert proc.returncode == 0, proc.stderr
     sweep = sweep_dir_of(tmp_path)
     runs = summaries(sweep)
-    assert sorted(runs) == [0, 1] and all(s["status"] == "completed" for s in runs.values())
-    assert all("launcher" not in s and s["device"] == "cpu" for s in runs.values())
+    assert sorted(runs) == [0, 1] and all(s.status == "completed" for s in runs.values())
+    assert all(s.record is None and s.summary.device == "cpu" for s in runs.values())
     assert list((sweep / ".submitit").iterdir())
     with open(sweep / "summary.csv") as f:
         assert len(list(csv.DictReader(f))) == 2

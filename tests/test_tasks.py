@@ -18,6 +18,7 @@ import gym_toy_envs  # noqa: F401  (registers rlchain_test/* ids)
 from rlchain.envs import CartPoleEnv, GymVecEnv, TorchVecEnv
 from rlchain.envs.gym_adapter import flatten_batch
 from rlchain.train import build
+from rlchain.summary import RunSummary
 
 from conftest import TINY, run_cli
 
@@ -286,7 +287,7 @@ def test_discrete_env_matches_gymnasium_in_sync_and_async_modes():
 
 
 def test_dict_observations_flatten_in_key_order_and_success_flags_are_reported():
-    env = GymVecEnv("rlchain_test/DictObs-v0", num_envs=4)
+    env = GymVecEnv("rlchain_test/DictObs-v0", num_envs=4, success_key="is_success")
     space = env.gym_observation_space
     assert list(space.spaces) == ["mode", "position", "target"]  # gymnasium sorts a plain dict's keys
     assert env.single_observation_space.shape == (3 + 4 + 2,)
@@ -400,8 +401,8 @@ def test_task_presets_train_with_a_tiny_budget(compose_cfg, preset):
             "trainer.num_eval_episodes=2", "trainer.progress=false", "device=cpu"]  # fmt: skip
     cfg = compose_cfg([f"experiment={preset}", *tiny])
     summary = build(cfg).train()
-    assert summary["status"] == "completed" and summary["global_step"] == 2 * 8 * cfg.env.num_envs
-    assert summary["objective_name"] == "eval/avg_reward" and summary["objective"] == summary["final"]["eval/avg_reward"]
+    assert summary.status == "completed" and summary.global_step == 2 * 8 * cfg.env.num_envs
+    assert summary.objective_name == "eval/avg_reward" and summary.objective == summary.final["eval/avg_reward"]
 
 
 def test_a_task_without_success_shows_and_logs_none(tmp_path):
@@ -416,8 +417,8 @@ def test_a_task_without_success_shows_and_logs_none(tmp_path):
     (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows and not [key for row in rows for key in row if "success" in key]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["best_eval_success_rate"] is None and summary["best_objective"] is not None
+    summary = RunSummary.read(run_dir)
+    assert summary.best_eval_success_rate is None and summary.best_objective is not None
 
 
 @pytest.mark.parametrize("overrides", [["env=cart_pole"], ["env=cart_pole", "algorithm=grpo", "env.max_episode_steps=8"],
@@ -425,4 +426,4 @@ def test_a_task_without_success_shows_and_logs_none(tmp_path):
 def test_task_options_work_with_the_defaults(compose_cfg, overrides):
     cfg = compose_cfg([*overrides, *TINY, "trainer.num_eval_envs=2", "trainer.num_eval_episodes=2"])
     trainer = build(cfg)
-    assert trainer.train()["status"] == "completed"
+    assert trainer.train().status == "completed"

@@ -22,6 +22,8 @@ class LineEnv(VecEnv):
     ``max_episode_steps``. Reward: 1 on success, else -0.01.
     """
 
+    resumes_episodes = True  # state_dict holds the whole state
+
     def __init__(self, num_envs: int = 8, device: str = "cpu", seed: int = 0, max_episode_steps: int = 5, discrete: bool = False):
         super().__init__(num_envs, torch.device(device))
         self.max_episode_steps = max_episode_steps

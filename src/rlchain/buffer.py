@@ -45,12 +45,12 @@ class RolloutBuffer:
 
     Args:
         rollout_steps: ``T`` (> 0).
-        num_envs: ``N`` (> 0).
+        num_envs: ``N`` (the env's; its schema checks it).
         observation_space / action_space: gymnasium spaces of one env.
         device: torch device of every tensor.
 
     Raises:
-        ValueError: non-positive sizes.
+        SettingError: a non-positive ``rollout_steps``.
     """
 
     def __init__(
@@ -62,7 +62,6 @@ class RolloutBuffer:
         device: torch.device | str,
     ) -> None:
         check_positive("rollout_steps", rollout_steps, integer=True)
-        check_positive("num_envs", num_envs, integer=True)
         self.rollout_steps, self.num_envs = rollout_steps, num_envs
         t, n = rollout_steps, num_envs
         obs_shape = tuple(observation_space.shape)

@@ -1,37 +1,27 @@
-"""Atomic writing of checkpoints, JSON and text files.
+"""Checkpoints: written atomically, read as data (``torch.load(weights_only=True)``), and a run's two of them.
 
-A file is written to a temporary name in the same directory, flushed and
-fsynced, then renamed over the target (``os.replace`` is atomic on POSIX and
-Windows), so a kill at any moment leaves either the old file or the new one,
-never a torn one.
+A checkpoint is a dict of tensors and plain data (see
+:meth:`rlchain.trainer.Trainer.state_dict`); nothing in it is executed when it
+is read. :class:`Checkpoints` keeps a run's ``checkpoints/latest.pt`` and
+``checkpoints/best.pt`` consistent with each other and with a resume.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["CHECKPOINT_KEYS", "atomic_write_json", "atomic_write_text", "check_state_matches", "load_checkpoint", "save_checkpoint"]
+from rlchain.files import remove_torn, write_bytes
+from rlchain.settings import SettingError
 
+__all__ = ["CHECKPOINT_KEYS", "Checkpoints", "check_state_matches", "load_checkpoint", "save_checkpoint"]
 
-def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+#: Keys every trainer checkpoint holds.
+CHECKPOINT_KEYS = ("policy", "algorithm", "collector", "global_step", "iteration")
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
@@ -49,22 +39,21 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
     buffer = io.BytesIO()
     torch.save(state, buffer)
     try:
-        _atomic_write(path, lambda f: f.write(buffer.getbuffer()))
+        return write_bytes(path, buffer.getbuffer())
     except OSError as err:
         raise OSError(err.errno, f"cannot write the checkpoint {path}: {err.strerror or err}") from err
-    return path
 
 
-#: Keys every trainer checkpoint holds.
-CHECKPOINT_KEYS = ("policy", "algorithm", "collector", "global_step", "iteration")
-
-
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                    name: str = "checkpoint") -> dict[str, Any]:  # fmt: skip
     """Read a trainer checkpoint written by :func:`save_checkpoint` (tensors and plain data only).
+
+    Args:
+        name: the setting that named ``path``, for the messages (``resume_from``).
 
     Raises:
         FileNotFoundError: naming the path when it does not exist.
-        ValueError: naming the path when it is not an rlchain checkpoint (not
+        SettingError: ``<name>='<path>' is not an rlchain checkpoint: ...`` (not
             a torch file, torn, empty, or without the trainer's keys).
     """
     path = Path(path)
@@ -72,21 +61,21 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:  # torch raises several types for a file it cannot read; none is the user's fault
-        reason = "an empty file" if path.stat().st_size == 0 else f"unreadable as a torch checkpoint ({type(err).__name__})"
-        raise ValueError(f"{str(path)!r} is not an rlchain checkpoint: {reason}") from None
+    except Exception:  # torch raises several types for a file it cannot read; none is the user's fault
+        reason = "an empty file" if path.stat().st_size == 0 else "unreadable as a torch checkpoint"
+        raise SettingError(name, str(path), f" is not an rlchain checkpoint: {reason}") from None
     missing = [key for key in CHECKPOINT_KEYS if not isinstance(state, dict) or key not in state]
     if missing:
-        raise ValueError(f"{str(path)!r} is not an rlchain checkpoint: it has no {', '.join(missing)}")
+        raise SettingError(name, str(path), f" is not an rlchain checkpoint: it has no {', '.join(missing)}")
     return state
 
 
-def check_state_matches(module: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+def check_state_matches(module: torch.nn.Module, state: dict[str, torch.Tensor], name: str, path: str | os.PathLike) -> None:
     """Raise unless ``state`` has exactly ``module``'s parameter and buffer names and shapes.
 
     Raises:
-        ValueError: ``<source>: its policy does not match ...`` naming the
-            first mismatched shapes (checkpoint vs. here), missing and extra names.
+        SettingError: ``<name>='<path>': the checkpoint's policy does not match ...``
+            naming the first mismatched shapes (checkpoint vs. here), missing and extra names.
     """
     own = module.state_dict()
     shapes = [f"{k} is {tuple(state[k].shape)} there, {tuple(v.shape)} here"
@@ -96,17 +85,80 @@ def check_state_matches(module: torch.nn.Module, state: dict[str, torch.Tensor],
     problems = shapes[:4] + ([f"missing there: {', '.join(missing[:4])}"] if missing else []) + (
         [f"not here: {', '.join(extra[:4])}"] if extra else [])  # fmt: skip
     if problems:
-        raise ValueError(f"{source}: the checkpoint's policy does not match this run's: {'; '.join(problems)}")
+        raise SettingError(name, str(path), f": the checkpoint's policy does not match this run's: {'; '.join(problems)}")
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8) atomically and return the path."""
-    path = Path(path)
-    data = text.encode()
-    _atomic_write(path, lambda f: f.write(data))
-    return path
+class Checkpoints:
+    """A run's ``checkpoints/`` directory: ``latest.pt`` and ``best.pt``.
+
+    ``best.pt`` is the state at the evaluation that was best by the run
+    objective; it is written together with ``latest.pt`` (the same state), so
+    ``best.pt`` is never ahead of ``latest.pt``, and a resume from
+    ``latest.pt`` never inherits a ``best.pt`` from the branch it discards.
+    Both carry the objective's best value and step (``best_objective``,
+    ``best_objective_step``) as the run knew them. Creating one removes the
+    temporary files of a save that ``kill -9`` cut short.
+
+    Args:
+        directory: ``<run dir>/checkpoints``.
+    """
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = Path(directory)
+        self.latest = self.directory / "latest.pt"
+        self.best = self.directory / "best.pt"
+        remove_torn(self.directory)
+
+    def save(self, state: dict[str, Any]) -> Path:
+        """Write ``latest.pt``; see :func:`save_checkpoint`."""
+        return save_checkpoint(self.latest, state)
+
+    def save_best(self, state: dict[str, Any]) -> Path:
+        """Write ``state`` as ``latest.pt``, then as ``best.pt``; returns the path of ``best.pt``.
+
+        Raises:
+            OSError: see :func:`save_checkpoint`; ``best.pt`` is left as it was.
+        """
+        self.save(state)
+        return save_checkpoint(self.best, state)
+
+    def files(self) -> dict[str, str]:
+        """``{"latest": path, "best": path}`` of the checkpoints there are."""
+        return {path.stem: str(path) for path in (self.latest, self.best) if path.is_file()}
+
+    def align_best(self, state: dict[str, Any], source: str | os.PathLike) -> bool:
+        """After a resume from ``source`` (whose ``state`` this is): make ``best.pt`` the one ``state`` names.
+
+        ``state`` holds the step and value of its best evaluation. The
+        checkpoint of that evaluation is this directory's ``best.pt``, the
+        ``best.pt`` beside ``source``, or ``source`` itself (when its own
+        evaluation was the best); the first that matches becomes ``best.pt``.
+        A ``best.pt`` that matches none (a branch the resume discards) is
+        removed.
+
+        Returns:
+            False when ``state`` names a best evaluation whose checkpoint is
+            nowhere: the caller then forgets that best.
+        """
+        step, value = state.get("best_objective_step"), state.get("best_objective")
+        if step is not None:
+            source = Path(source)
+            for candidate in (self.best, source.parent / "best.pt", source):
+                if _holds_best(candidate, step, value):
+                    if candidate.resolve() != self.best.resolve():
+                        write_bytes(self.best, candidate.read_bytes())
+                    return True
+        self.best.unlink(missing_ok=True)
+        return step is None
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON atomically and return the path."""
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+def _holds_best(path: Path, step: int, value: float) -> bool:
+    """Whether ``path`` is the checkpoint of the evaluation at ``step`` whose objective was ``value``."""
+    if not path.is_file():
+        return False
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # not a checkpoint (torn, foreign): not the one
+        return False
+    return isinstance(state, dict) and state.get("global_step") == step and state.get("best_objective") == value
+

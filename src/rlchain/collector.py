@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -10,8 +11,9 @@ from tensordict import TensorDict
 from rlchain.buffer import RolloutBuffer
 from rlchain.envs.base import VecEnv
 from rlchain.policies import Policy
+from rlchain.settings import SettingError
 
-__all__ = ["EpisodeWindow", "SyncCollector", "step_env"]
+__all__ = ["EpisodeWindow", "Episodes", "Rollout", "SyncCollector", "step_env"]
 
 #: The rollout keys the step loop copies when the policy has acted, and when the env has stepped (``done`` it computes in place).
 _ACT_KEYS = ("obs", "action", "sample_log_prob", "value")
@@ -65,6 +67,27 @@ def step_env(env: VecEnv, obs: torch.Tensor, action: torch.Tensor) -> tuple:
         ) from err
 
 
+@dataclass
+class Episodes:
+    """Finished episodes, in step order: undiscounted ``returns``, ``lengths`` (steps), ``successes``."""
+
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    successes: list[bool] = field(default_factory=list)
+
+
+@dataclass
+class Rollout:
+    """What :meth:`SyncCollector.collect` returns: one rollout and what the trainer logs of it."""
+
+    data: TensorDict
+    """The ``[T, N]`` storage (see :class:`~rlchain.buffer.RolloutBuffer`); valid until the next collect."""
+    episodes: Episodes
+    """The episodes the rollout's statistics count (see :meth:`SyncCollector.collect`)."""
+    term_means: dict[str, float]
+    """Rollout means of the env's reward terms and task metrics, ``rewards/<term>`` and ``metrics/<name>``."""
+
+
 class SyncCollector:
     """Steps ``env`` with ``policy`` for ``rollout_steps`` steps and fills a :class:`RolloutBuffer`.
 
@@ -95,11 +118,20 @@ class SyncCollector:
             episodes run on across rollouts. The first rollout always resets.
 
     Raises:
-        ValueError: non-positive ``rollout_steps``.
+        SettingError: non-positive ``rollout_steps``; with ``reset_options``,
+            a ``rollout_steps`` below the env's ``max_episode_steps`` (an
+            episode longer than the rollout would never end).
     """
 
     def __init__(self, env: VecEnv, policy: Policy, rollout_steps: int,
                  reset_options: dict[str, Any] | None = None) -> None:  # fmt: skip
+        if reset_options is not None and rollout_steps < env.max_episode_steps:
+            raise SettingError(
+                "rollout_steps", rollout_steps,
+                f" is shorter than the env's time limit (max_episode_steps={env.max_episode_steps}): the algorithm "
+                "resets every env when a rollout starts, so an episode longer than the rollout would never end "
+                f"(no whole-episode return, no success); expected rollout_steps >= {env.max_episode_steps}",
+            )  # fmt: skip
         self.env, self.policy, self.reset_options = env, policy, reset_options
         self.buffer = RolloutBuffer(
             rollout_steps, env.num_envs, env.single_observation_space, env.single_action_space, env.device
@@ -115,19 +147,21 @@ class SyncCollector:
         self._episode_length = torch.zeros(n, dtype=torch.int64, device=dev)
         self._running = torch.ones(n, dtype=torch.int64, device=dev)  # 1 where an episode goes on into the next step
         self._one = torch.ones((), dtype=torch.int64, device=dev)
-        self.finished: dict[str, list] = {"return": [], "length": [], "success": []}
-        self.last_stats: dict[str, float] = {}
 
     @torch.no_grad()
-    def collect(self) -> TensorDict:
-        """Collect one rollout and return the buffer's ``[T, N]`` TensorDict.
+    def collect(self) -> Rollout:
+        """Collect one rollout.
 
         Returns:
-            the rollout; valid until the next call (the storage is reused).
-            Then ``self.finished`` holds the episodes that ended in it (lists
-            ``return``, ``length``, ``success``, in step order) and
-            ``self.last_stats`` the rollout means of the env's reward terms
-            and metrics (keys ``rewards/<term>``, ``metrics/<name>``), floats.
+            the buffer's ``[T, N]`` TensorDict (valid until the next call: the
+            storage is reused), the episodes it counts and the means of the
+            env's reward terms and metrics (:class:`Rollout`). Episodes run
+            on across rollouts unless every rollout starts with a reset
+            (``reset_options``): every episode that ended in the rollout
+            counts then, else only the first episode of each env, whatever
+            its length (a later one ends inside the rollout only when it is
+            short, so counting it would favour short episodes; the episode
+            still running at the end is dropped by the next reset).
 
         Raises:
             ValueError: the env's error for a bad action (see :func:`step_env`),
@@ -163,13 +197,14 @@ class SyncCollector:
         self._obs = obs
         self._bootstrap_values(data, obs)
 
-        # One host read per rollout: the finished episodes and the term means.
-        done = data["done"]
-        finished = (data["episode_return"][done], data["episode_length"][done], data["success"][done])
-        self.finished = dict(zip(("return", "length", "success"), (x.tolist() for x in finished)))
+        # One host read per rollout: the counted episodes and the term means.
+        counted = data["done"]
+        if self.reset_options is not None:
+            counted = counted & (counted.cumsum(0) == 1)  # each env's first episode
+        finished = (data["episode_return"][counted], data["episode_length"][counted], data["success"][counted])
+        episodes = Episodes(*(x.tolist() for x in finished))
         means = torch.stack(list(term_sums.values())).sum(-1, dtype=torch.float64) / data.numel() if term_sums else None
-        self.last_stats = dict(zip(term_sums, means.tolist())) if means is not None else {}
-        return data
+        return Rollout(data, episodes, dict(zip(term_sums, means.tolist())) if means is not None else {})
 
     def _bootstrap_values(self, data: TensorDict, last_obs: torch.Tensor) -> None:
         """Fill ``next_value`` ``[T, N]``: ``V(s'_t)`` for every transition (see the class docstring).
@@ -179,7 +214,7 @@ class SyncCollector:
             last_obs: ``[N, *obs_shape]``, the observation after the rollout's last step.
         """
         next_value = data["next_value"]
-        if not getattr(self.policy, "has_critic", True):
+        if not self.policy.has_critic:
             next_value.zero_()
             return
         value = lambda x: self.policy.get_value(TensorDict({"obs": x}, batch_size=x.shape[:1]))["value"]  # noqa: E731
@@ -234,11 +269,11 @@ class EpisodeWindow:
         self.lengths: list[int] = []
         self.successes: list[bool] = []
 
-    def add(self, finished: dict[str, list]) -> None:
-        """Add a rollout's finished episodes (:attr:`SyncCollector.finished`) and drop those out of the window."""
-        keep = max(self.min_episodes, len(finished["return"]))
-        for kept, new in ((self.returns, finished["return"]), (self.lengths, finished["length"]),
-                          (self.successes, finished["success"])):  # fmt: skip
+    def add(self, episodes: Episodes) -> None:
+        """Add a rollout's episodes (:attr:`Rollout.episodes`) and drop those out of the window."""
+        keep = max(self.min_episodes, len(episodes.returns))
+        for kept, new in ((self.returns, episodes.returns), (self.lengths, episodes.lengths),
+                          (self.successes, episodes.successes)):  # fmt: skip
             kept.extend(new)
             del kept[: max(0, len(kept) - keep)]
 

@@ -1,21 +1,26 @@
-"""Structured config schemas, registered in Hydra's ConfigStore.
+"""Structured config schemas, registered in Hydra's ConfigStore, and the check of a composed config's top level.
 
 Each component's schema is the dataclass that also holds its defaults
 (:class:`rlchain.envs.PushCubeConfig`, :class:`rlchain.policies.ActorCriticConfig`,
 :class:`rlchain.algorithms.PPOConfig`, ...), so every default lives in exactly
 one place. They are stored as ``<group>/<name>_schema``; the YAML options under
-``conf/`` extend them (``defaults: [push_cube_schema, _self_]``), so a
+``rlchain/conf/`` extend them (``defaults: [push_cube_schema, _self_]``), so a
 misspelt key or a value of the wrong type fails at composition with Hydra's
-message. :class:`TrainConfig` is the top-level schema.
+message. :class:`TrainConfig` is the top-level schema. Importing this module
+registers the schemas and the ``${rlchain_id:}`` resolver.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rlchain.algorithms import GRPOConfig, PPOConfig
 from rlchain.envs import CartPoleConfig, GymEnvConfig, PushCubeConfig
@@ -23,7 +28,7 @@ from rlchain.policies import ActorCriticConfig, ActorOnlyConfig
 from rlchain.run_dir import register_resolver
 from rlchain.trainer import TrainerConfig
 
-__all__ = ["SCHEMAS", "TrainConfig", "register_configs", "register_launcher"]
+__all__ = ["SCHEMAS", "TrainConfig", "TopLevelKeyError", "check_top_level_keys", "register_configs"]
 
 
 @dataclass
@@ -39,7 +44,8 @@ class TrainConfig:
     trainer: Any = MISSING
     """The trainer (group ``trainer``)."""
     seed: int = 0
-    """The run's seed; reaches every component by interpolation."""
+    """The run's seed: seeds torch's global RNG before anything is built, and reaches every component by
+    interpolation. An integer in [0, 4294967295]."""
     device: str = "auto"
     """'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'."""
     exp_name: str = "rlchain"
@@ -67,21 +73,77 @@ def register_configs() -> None:
         cs.store(group=group, name=f"{name}_schema", node=schema)
 
 
-def register_launcher() -> None:
-    """Register rlchain's ``hydra/launcher=devices`` plugin with Hydra directly.
+class TopLevelKeyError(ValueError):
+    """A top-level key that neither the schema nor a selected config group accounts for."""
 
-    Hydra finds plugins by walking the ``hydra_plugins`` namespace package,
-    which an editable install cannot list; registering the class (and
-    importing its config schema) makes the launcher available either way.
+
+def _group_keys() -> set[str]:
+    """The top-level key of every config group Hydra selected for this run (from ``hydra.runtime.choices``).
+
+    A choice ``group`` lands at its group's key, ``group@package`` (placed by a
+    defaults list) at its package; ``_global_`` adds no key of its own.
     """
-    from hydra.core.plugins import Plugins
+    keys = set()
+    for choice, option in HydraConfig.get().runtime.choices.items():
+        group, _, package = choice.partition("@")
+        if option is None or group.split("/")[0] == "hydra":
+            continue
+        top = (package or group.replace("/", ".")).removeprefix("_global_").lstrip(".").split(".")[0]
+        if top:
+            keys.add(top)
+    return keys
 
-    import hydra_plugins.rlchain_launcher.config  # noqa: F401  (stores hydra/launcher/devices)
-    from hydra_plugins.rlchain_launcher.devices_launcher import DevicesLauncher
 
-    Plugins.instance().register(DevicesLauncher)
+def _added_paths() -> set[str]:
+    """The config paths that this run's ``+key=value`` and ``++key=value`` overrides add (not group choices)."""
+    hc = HydraConfig.get()
+    overrides = OverridesParser.create().parse_overrides(list(hc.overrides.task))
+    return {o.key_or_group for o in overrides if (o.is_add() or o.is_force_add()) and o.key_or_group not in hc.runtime.choices}
+
+
+def _leaf_paths(node: Any, prefix: str) -> set[str]:
+    if OmegaConf.is_dict(node):
+        return {path for key, value in node.items_ex(resolve=False) for path in _leaf_paths(value, f"{prefix}.{key}")}
+    return {prefix}
+
+
+def check_top_level_keys(cfg: DictConfig) -> None:
+    """Reject a top-level key that neither :class:`TrainConfig` nor a selected config group accounts for.
+
+    Hydra's ``+key=value`` adds a key even to a struct config, so a misspelt
+    ``+sed=3`` would otherwise train with seed 0 and exit 0; so would a
+    misspelt top-level key in a ``# @package _global_`` preset. The allowed
+    top-level keys are the fields of :class:`TrainConfig` and the key of every
+    config group Hydra selected (``hydra.runtime.choices``: e.g. a user's own
+    group ``robot`` from ``--config-dir``), unless all that key holds comes
+    from ``+`` overrides (``+experiment.x=1`` while the ``experiment`` preset
+    is ``_global_``). Only Hydra's public API is used, which does not expose
+    an option's ``# @package`` header: an option whose header moves it to
+    another top-level key is reported; place it with its defaults list
+    (``- robot@arm: ur5``) instead. A config composed without Hydra's runtime
+    config knows no group.
+
+    Raises:
+        TopLevelKeyError: naming the unknown key(s) (with a close match when
+            there is one) and every allowed top-level key.
+    """
+    fields = {field.name for field in dataclasses.fields(TrainConfig)}
+    candidates = {str(key) for key in cfg.keys()} - fields - {"hydra"}
+    if not candidates:
+        return
+    groups, added = (_group_keys(), _added_paths()) if HydraConfig.initialized() else (set(), set())
+    unknown = sorted(key for key in candidates
+                     if key not in groups or _leaf_paths(cfg[key], key) <= added)  # fmt: skip
+    if not unknown:
+        return
+    allowed = sorted(fields | (candidates - set(unknown)))
+    close = [match for key in unknown for match in difflib.get_close_matches(key, allowed, n=1)]
+    hint = f" (did you mean {', '.join(repr(m) for m in close)}?)" if close else ""
+    keys = ", ".join(repr(key) for key in unknown)
+    raise TopLevelKeyError(
+        f"unknown top-level key{'s' if len(unknown) > 1 else ''} {keys}{hint}: expected one of {', '.join(allowed)}"
+    )
 
 
 register_configs()
-register_launcher()
 register_resolver()

@@ -74,7 +74,7 @@ def evaluate(env: VecEnv, policy: Policy, num_episodes: int, seed: int) -> dict[
         policy.train()
     total = n * per_env
     out = {"avg_reward": tot_ret.sum().item() / total, "avg_length": tot_len.sum().item() / total}
-    if getattr(env, "reports_success", True):
+    if env.reports_success:
         out["success_rate"] = tot_succ.sum().item() / total
     out["episodes"] = float(total)
     out.update({name: value.sum().item() / total for name, value in metric_sums.items()})

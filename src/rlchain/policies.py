@@ -32,7 +32,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from rlchain.settings import Settings, setting
+from rlchain.settings import SettingError, Settings, setting
 
 __all__ = [
     "ActorCritic",
@@ -78,10 +78,9 @@ class ActorCriticConfig(Settings):
     def check(self) -> None:
         """``log_std_min <= init_log_std <= log_std_max``."""
         if self.log_std_min > self.log_std_max or not self.log_std_min <= self.init_log_std <= self.log_std_max:
-            raise ValueError(
-                f"init_log_std={self.init_log_std} is not allowed with log_std_min={self.log_std_min}, "
-                f"log_std_max={self.log_std_max}: expected log_std_min <= init_log_std <= log_std_max"
-            )
+            raise SettingError("init_log_std", self.init_log_std,
+                               f" is not allowed with log_std_min={self.log_std_min}, log_std_max={self.log_std_max}: "
+                               "expected log_std_min <= init_log_std <= log_std_max")  # fmt: skip
 
 
 @dataclass
@@ -214,10 +213,14 @@ class Policy(nn.Module):
     Attributes:
         observation_space: gymnasium Box of one env's observation (flat).
         action_space: gymnasium Box or Discrete of one env's action.
+        has_critic: whether ``value`` comes from a critic. A policy without
+            one (its ``value`` is 0; GRPO's :class:`ActorOnly`) sets it False:
+            the collector then computes no bootstrap values, and PPO refuses it.
     """
 
     observation_space: gym.spaces.Box
     action_space: gym.spaces.Box | gym.spaces.Discrete
+    has_critic: bool = True
 
     def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
         """Write ``action``, ``sample_log_prob`` and ``value`` for ``td["obs"]`` into ``td`` and return it.
@@ -252,8 +255,6 @@ class ActorCritic(Policy):
             unknown activation, a non-positive hidden size, an
             ``init_log_std`` outside ``[log_std_min, log_std_max]``), naming it.
     """
-
-    has_critic = True
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, **settings: Any) -> None:
         super().__init__()

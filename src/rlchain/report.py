@@ -1,9 +1,11 @@
 """Sweep results: ``summary.csv``, ``summary.md`` and learning curves of a multirun.
 
-``rlchain-report <sweep_dir>`` (and, automatically, the end of every
-``rlchain-train -m`` multirun) reads each job directory of a sweep (found by
-its ``.hydra/overrides.yaml``) with its ``summary.json`` and
-``metrics.jsonl``, and writes into the sweep directory:
+``rlchain-report <sweep_dir>`` (and, automatically, the end of every job and
+of every ``rlchain-train -m`` multirun: :class:`SweepSummary`) reads each job
+directory of a sweep (found by its ``.hydra/overrides.yaml``) with its
+``summary.json`` (:class:`~rlchain.summary.RunSummary`) and ``metrics.jsonl``,
+joins the launcher's record of each job (:class:`~rlchain.summary.JobRecord`,
+where a launcher wrote one), and writes into the sweep directory:
 
 * ``summary.csv``: one row per job: job number, the overrides that vary
   across the sweep (one column each), status, device, wall seconds,
@@ -30,27 +32,33 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
+import logging
 import math
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from hydra.core.utils import JobReturn
 from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+
+from rlchain.files import write_text
+from rlchain.summary import STOPPED, JobRecord, RunSummary
 
 __all__ = [
     "JobResult", "SweepFailed", "SweepSummary", "failure_lines", "learning_curves", "load_jobs", "main",
     "plot_learning_curves", "write_summary",
 ]
 
-#: Result columns: (summary key, title); `final/...` reads summary["final"][...].
+#: Result columns: (summary field, title); `final/...` reads summary.final[...].
 RESULTS = [
     ("final/eval/success_rate", "final eval success rate"),
     ("best_eval_success_rate", "best eval success rate"),
@@ -58,8 +66,7 @@ RESULTS = [
     ("objective", "objective"),
 ]
 SEED_KEYS = {"seed"}
-#: Statuses of a job stopped on request (a signal), which is no failure of the job.
-STOPPED = ("interrupted", "aborted")
+log = logging.getLogger(__name__)
 
 
 class SweepFailed(CompactHydraException):
@@ -68,24 +75,42 @@ class SweepFailed(CompactHydraException):
 
 @dataclass
 class JobResult:
-    """One job of a sweep as read from its directory.
+    """One job of a sweep: its directory, its run's summary and its launcher's record, joined.
 
     Attributes:
         num: Hydra's job number (``hydra.job.num``).
         dir: the job directory.
         overrides: the job's task overrides (``key=value`` strings).
-        summary: its ``summary.json`` (empty when the job never wrote one).
+        summary: its ``summary.json``, or None when the run wrote none.
+        record: the launcher's record of it, or None (no such launcher, or the job has not ended).
     """
 
     num: int
     dir: Path
     overrides: list[str]
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: RunSummary | None = None
+    record: JobRecord | None = None
 
     @property
     def status(self) -> str:
-        """``completed``, ``interrupted``, ``aborted``, ``failed``, or ``missing`` (no summary.json)."""
-        return str(self.summary.get("status", "missing"))
+        """The run's own status; without a ``summary.json`` the launcher's (a worker that died, or was killed);
+        else ``missing``."""
+        if self.summary is not None:
+            return self.summary.status
+        return self.record.status if self.record is not None else "missing"
+
+    @property
+    def error(self) -> str | None:
+        """What went wrong, on one line: the run's own word, else the launcher's."""
+        return (self.summary.error if self.summary is not None else None) or (
+            self.record.error if self.record is not None else None)  # fmt: skip
+
+    @property
+    def signal(self) -> str | None:
+        """The stop signal's name when one stopped the job: the run's own word, else the launcher's."""
+        if self.summary is not None:
+            return self.summary.signal
+        return self.record.signal if self.record is not None else None
 
     @property
     def failed(self) -> bool:
@@ -95,20 +120,25 @@ class JobResult:
     @property
     def device(self) -> str | None:
         """The launcher slot's device (``cuda:3``), else the run's own (``cuda:0``/``cpu``)."""
-        return (self.summary.get("launcher") or {}).get("device") or self.summary.get("device")
+        if self.record is not None and self.record.device:
+            return self.record.device
+        return self.summary.device if self.summary is not None else None
 
     @property
     def wall_s(self) -> float | None:
-        """Seconds the job ran (launcher record), else the training loop's ``elapsed_s``."""
-        launcher = self.summary.get("launcher") or {}
-        return launcher.get("wall_s", self.summary.get("elapsed_s"))
+        """Seconds the job ran, start-up included (the launcher's record), else its training loop's ``elapsed_s``."""
+        if self.record is not None and self.record.wall_s is not None:
+            return self.record.wall_s
+        return self.summary.elapsed_s if self.summary is not None else None
 
     def value(self, key: str) -> float | None:
-        """A numeric result by key (``final/<metric>`` reads ``summary["final"]``); None when absent."""
+        """A numeric result by summary field (``final/<metric>`` reads ``summary.final``); None when absent."""
+        if self.summary is None:
+            return None
         if key.startswith("final/"):
-            value = (self.summary.get("final") or {}).get(key[len("final/"):])
+            value = self.summary.final.get(key[len("final/"):])
         else:
-            value = self.summary.get(key)
+            value = getattr(self.summary, key, None)
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     def params(self) -> dict[str, str]:
@@ -159,19 +189,15 @@ def load_jobs(sweep_dir: str | Path) -> list[JobResult]:
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise FileNotFoundError(f"sweep directory {str(sweep_dir)!r} does not exist")
+    records = JobRecord.read_all(sweep_dir)
     jobs = []
     for overrides_file in sorted(sweep_dir.rglob(".hydra/overrides.yaml")):
         job_dir = overrides_file.parent.parent
         overrides = [str(o) for o in OmegaConf.load(overrides_file)]
         hydra_file = overrides_file.with_name("hydra.yaml")
         num = OmegaConf.select(OmegaConf.load(hydra_file), "hydra.job.num") if hydra_file.is_file() else None
-        summary = {}
-        if (job_dir / "summary.json").is_file():
-            try:
-                summary = json.loads((job_dir / "summary.json").read_text())
-            except ValueError:
-                summary = {"status": "unreadable"}
-        jobs.append(JobResult(int(num) if num is not None else len(jobs), job_dir, overrides, summary))
+        num = int(num) if num is not None else len(jobs)
+        jobs.append(JobResult(num, job_dir, overrides, RunSummary.read(job_dir), records.get(num)))
     if not jobs:
         raise FileNotFoundError(f"{str(sweep_dir)!r} holds no job directory (no .hydra/overrides.yaml below it)")
     return sorted(jobs, key=lambda j: j.num)
@@ -240,11 +266,9 @@ def failure_lines(jobs: Sequence[JobResult], nums: set[int] | None = None) -> li
     The overrides that vary are those of ``jobs`` (the whole sweep); ``nums``
     keeps only those job numbers.
     """
-    from rlchain.utils import one_line  # lazy, like this module's other rlchain imports (torch)
-
     keys = varying_keys(jobs)
     return [
-        f"job {j.num} ({_label_of(j, keys)}): {one_line(j.summary.get('error') or j.status)}"
+        f"job {j.num} ({_label_of(j, keys)}): {' '.join((j.error or j.status).split())}"
         for j in jobs if j.failed and (nums is None or j.num in nums)
     ]  # fmt: skip
 
@@ -273,8 +297,6 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
         FileNotFoundError: see :func:`load_jobs`.
         ValueError: an ``at_steps`` budget that is not a positive number.
     """
-    from rlchain.checkpoint import atomic_write_text
-
     bad = [b for b in at_steps if not isinstance(b, (int, float)) or isinstance(b, bool) or not b > 0]
     if bad:
         raise ValueError(f"at_steps={list(at_steps)!r}: expected env-step budgets > 0, got {bad[0]!r}")
@@ -283,11 +305,12 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
     sweep_dir = Path(sweep_dir)
     jobs = load_jobs(sweep_dir) if jobs is None else jobs
     keys = varying_keys(jobs)
+    summaries = [j.summary for j in jobs if j.summary is not None]
     if maximize is None:
-        maximize = all(j.summary.get("objective_direction", "maximize") != "minimize" for j in jobs)
+        maximize = all(s.objective_direction != "minimize" for s in summaries)
     ranked = sorted(jobs, key=lambda j: (_sort_key(j.value("objective"), maximize), j.num))
     results_of = {job.num: [get(job) for _, get in columns] for job in jobs}  # each job's files read once for both tables
-    objective_name = next((j.summary["objective_name"] for j in jobs if j.summary.get("objective_name")), "objective")
+    objective_name = next((s.objective_name for s in summaries if s.objective_name), "objective")
 
     header = ["job", *keys, "status", "device", "wall_s", "global_step", *(title for title, _ in columns)]
     csv_rows = []
@@ -296,8 +319,8 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
         params = job.params()
         results = results_of[job.num]
         head = [job.num, *(params.get(k, "") for k in keys), job.status, job.device or ""]
-        step = job.summary.get("global_step")
-        csv_rows.append([*head, job.wall_s, step, *results, job.summary.get("error") or "", " ".join(job.overrides),
+        step = job.summary.global_step if job.summary is not None else None
+        csv_rows.append([*head, job.wall_s, step, *results, job.error or "", " ".join(job.overrides),
                          str(job.dir.relative_to(sweep_dir))])  # fmt: skip
         wall = None if job.wall_s is None else round(job.wall_s, 1)
         md_rows.append([_fmt(v) for v in [*head, wall, step, *results]])
@@ -305,7 +328,7 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow([*header, "error", "overrides", "dir"])
     writer.writerows(["" if v is None else v for v in row] for row in csv_rows)
-    paths = {"csv": atomic_write_text(sweep_dir / "summary.csv", buffer.getvalue())}
+    paths = {"csv": write_text(sweep_dir / "summary.csv", buffer.getvalue())}
 
     group_titles = ["wall_s", *(title for title, _ in columns)]
     group_rows = []
@@ -347,7 +370,7 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
         if png is not None:
             paths["png"] = png
             text += ["", "## Learning curves", "", f"![{metric} against env steps]({png.name})"]
-    paths["md"] = atomic_write_text(sweep_dir / "summary.md", "\n".join(text) + "\n")
+    paths["md"] = write_text(sweep_dir / "summary.md", "\n".join(text) + "\n")
     return paths
 
 
@@ -431,16 +454,35 @@ def plot_learning_curves(sweep_dir: str | Path, jobs: Sequence[JobResult] | None
     return path
 
 
+@contextlib.contextmanager
+def _locked(sweep_dir: Path) -> Iterator[None]:
+    """Hold ``<sweep_dir>/.summary.lock`` (jobs of one sweep end in several processes at once)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: the atomic writes still leave whole files
+        yield
+        return
+    with open(sweep_dir / ".summary.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 class SweepSummary(Callback):
-    """Hydra callback: write the sweep summary when a multirun ends; fail it if a job failed.
+    """Hydra callback: keep the sweep's tables current as its jobs end; at its end draw the curves and fail it
+    if a job failed.
 
     Registered by ``rlchain-train``'s config as ``hydra.callbacks.sweep_summary``.
 
-    Hydra runs ``on_multirun_end`` only when the sweeper returns: its basic
-    and Optuna sweepers raise a failed job's error at the end of its batch
-    (the devices launcher has listed the batch's failed jobs by then), and a
-    sweep stopped by Ctrl-C or SIGTERM ends in the launcher, which writes the
-    tables and sets the exit status (130 or 143).
+    ``on_job_end`` runs in the process of each job (a worker of the devices
+    launcher, a SLURM job) as the job ends, and rewrites ``summary.csv`` and
+    ``summary.md``. Hydra runs ``on_multirun_end`` only when the sweeper
+    returns: its basic and Optuna sweepers raise a failed job's error at the
+    end of its batch (the devices launcher has listed the batch's failed jobs
+    by then), and a sweep stopped by Ctrl-C or SIGTERM ends in the devices
+    launcher, which runs this callback before it exits with 130 or 143.
 
     Raises:
         SweepFailed: from ``on_multirun_end`` when any job failed (so the
@@ -473,7 +515,15 @@ class SweepSummary(Callback):
                               f"and log):\n{shown}\nSee {paths['md']}")  # fmt: skip
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        """Nothing per job (the launcher and the trainer record each job)."""
+        """In a multirun, rewrite the sweep's tables (not the plot); a table that cannot be written is logged."""
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        try:
+            with _locked(sweep_dir):
+                write_summary(sweep_dir, plot=False, metric=self.metric, at_steps=self.at_steps)
+        except Exception as err:  # the jobs' own files are what matters; never fail a job for a table
+            log.warning(f"the sweep's summary tables could not be written in {sweep_dir}: {type(err).__name__}: {err}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

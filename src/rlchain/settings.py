@@ -27,9 +27,33 @@ import types
 import typing
 from typing import Any, Sequence
 
-__all__ = ["Settings", "setting"]
+__all__ = ["SettingError", "Settings", "setting"]
 
 _RANGE = "rlchain_range"
+
+
+class SettingError(ValueError):
+    """A value a setting may not take: ``<name>=<value!r><rest>``, e.g. ``num_envs=0 is not allowed: expected ...``.
+
+    The name is kept apart so that the caller that knows the setting's config
+    group can name it in full (:meth:`qualified`: ``env.num_envs=0 ...``). A
+    name that holds a dot is already in full (``algorithm.group_size``).
+
+    Args:
+        name: the setting's name.
+        value: the value it got.
+        rest: the message after ``name=value``, from its first character
+            (``" is not allowed: expected an integer > 0"``, ``": the checkpoint's ..."``).
+    """
+
+    def __init__(self, name: str, value: Any, rest: str) -> None:
+        self.name, self.value, self.rest = name, value, rest
+        super().__init__(self.qualified(""))
+
+    def qualified(self, group: str) -> str:
+        """The message with the name prefixed by ``group.`` (unless ``group`` is empty or the name is in full)."""
+        name = f"{group}.{self.name}" if group and "." not in self.name else self.name
+        return f"{name}={self.value!r}{self.rest}"
 
 
 def setting(
@@ -94,13 +118,13 @@ def _describe(kind: type | None, bounds: dict[str, Any]) -> str:
 
 
 def _check_value(name: str, value: Any, kind: type | None, bounds: dict[str, Any], optional: bool) -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``value`` has type ``kind`` and lies within ``bounds``."""
+    """Raise :class:`SettingError` naming ``name`` unless ``value`` has type ``kind`` and lies within ``bounds``."""
     if value is None and optional:
         return
     expected = _describe(kind, bounds) + (" or None" if optional else "")
     if bounds.get("choices") is not None:
         if value not in bounds["choices"]:
-            raise ValueError(f"{name}={value!r} is not allowed: expected {expected}")
+            raise SettingError(name, value, f" is not allowed: expected {expected}")
         return
     is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
     ok = {
@@ -113,7 +137,7 @@ def _check_value(name: str, value: Any, kind: type | None, bounds: dict[str, Any
         gt, ge, le = bounds.get("gt"), bounds.get("ge"), bounds.get("le")
         ok = (gt is None or value > gt) and (ge is None or value >= ge) and (le is None or value <= le)
     if not ok:
-        raise ValueError(f"{name}={value!r} is not allowed: expected {expected}")
+        raise SettingError(name, value, f" is not allowed: expected {expected}")
 
 
 @dataclasses.dataclass
@@ -121,7 +145,7 @@ class Settings:
     """Base of every settings dataclass: validates each field, then the rules between fields, on creation.
 
     Raises:
-        ValueError: ``<field>=<value> is not allowed: expected <range>`` for
+        SettingError: ``<field>=<value> is not allowed: expected <range>`` for
             the first field whose value has the wrong type or lies outside its
             :func:`setting` range; or the message of :meth:`check`.
     """
@@ -136,7 +160,7 @@ class Settings:
             value = getattr(self, f.name)
             if element is not None and not (value is None and optional):
                 if not isinstance(value, (list, tuple)):
-                    raise ValueError(f"{f.name}={value!r} is not allowed: expected a list")
+                    raise SettingError(f.name, value, " is not allowed: expected a list")
                 for i, item in enumerate(value):
                     _check_value(f"{f.name}[{i}]", item, element if isinstance(element, type) else None, bounds, False)
                 continue
@@ -148,4 +172,4 @@ class Settings:
         self.check()
 
     def check(self) -> None:
-        """The rules between fields (none here); subclasses raise ``ValueError`` naming the fields involved."""
+        """The rules between fields (none here); subclasses raise :class:`SettingError` naming the fields involved."""

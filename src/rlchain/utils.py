@@ -1,6 +1,6 @@
 """Small validation and device helpers shared by every rlchain component.
 
-Every check raises :class:`ValueError` with a message that names the field,
+Every check raises :class:`~rlchain.settings.SettingError` (a ``ValueError``) that names the field,
 the value it got and what is allowed, so a bad config fails before any work
 is done.
 """
@@ -12,34 +12,26 @@ from typing import Any
 
 import torch
 
-__all__ = [
-    "LAUNCHER_SLOT_ENV",
-    "check_positive",
-    "check_seed",
-    "one_line",
-    "resolve_device",
-]
+from rlchain.settings import SettingError
+
+__all__ = ["MAX_SEED", "check_positive", "check_seed", "one_line", "resolve_device"]
 
 #: Seeds are unsigned 32-bit integers: every generator rlchain seeds (torch,
 #: numpy, gymnasium) takes them.
 MAX_SEED = 2**32 - 1
-
-#: Set by the devices launcher (``hydra/launcher=devices``) in each worker: the
-#: slot index. Jobs that see it share the terminal with other jobs.
-LAUNCHER_SLOT_ENV = "RLCHAIN_LAUNCHER_SLOT"
 
 
 def check_positive(name: str, value: Any, *, integer: bool = False) -> None:
     """Raise unless ``value`` is a finite number > 0 (an ``int`` when ``integer``).
 
     Raises:
-        ValueError: naming ``name``, the value and the allowed range.
+        SettingError: naming ``name``, the value and the allowed range.
     """
     kind = "an integer" if integer else "a number"
     if integer and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"{name}={value!r} is not allowed: expected {kind} > 0")
+        raise SettingError(name, value, f" is not allowed: expected {kind} > 0")
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={value!r} is not allowed: expected {kind} > 0")
+        raise SettingError(name, value, f" is not allowed: expected {kind} > 0")
 
 
 def one_line(text: Any) -> str:
@@ -51,10 +43,10 @@ def check_seed(name: str, value: Any) -> None:
     """Raise unless ``value`` is an integer in ``[0, MAX_SEED]``.
 
     Raises:
-        ValueError: naming ``name``, the value and the allowed range.
+        SettingError: naming ``name``, the value and the allowed range.
     """
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
-        raise ValueError(f"{name}={value!r} is not allowed: expected an integer in [0, {MAX_SEED}]")
+        raise SettingError(name, value, f" is not allowed: expected an integer in [0, {MAX_SEED}]")
 
 
 def resolve_device(device: str | torch.device, name: str = "device") -> torch.device:
@@ -63,7 +55,7 @@ def resolve_device(device: str | torch.device, name: str = "device") -> torch.de
     ``"auto"`` means ``cuda`` when a CUDA device is visible, else ``cpu``.
 
     Raises:
-        ValueError: for an unparsable spec, or a CUDA device when CUDA is not
+        SettingError: for an unparsable spec, or a CUDA device when CUDA is not
             available or the index is out of range.
     """
     if isinstance(device, str) and device == "auto":
@@ -71,13 +63,13 @@ def resolve_device(device: str | torch.device, name: str = "device") -> torch.de
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as err:
-        raise ValueError(f"{name}={device!r} is not a torch device: expected 'auto', 'cpu', 'cuda' or 'cuda:N'") from err
+        raise SettingError(name, device, " is not a torch device: expected 'auto', 'cpu', 'cuda' or 'cuda:N'") from err
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"{name}={device!r} is not available: this machine has no CUDA device; use 'cpu' or 'auto'")
+            raise SettingError(name, device, " is not available: this machine has no CUDA device; use 'cpu' or 'auto'")
         count = torch.cuda.device_count()
         if dev.index is not None and dev.index >= count:
-            raise ValueError(f"{name}={device!r} is not available: visible CUDA devices are cuda:0..cuda:{count - 1}")
+            raise SettingError(name, device, f" is not available: visible CUDA devices are cuda:0..cuda:{count - 1}")
     elif dev.type != "cpu":
-        raise ValueError(f"{name}={device!r} is not supported: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        raise SettingError(name, device, " is not supported: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
     return dev

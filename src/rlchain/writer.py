@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from rlchain.files import write_text
+
 __all__ = ["MetricWriter"]
 
 
@@ -105,8 +107,6 @@ def _flatten(cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _drop_rows_after(path: Path, step: int) -> None:
     """Rewrite ``metrics.jsonl`` at ``path`` (atomically) without its rows whose ``global_step`` exceeds ``step``."""
-    from rlchain.checkpoint import atomic_write_text
-
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     kept = []
     for line in lines:
@@ -117,4 +117,4 @@ def _drop_rows_after(path: Path, step: int) -> None:
             continue
         kept.append(line if line.endswith("\n") else line + "\n")
     if len(kept) != len(lines):
-        atomic_write_text(path, "".join(kept))
+        write_text(path, "".join(kept))

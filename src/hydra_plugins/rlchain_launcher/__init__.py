@@ -1,18 +1,18 @@
 """rlchain's Hydra launcher plugin: ``hydra/launcher=devices`` (see :mod:`.devices_launcher`).
 
-Modules, in the order a sweep meets them:
+It depends on Hydra, the standard library, cloudpickle and one module of
+rlchain's, :mod:`rlchain.summary` (stop signals, exit codes and the job
+record it writes). Modules, in the order a sweep meets them:
 
-- :mod:`.config`: the ``hydra/launcher=devices`` schema (``hydra.launcher.*``).
-- :mod:`.devices_launcher`: the plugin class Hydra instantiates; imports the rest lazily.
-- :mod:`._launch`: one batch of jobs: compose, run, write the sweep's tables.
-- :mod:`._devices`: device slots and the checks of ``hydra.launcher.*``.
-- :mod:`._jobs`: what travels between launcher and worker (job, task, outcome) and job records.
+- :mod:`.config`: the settings (``hydra.launcher.*``), their defaults and checks.
+- :mod:`.devices_launcher`: the plugin class Hydra instantiates; one batch of jobs.
+- :mod:`._slots`: device slots: which devices, how many threads.
 - :mod:`._pool`: the scheduling loop, one worker process per slot.
 - :mod:`._worker`: what runs inside a worker process (start, job, exit when orphaned).
 - :mod:`._signals`: Ctrl-C and SIGTERM during a sweep.
 
-The modules whose names start with ``_`` are the launcher's implementation:
 Hydra's plugin scan, which runs at every start of every Hydra app, executes
-each module of ``hydra_plugins`` except those, outside ``sys.modules`` (where a
-dataclass with string annotations fails to build), and they import torch.
+each module of ``hydra_plugins`` whose name does not start with ``_``,
+outside ``sys.modules`` (where a dataclass with string annotations fails to
+build); the ``_`` modules are imported lazily, when a batch launches.
 """

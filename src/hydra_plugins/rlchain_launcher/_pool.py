@@ -1,11 +1,13 @@
 """The scheduling loop of the devices launcher: one worker process per slot, one job per slot at a time.
 
-Each slot (:mod:`._devices`) gets one worker process (:mod:`._worker`), started
+Each slot (:mod:`._slots`) gets one worker process (:mod:`._worker`), started
 with ``spawn`` when the slot takes its first job and reused by its later jobs;
 a worker that died (killed, out of memory, crashed) fails its job and is
 replaced for the next one. :class:`DevicePool` hands the pending jobs of a
-batch to idle slots, collects their outcomes in job order, and relays the
-launcher's stop signals to the running jobs (:mod:`._signals`).
+batch to idle slots as soon as one frees, relays the launcher's stop signals
+to the running jobs (:mod:`._signals`), and as each job ends logs it, writes
+the launcher's record of it (:class:`~rlchain.summary.JobRecord`, in the
+sweep directory) and returns its ``JobReturn`` in job order.
 """
 
 from __future__ import annotations
@@ -20,27 +22,51 @@ import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
 
+import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import CompactHydraException
 from omegaconf import OmegaConf, open_dict
 
-from hydra_plugins.rlchain_launcher._devices import Slot
-from hydra_plugins.rlchain_launcher._jobs import (
-    Context,
-    Job,
-    JobFailed,
-    Outcome,
-    RemoteTraceback,
-    describe_error,
-    record_job,
-)
 from hydra_plugins.rlchain_launcher._signals import StopSignals
-from hydra_plugins.rlchain_launcher._worker import execute, init_worker
+from hydra_plugins.rlchain_launcher._slots import Slot
+from hydra_plugins.rlchain_launcher._worker import Job, Outcome, describe_error, execute, init_worker
+from rlchain.summary import JobRecord
 
 log = logging.getLogger(__name__)
 
 #: Seconds between two looks of the launcher at its running jobs and at the signals it got.
 POLL_S = 0.2
+
+
+class JobFailed(CompactHydraException):
+    """What a job that did not complete hands its sweeper: one line with the job number, its status and error.
+
+    Hydra prints it without a traceback; the worker's traceback is its
+    ``__cause__`` (printed with ``HYDRA_FULL_ERROR=1``) and is kept in the
+    job's log file and the launcher's record of it.
+    """
+
+
+class RemoteTraceback(Exception):
+    """Carries a worker's traceback text as the ``__cause__`` of a job's error."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+@dataclass
+class Batch:
+    """What :meth:`DevicePool.run` returns: the jobs' results in job order, and how the batch went."""
+
+    results: list[JobReturn]
+    """Jobs that never started (a stop signal came first) are left out."""
+    failed: list[tuple[Job, str]] = field(default_factory=list)
+    """The jobs that failed, each with its error on one line."""
+    stopped: bool = False
+    """Whether SIGINT or SIGTERM ended the batch early."""
 
 
 class Worker:
@@ -54,6 +80,7 @@ class Worker:
         )  # fmt: skip
         self._pid: Future = self.executor.submit(os.getpid)
         self.job: Job | None = None
+        self.started = 0.0  # when the launcher handed it the current job (Unix seconds)
         self.broken = False
         self.signals_sent = 0  # stop signals forwarded to the current job
         self.killed: str | None = None  # why the launcher killed the current job's process
@@ -91,13 +118,13 @@ class DevicePool:
     """Runs batches of jobs over :class:`Slot` workers, one job per slot at a time.
 
     Args:
-        slots: from :func:`~._devices.make_slots`.
+        slots: from :func:`~._slots.make_slots`.
         stagger_s: minimum seconds between two job starts.
         kill_after_s: seconds the running jobs get to end after a second
             stop signal before their workers are killed.
     """
 
-    def __init__(self, slots: list[Slot], stagger_s: float = 0.0, kill_after_s: float = 30.0) -> None:
+    def __init__(self, slots: list[Slot], stagger_s: float, kill_after_s: float) -> None:
         self.slots = slots
         self.stagger_s = stagger_s
         self.signals = StopSignals(kill_after_s)
@@ -119,21 +146,33 @@ class DevicePool:
     def _busy(self) -> list[Worker]:
         return [w for w in self.workers if w is not None and w.job is not None]
 
-    def run(self, jobs: list[Job], context: Context) -> tuple[list[JobReturn], bool]:
-        """Run ``jobs``, at most one per slot at a time; return their results in order.
+    def _relay_signals(self) -> None:
+        """Act on the stop signals received: announce them, forward them to the running jobs, kill when due."""
+        self.signals.announce()
+        reason = self.signals.kill_reason()
+        for worker in self._busy():
+            for signum in self.signals.to_forward(worker.signals_sent):
+                if not worker.send(signum):
+                    break  # not started yet: it gets them on a later look
+                worker.signals_sent += 1
+            if reason is not None and worker.killed is None:
+                worker.kill(reason)
+
+    def run(self, jobs: list[Job], context: bytes, sweep_dir: Path) -> Batch:
+        """Run ``jobs``, each as soon as a slot is free.
+
+        Args:
+            context: the batch's cloudpickled ``(task_function, hydra_context, singleton_state)``.
+            sweep_dir: where the launcher's job records go.
 
         The stop signals are acted on only under ``self.signals.handling()``.
-
-        Returns:
-            ``(job_returns, stopped)``: ``stopped`` is True when SIGINT or
-            SIGTERM ended the batch early; jobs that never started are left
-            out of ``job_returns`` then.
         """
         pending = deque(jobs)
         running: dict[Future, Worker] = {}
         results: dict[int, JobReturn] = {}
+        batch = Batch([])
         while pending or running:
-            self.signals.react(self._busy())
+            self._relay_signals()
             while pending and self.signals.first is None:
                 worker = self._idle_worker()
                 if worker is None:
@@ -144,61 +183,73 @@ class DevicePool:
                         break
                 job = pending.popleft()
                 worker.job, worker.signals_sent, worker.killed = job, 0, None
-                self._last_start = time.time()
+                worker.started = self._last_start = time.time()
                 log.info(f"job {job.idx} started on {worker.slot.label} (slot {worker.slot.index}): {' '.join(job.overrides)}")
-                running[worker.executor.submit(execute, job, context, worker.slot)] = worker
+                running[worker.executor.submit(execute, cloudpickle.dumps(job), context)] = worker
             if not running:
                 break
             done, _ = wait(running, timeout=POLL_S, return_when=FIRST_COMPLETED)
-            self.signals.react(self._busy())
+            self._relay_signals()
             for future in done:
                 worker = running.pop(future)
-                results[worker.job.idx] = self._finish(future, worker.job, worker)
+                results[worker.job.idx] = self._finish(future, worker, sweep_dir, batch)
                 worker.job = None
-        self.signals.react(self._busy())
-        return [results[job.idx] for job in jobs if job.idx in results], self.signals.first is not None
+        self._relay_signals()
+        batch.results = [results[job.idx] for job in jobs if job.idx in results]
+        batch.stopped = self.signals.first is not None
+        return batch
 
-    def _finish(self, future: Future, job: Job, worker: Worker) -> JobReturn:
-        slot = worker.slot
+    def _finish(self, future: Future, worker: Worker, sweep_dir: Path, batch: Batch) -> JobReturn:
+        """The ``JobReturn`` of a finished job; logs it, adds it to ``batch.failed`` if it failed and writes
+        the launcher's record of it."""
+        job, slot = worker.job, worker.slot
         try:
             outcome: Outcome = future.result()
         except Exception as err:
-            status, signal_name = "failed", None
+            status, signal_name, now = "failed", None, time.time()
             if isinstance(err, BrokenProcessPool):  # the worker died: killed, out of memory, segfault
                 worker.broken = True
                 if worker.killed is not None:
-                    status, signal_name = "aborted", signal.Signals(self.signals.first).name
-                    error = f"killed by the launcher: {worker.killed}"
+                    status, error = "aborted", f"killed by the launcher: {worker.killed}"
+                    signal_name = signal.Signals(self.signals.first).name
                 else:
                     error = "the worker process died (killed, out of memory or crashed)"
             else:  # e.g. a result that could not travel back
                 error = f"the job's result could not be returned: {describe_error(err)}"
-            now = time.time()
-            record = {"slot": slot.index, "device": slot.label, "num_threads": slot.num_threads, "end_time": now}
-            status = record_job(job.output_dir, record, status, error, signal_name=signal_name)
             ret = JobReturn(overrides=job.overrides, status=JobStatus.FAILED, _return_value=RuntimeError(error))
-            outcome = Outcome(ret, status, error, None, record)
-        ret = outcome.job_return
+            outcome = Outcome(cloudpickle.dumps(ret), status, error, signal_name, None, worker.started, now,
+                              worker.pid or 0, None)  # fmt: skip
+        ret = cloudpickle.loads(outcome.job_return)
         ret.hydra_cfg = OmegaConf.masked_copy(job.config, "hydra")
         ret.cfg = copy.deepcopy(job.config)
         with open_dict(ret.cfg):
             del ret.cfg["hydra"]
-        if ret.status is JobStatus.FAILED:  # the sweeper raises it: one line, no traceback on the console
+        if outcome.status != "completed":  # the sweeper raises it: one line, no traceback on the console
             where = f" (traceback: {_shown_path(outcome.log_file)})" if outcome.log_file and outcome.traceback else ""
-            what = "failed: " if outcome.status == "failed" else ""
-            failed = JobFailed(f"job {job.idx} {what}{outcome.error}{where}")
+            failed = JobFailed(f"job {job.idx} {'failed: ' if outcome.status == 'failed' else ''}{outcome.error}{where}")
             if outcome.traceback is not None:
                 failed.__cause__ = RemoteTraceback(outcome.traceback)
-            ret._return_value = failed
-        wall = outcome.record.get("wall_s")
-        took = f" after {wall:.1f} s" if wall is not None else ""
-        where = f"on {slot.label} (slot {slot.index})"
+            ret.status, ret._return_value = JobStatus.FAILED, failed
+        wall = outcome.end_time - outcome.start_time
+        record = JobRecord(
+            job=job.idx, status=outcome.status, error=outcome.error, signal=outcome.signal,
+            traceback=outcome.traceback, slot=slot.index,
+            device=slot.label, cuda_visible_devices=slot.environ()["CUDA_VISIBLE_DEVICES"],
+            num_threads=slot.num_threads, pid=outcome.pid, start_time=outcome.start_time, end_time=outcome.end_time,
+            wall_s=wall,
+        )  # fmt: skip
+        try:
+            record.append(sweep_dir)
+        except OSError as err:  # the job's own files are what matters
+            log.warning(f"the launcher's record of job {job.idx} could not be written in {sweep_dir}: {err}")
+        where = f"after {wall:.1f} s on {slot.label} (slot {slot.index})"
         if outcome.status == "failed":
-            log.error(f"job {job.idx} failed{took} {where}: {outcome.error}")
+            batch.failed.append((job, outcome.error))
+            log.error(f"job {job.idx} failed {where}: {outcome.error}")
         else:
             objective = ret._return_value if ret.status is JobStatus.COMPLETED else None
             shown = f"{objective:.4g}" if isinstance(objective, (int, float)) else str(objective)
-            log.info(f"job {job.idx} {outcome.status}{took} {where}: objective {shown}")
+            log.info(f"job {job.idx} {outcome.status} {where}: objective {shown}")
         return ret
 
     def shutdown(self) -> None:

@@ -1,13 +1,16 @@
 """The worker process of a slot: its start, the job it runs, and its exit when the launcher is gone.
 
-A worker is started with ``spawn``, which pickles what it runs by reference:
-the functions here stay at module level. Its initializer (:func:`init_worker`)
-sets ``CUDA_VISIBLE_DEVICES`` and its thread counts before any job can touch
-CUDA, so a job sees its device as ``cuda:0``; it leaves the launcher's process
-group and installs the handler through which a forwarded stop signal reaches a
-job that rlchain's trainer does not yet handle (:mod:`._signals`). After each
-job the worker returns the CUDA memory torch cached for it to the device, for
-the slot's next job and the jobs that share the device.
+A worker is started with ``spawn``. Its initializer (:func:`init_worker`) sets
+the slot's ``CUDA_VISIBLE_DEVICES`` and thread counts before any job can
+touch CUDA, so a job sees its device as ``cuda:0``; it leaves the launcher's
+process group and installs the handler through which a forwarded stop signal
+reaches a job that does not handle it itself yet. Each job comes with its
+batch's context, sent as Hydra's joblib launcher sends it: the task function,
+Hydra's context and Hydra's singleton state (OmegaConf's resolvers included),
+pickled with cloudpickle, so a task function defined inside a function, or a
+resolver registered only in the launching process, reaches the worker too.
+After each job the worker returns the CUDA memory torch cached for it to the
+device, for the slot's next job and the jobs that share the device.
 
 Orphans. A worker watches its parent: when the launcher is gone (``kill -9``,
 the OOM killer, a crash) the worker sends itself SIGTERM, so a running job
@@ -17,7 +20,6 @@ worker exits at once.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import pickle
@@ -26,23 +28,24 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
+from hydra.errors import CompactHydraException
 
-from hydra_plugins.rlchain_launcher._devices import Slot
-from hydra_plugins.rlchain_launcher._jobs import Context, Job, Outcome, TaskRef, describe_error, record_job
-from hydra_plugins.rlchain_launcher._signals import STOP_SIGNALS, JobInterrupted
+from rlchain.summary import STOP_SIGNALS, STOPPED, RunSummary, signal_exit_code
 
 log = logging.getLogger(__name__)
 
 #: Seconds between two looks of a worker at its parent process.
 WATCH_INTERVAL_S = 0.5
-#: Exit status of a worker that leaves because its launcher is gone (128 + SIGTERM).
-ORPHAN_EXIT = 128 + signal.SIGTERM
+#: Exit status of a worker that leaves because its launcher is gone.
+ORPHAN_EXIT = signal_exit_code(signal.SIGTERM)
 
 # A worker's own state (one job at a time, in its main thread).
 _worker_lock = threading.Lock()
@@ -52,8 +55,43 @@ _armed = False  # a stop signal raises JobInterrupted (set while a job runs)
 _pending_signal: int | None = None  # a stop signal that came while no job was armed
 
 
+class JobInterrupted(KeyboardInterrupt):
+    """Raised in a worker by a forwarded stop signal while the job does not handle it (e.g. as its env is built)."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+@dataclass
+class Job:
+    """One job of a batch, with its composed config and output directory (composed in the launcher)."""
+
+    idx: int
+    overrides: list[str]
+    config: Any
+    output_dir: Path
+
+
+@dataclass
+class Outcome:
+    """A finished job as the worker reports it (it pickles with the standard library)."""
+
+    job_return: bytes
+    """The ``JobReturn``, cloudpickled (its return value or error may be of any picklable type)."""
+    status: str
+    """``completed``, ``failed``, ``interrupted`` or ``aborted`` (a run's own status where it wrote one)."""
+    error: str | None
+    signal: str | None
+    traceback: str | None
+    start_time: float
+    end_time: float
+    pid: int
+    log_file: str | None
+
+
 def _on_stop_signal(signum: int, frame: Any) -> None:
-    """A worker's SIGINT/SIGTERM handler while rlchain's trainer has not installed its own.
+    """A worker's SIGINT/SIGTERM handler while the job has not installed its own.
 
     During a job it raises :class:`JobInterrupted` once (and disarms, so no
     second one lands in the job's clean-up); between jobs it keeps the signal
@@ -67,23 +105,25 @@ def _on_stop_signal(signum: int, frame: Any) -> None:
 
 
 def init_worker(environ: dict[str, str], num_threads: int, launcher_pid: int) -> None:
-    """Worker initializer: pin the device and threads before any job imports CUDA; watch the launcher.
+    """Worker initializer: take the slot's environment before any job imports CUDA; watch the launcher.
 
-    The worker leaves the launcher's process group (Ctrl-C at the terminal
-    reaches the launcher only; it forwards to busy workers) and starts a
-    daemon thread that stops it when the launcher is gone (:func:`_watch_launcher`).
+    ``spawn`` may have imported torch already (it re-imports the launching
+    program's main module, ``rlchain.train`` under ``python -m``), too early
+    for ``OMP_NUM_THREADS``: its thread count is then set here. The worker
+    leaves the launcher's process group (Ctrl-C at the terminal reaches the
+    launcher only; it forwards to busy workers) and starts a daemon thread
+    that stops it when the launcher is gone (:func:`_watch_launcher`).
     """
     os.environ.update(environ)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(num_threads)
     os.setpgrp()
     for s in STOP_SIGNALS:
         signal.signal(s, _on_stop_signal)
     if os.getppid() != launcher_pid:  # the launcher died while this worker started
         os._exit(ORPHAN_EXIT)
     threading.Thread(target=_watch_launcher, args=(launcher_pid,), name="rlchain-watch-launcher", daemon=True).start()
-    with contextlib.suppress(ImportError):
-        import torch
-
-        torch.set_num_threads(num_threads)
 
 
 def _watch_launcher(launcher_pid: int) -> None:
@@ -104,34 +144,22 @@ def _watch_launcher(launcher_pid: int) -> None:
         running = _job_running
     if not running:
         _exit_orphan()
-    with contextlib.suppress(Exception):
-        log.warning(f"the launcher (pid {launcher_pid}) is gone: this worker (pid {os.getpid()}) stops its job "
-                    "after the iteration and exits")  # fmt: skip
+    log.warning(f"the launcher (pid {launcher_pid}) is gone: this worker (pid {os.getpid()}) stops its job "
+                "after the iteration and exits")  # fmt: skip
     os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _exit_orphan() -> None:
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(ORPHAN_EXIT)
 
 
-def _job_log_file(output_dir: Path) -> logging.FileHandler | None:
-    """The file handler Hydra's job logging opened in ``output_dir`` for this job, if any."""
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == output_dir:
-            return handler
-    return None
+def execute(job: bytes, context: bytes) -> Outcome:
+    """Run one job (a cloudpickled :class:`Job`) in this worker with Hydra's ``run_job``; never raises.
 
-
-def execute(job: Job, context: Context, slot: Slot) -> Outcome:
-    """Run one job in this worker with Hydra's ``run_job``; never raises.
-
-    The job's error (if any) comes back picklable with its traceback text;
-    the traceback also goes to the job's log file and ``summary.json``, and
-    the launcher's record (slot, device, threads, start and end times) is
-    merged into the job's ``summary.json``. A worker whose launcher is gone
+    ``context`` is the cloudpickled ``(task_function, hydra_context,
+    singleton_state)`` of the job's batch. A worker whose launcher is gone
     exits once this is done.
     """
     global _job_running
@@ -140,7 +168,7 @@ def execute(job: Job, context: Context, slot: Slot) -> Outcome:
             _exit_orphan()
         _job_running = True
     try:
-        return _execute(job, context, slot)
+        return _execute(cloudpickle.loads(job), *cloudpickle.loads(context))
     finally:
         with _worker_lock:
             _job_running = False
@@ -149,12 +177,10 @@ def execute(job: Job, context: Context, slot: Slot) -> Outcome:
             _exit_orphan()
 
 
-def _execute(job: Job, context: Context, slot: Slot) -> Outcome:
+def _execute(job: Job, task_function: Any, hydra_context: Any, singleton_state: dict[str, Any]) -> Outcome:
     global _armed, _pending_signal
     setup_globals()
-    from omegaconf.basecontainer import BaseContainer
-
-    Singleton.set_state({**context.singleton_state, "omegaconf_resolvers": dict(BaseContainer._resolvers)})
+    Singleton.set_state(singleton_state)
     HydraConfig.instance().set_config(job.config)
     start = time.time()
     try:
@@ -163,50 +189,59 @@ def _execute(job: Job, context: Context, slot: Slot) -> Outcome:
             if _pending_signal is not None:  # forwarded before this worker took the job up
                 name, _pending_signal, _armed = signal.Signals(_pending_signal).name, None, False
                 raise JobInterrupted(name)
-            task = context.task.resolve() if isinstance(context.task, TaskRef) else context.task
-            ret = run_job(
-                hydra_context=context.hydra_context, config=job.config, task_function=task,
-                job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir",
-            )  # fmt: skip
+            ret = run_job(hydra_context=hydra_context, config=job.config, task_function=task_function,
+                          job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")  # fmt: skip
         finally:
             _armed = False
-    except BaseException as err:  # a forwarded signal outside the trainer, or an error in Hydra itself
+    except BaseException as err:  # a stopped run's SystemExit, a forwarded signal, an error of Hydra itself
         ret = JobReturn(overrides=job.overrides, status=JobStatus.FAILED, _return_value=err)
     end = time.time()
-    error = tb = signal_name = None
-    status = "completed"
+    status, error, signal_name, tb = _how_it_ended(ret, job.output_dir)
     handler = _job_log_file(job.output_dir)
-    if ret.status is JobStatus.FAILED:
-        err = ret._return_value
-        if isinstance(err, KeyboardInterrupt):
-            status = "interrupted"
-            signal_name = err.signal_name if isinstance(err, JobInterrupted) else "SIGINT"
-        else:
-            status = "failed"
-        error, tb = describe_error(err), "".join(traceback.format_exception(err))
-        if status == "failed" and handler is not None:  # the traceback goes to the job's log, not the console
-            handler.handle(logging.LogRecord(log.name, logging.ERROR, __file__, 0, "job %d failed: %s\n%s",
-                                             (job.idx, error, tb.rstrip()), None))  # fmt: skip
-        try:
-            pickle.loads(pickle.dumps(err))
-        except Exception:
-            ret._return_value = RuntimeError(error)
-    record = {
-        "slot": slot.index, "device": slot.label, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "num_threads": slot.num_threads, "pid": os.getpid(), "start_time": start, "end_time": end,
-        "wall_s": end - start,
-    }  # fmt: skip
-    objective = ret._return_value if ret.status is JobStatus.COMPLETED else None
-    status = record_job(job.output_dir, record, status, error, objective,
-                        traceback_text=tb if status == "failed" else None, signal_name=signal_name)  # fmt: skip
-    ret.cfg = ret.hydra_cfg = None  # may hold classes of the worker's own imports; the launcher restores them
-    if ret.status is JobStatus.COMPLETED:
-        try:
-            pickle.dumps(objective)
-        except Exception:  # a return value that cannot travel back: send its repr
-            ret._return_value = repr(objective)
+    if status == "failed" and handler is not None:  # the traceback goes to the job's log, not the console
+        handler.handle(logging.LogRecord(log.name, logging.ERROR, __file__, 0, "job %d failed: %s\n%s",
+                                         (job.idx, error, (tb or "").rstrip()), None))  # fmt: skip
+    ret.cfg = ret.hydra_cfg = None  # the launcher restores them from the job's config
+    try:
+        payload = cloudpickle.dumps(ret)
+        pickle.loads(payload)
+    except Exception:  # a return value or an error that cannot travel back: send it as text
+        ret._return_value = RuntimeError(error) if ret.status is JobStatus.FAILED else repr(ret._return_value)
+        payload = cloudpickle.dumps(ret)
     _release_cuda_memory()
-    return Outcome(ret, status, error, tb, record, handler.baseFilename if handler is not None else None)
+    log_file = handler.baseFilename if handler else None
+    return Outcome(payload, status, error, signal_name, tb, start, end, os.getpid(), log_file)
+
+
+def _how_it_ended(ret: JobReturn, output_dir: Path) -> tuple[str, str | None, str | None, str | None]:
+    """``(status, error on one line, stop signal, traceback)`` of a job: the run's own ``summary.json``
+    where a stop signal ended it, else what its ``JobReturn`` says."""
+    if ret.status is not JobStatus.FAILED:
+        return "completed", None, None, None
+    err = ret._return_value
+    summary = RunSummary.read(output_dir)
+    if isinstance(err, SystemExit) and summary is not None and summary.status in STOPPED:
+        return summary.status, f"{summary.status} by {summary.signal}", summary.signal, None
+    if isinstance(err, JobInterrupted):
+        return "interrupted", f"interrupted by {err.signal_name}", err.signal_name, None
+    own = summary.error if summary is not None and summary.status == "failed" else None  # the run's own word
+    return "failed", own or describe_error(err), None, "".join(traceback.format_exception(err))
+
+
+def describe_error(err: BaseException) -> str:
+    """``err`` in one line: its type and message (a Hydra one-line error: its message)."""
+    text = " ".join(str(err).split())
+    if isinstance(err, CompactHydraException):
+        return text
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _job_log_file(output_dir: Path) -> logging.FileHandler | None:
+    """The file handler Hydra's job logging opened in ``output_dir`` for this job, if any."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == output_dir:
+            return handler
+    return None
 
 
 def _release_cuda_memory() -> None:

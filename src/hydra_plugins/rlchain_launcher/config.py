@@ -1,4 +1,4 @@
-"""Config schema of the ``devices`` launcher, registered as ``hydra/launcher=devices``.
+"""Settings of the ``devices`` launcher, registered as ``hydra/launcher=devices``: their one home.
 
 No ``from __future__ import annotations`` here: Hydra's plugin scan executes
 this module outside ``sys.modules``, where dataclasses cannot resolve string
@@ -10,10 +10,24 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+# Defined in a module the plugin scan does not execute, so that it stays one class (see the package docstring).
+from hydra_plugins.rlchain_launcher._slots import LauncherConfigError
+
+
+def _not_allowed(name: str, value: Any, expected: str) -> LauncherConfigError:
+    return LauncherConfigError(f"hydra.launcher.{name}={value!r} is not allowed: expected {expected}")
+
 
 @dataclass
 class DevicesLauncherConf:
-    """Settings of :class:`~hydra_plugins.rlchain_launcher.devices_launcher.DevicesLauncher`."""
+    """Settings of :class:`~hydra_plugins.rlchain_launcher.devices_launcher.DevicesLauncher`.
+
+    Creating one checks every value but ``devices`` (whose CUDA ids are
+    checked against the visible devices when the first batch launches).
+
+    Raises:
+        LauncherConfigError: naming the ``hydra.launcher`` field, the value and what is allowed.
+    """
 
     _target_: str = "hydra_plugins.rlchain_launcher.devices_launcher.DevicesLauncher"
     devices: Any = "auto"
@@ -21,15 +35,28 @@ class DevicesLauncherConf:
     list of CUDA device ids as ``nvidia-smi`` numbers them (``[0,1,3]``; UUIDs
     and MIG ids are written through), or ``[cpu]``."""
     jobs_per_device: int = 1
-    """Jobs that may run at once on one device; slots = devices x jobs_per_device."""
+    """Jobs that may run at once on one device (an integer >= 1); slots = devices x jobs_per_device."""
     threads_per_job: Any = "auto"
     """Torch/OpenMP CPU threads of each job: ``auto`` = usable cores // slots (at
-    least 1), or an integer."""
+    least 1), or an integer >= 1."""
     stagger_s: float = 0.0
-    """Seconds to wait between two job starts (spreads start-up load)."""
+    """Seconds to wait between two job starts (>= 0; spreads start-up load)."""
     kill_after_s: float = 30.0
     """Seconds the running jobs get to end after a second Ctrl-C or SIGTERM
-    (the trainer aborts at once) before the launcher kills their workers."""
+    (the trainer aborts at once) before the launcher kills their workers (>= 0)."""
+
+    def __post_init__(self) -> None:
+        def integer(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+        if not integer(self.jobs_per_device):
+            raise _not_allowed("jobs_per_device", self.jobs_per_device, "an integer >= 1")
+        if self.threads_per_job != "auto" and not integer(self.threads_per_job):
+            raise _not_allowed("threads_per_job", self.threads_per_job, "'auto' or an integer >= 1")
+        for name in ("stagger_s", "kill_after_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise _not_allowed(name, value, "a number >= 0")
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="devices", node=DevicesLauncherConf, provider="rlchain")

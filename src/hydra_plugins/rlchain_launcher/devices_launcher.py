@@ -4,68 +4,69 @@ Usage::
 
     rlchain-train -m hydra/launcher=devices algorithm.learning_rate=3e-4,1e-3 seed=0,1,2
     rlchain-train -m hydra.launcher.devices=[0,1] hydra.launcher.jobs_per_device=4 ...
+    my_app.py -m hydra/launcher=devices ...          # any @hydra.main app
 
 (rlchain-train selects this launcher by default.) The launcher creates
-``len(devices) * jobs_per_device`` slots; a job takes a free slot, runs in
-that slot's worker process with ``CUDA_VISIBLE_DEVICES`` set to the slot's
-device (so ``device=auto`` resolves to ``cuda:0`` inside the job) and with
-``threads_per_job`` CPU threads, and the slot takes the next job when it ends.
-On a machine without CUDA, ``devices=auto`` gives ``jobs_per_device`` CPU slots.
+``len(devices) * jobs_per_device`` slots; a job takes a free slot as soon as
+one frees, runs in that slot's worker process with ``CUDA_VISIBLE_DEVICES``
+set to the slot's device (so ``device=auto`` resolves to ``cuda:0`` inside the
+job) and with ``threads_per_job`` CPU threads. On a machine without CUDA,
+``devices=auto`` gives ``jobs_per_device`` CPU slots.
 
-Each job's ``summary.json`` gets a ``launcher`` record: slot, device,
-``CUDA_VISIBLE_DEVICES``, threads, start and end (Unix seconds). A job that
-raises is logged and recorded as failed (its traceback in its own
-``summary.json`` and log) while the others go on; at the end of the batch
-each failed job is listed in one line, and Hydra's sweeper then stops the
-multirun with a non-zero exit status. After each batch the sweep directory's
-``summary.csv`` and ``summary.md`` are rewritten (see :mod:`rlchain.report`).
+What only the launcher knows of each job (slot, device, threads, start and
+end in Unix seconds, a worker that died or that it killed) goes, one JSON line
+per job, into ``<sweep dir>/launcher.jsonl`` (:class:`rlchain.summary.JobRecord`);
+a job's own files are never rewritten. A job that raises is logged and
+recorded as failed (its traceback in its Hydra job log and its record) while
+the others go on; at the end of the batch each failed job is listed in one
+line, and Hydra's sweeper then stops the multirun with a non-zero exit status.
 
 Ctrl-C or SIGTERM stops the sweep: running jobs save and stop after their
-iteration, no new job starts, and the multirun exits with 130 (Ctrl-C) or 143
-(SIGTERM); a second signal aborts the jobs, and workers still running
-``kill_after_s`` later are killed. Workers exit when the launcher dies. How
-the parts fit: :mod:`hydra_plugins.rlchain_launcher`.
+iteration, no new job starts, the multirun-end callbacks run (rlchain's
+summary tables), and the multirun exits with 130 (Ctrl-C) or 143 (SIGTERM); a
+second signal aborts the jobs, and workers still running ``kill_after_s``
+later are killed. Workers exit when the launcher dies.
+
+Modules: :mod:`.config` (the settings), :mod:`._slots` (devices and threads),
+:mod:`._pool` (the scheduling loop), :mod:`._worker` (a worker process),
+:mod:`._signals` (stop signals). Those whose names start with ``_`` import
+the heavy parts lazily: Hydra's plugin scan executes every other module of
+``hydra_plugins`` at each start of every Hydra app.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
+
+from hydra_plugins.rlchain_launcher.config import DevicesLauncherConf
+
+log = logging.getLogger(__name__)
 
 
 class DevicesLauncher(Launcher):
     """A Hydra launcher that runs jobs in parallel on device slots.
 
     Args:
-        devices: ``"auto"`` or a list of CUDA ids (``[0,1,3]``) or ``[cpu]``.
-        jobs_per_device: jobs that may share one device at a time (>= 1).
-        threads_per_job: CPU threads of each job, ``"auto"`` or an integer >= 1.
-        stagger_s: seconds between two job starts (>= 0).
-        kill_after_s: seconds the running jobs get to end after a second
-            Ctrl-C or SIGTERM before their workers are killed (>= 0).
+        settings: fields of :class:`~.config.DevicesLauncherConf` (``self.settings``).
 
     Raises:
         LauncherConfigError: a setting out of range, naming the
             ``hydra.launcher`` field, the value and what is allowed
-            (devices, and whether their CUDA ids are visible, are checked at
-            the first launch).
+            (``devices``, and whether their CUDA ids are visible, at the first launch).
     """
 
-    def __init__(
-        self, devices: Any = "auto", jobs_per_device: int = 1, threads_per_job: Any = "auto", stagger_s: float = 0.0,
-        kill_after_s: float = 30.0,
-    ) -> None:  # fmt: skip
-        from hydra_plugins.rlchain_launcher._devices import LauncherConfigError
-
-        for name, value in (("stagger_s", stagger_s), ("kill_after_s", kill_after_s)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise LauncherConfigError(f"hydra.launcher.{name}={value!r} is not allowed: expected a number >= 0")
-        self.devices, self.jobs_per_device = devices, jobs_per_device
-        self.threads_per_job, self.stagger_s, self.kill_after_s = threads_per_job, float(stagger_s), float(kill_after_s)
+    def __init__(self, **settings: Any) -> None:
+        self.settings = DevicesLauncherConf(**settings)
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: Callable | None = None
@@ -81,16 +82,74 @@ class DevicesLauncher(Launcher):
         The slots' worker processes start with the first batch and serve the
         later ones; they exit when Hydra lets go of this launcher (the
         multirun has ended) or at the latest when the program exits.
+
+        Raises:
+            SystemExit: 128 + the first stop signal's number (130 for SIGINT,
+                Ctrl-C, also when a second one followed; 143 for SIGTERM) once
+                every job that was running has stopped and the multirun-end
+                callbacks have run: only the launcher saw the signal, and
+                Hydra runs no callback after a launcher that ends the multirun.
         """
         import weakref
 
-        from hydra_plugins.rlchain_launcher._devices import make_slots
-        from hydra_plugins.rlchain_launcher._launch import launch
+        import cloudpickle
+        from hydra.core.singleton import Singleton
+        from hydra.core.utils import configure_log, setup_globals
+
         from hydra_plugins.rlchain_launcher._pool import DevicePool
+        from hydra_plugins.rlchain_launcher._slots import make_slots
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
         if self.pool is None:
-            slots = make_slots(self.devices, self.jobs_per_device, self.threads_per_job)
-            self.pool = DevicePool(slots, self.stagger_s, self.kill_after_s)
+            cfg = self.settings
+            self.pool = DevicePool(make_slots(cfg.devices, cfg.jobs_per_device, cfg.threads_per_job),
+                                   cfg.stagger_s, cfg.kill_after_s)  # fmt: skip
             weakref.finalize(self, self.pool.shutdown)  # also runs at exit; atexit alone kept them to the end
-        return launch(self.pool, self.config, self.hydra_context, self.task_function, job_overrides, initial_job_idx)
+        pool = self.pool
+        devices = sorted({s.label for s in pool.slots})
+        log.info(f"devices launcher: {len(job_overrides)} job(s) on {len(pool.slots)} slot(s) "
+                 f"({', '.join(devices)}; {pool.slots[0].num_threads} thread(s) each); sweep dir {sweep_dir}")  # fmt: skip
+        with pool.signals.handling():
+            context = cloudpickle.dumps((self.task_function, self.hydra_context, Singleton.get_state()))
+            jobs = [self._prepare(initial_job_idx + i, overrides) for i, overrides in enumerate(job_overrides)]
+            batch = pool.run(jobs, context, sweep_dir)
+            _log_failures(jobs, batch.failed)
+            if batch.stopped:
+                log.warning(f"sweep stopped by {signal.Signals(pool.signals.first).name}: {len(batch.results)} of "
+                            f"{len(jobs)} job(s) ran in this batch; finished jobs and checkpoints are in {sweep_dir}")
+                pool.shutdown()
+                try:
+                    self.hydra_context.callbacks.on_multirun_end(config=self.config)
+                except Exception as err:  # a stopped sweep exits with its signal's code whatever a callback says
+                    log.warning(f"a multirun-end callback failed: {type(err).__name__}: {' '.join(str(err).split())}")
+                raise SystemExit(pool.signals.exit_code)
+        return batch.results
+
+    def _prepare(self, idx: int, overrides: Sequence[str]) -> Any:
+        """Compose job ``idx``'s config in the launcher process and resolve its output directory."""
+        from hydra_plugins.rlchain_launcher._worker import Job
+
+        sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
+            sweep_config.hydra.job.num = idx
+        HydraConfig.instance().set_config(sweep_config)
+        sweep = sweep_config.hydra.sweep
+        return Job(idx, list(overrides), sweep_config, Path(os.path.abspath(os.path.join(str(sweep.dir), str(sweep.subdir)))))
+
+
+def _log_failures(jobs: Sequence[Any], failed: Sequence[tuple[Any, str]]) -> None:
+    """One line per failed job of the batch: its number, the overrides that vary within the batch, its error."""
+    if not failed:
+        return
+    values = {job.idx: dict(o.lstrip("+").partition("=")[::2] for o in job.overrides) for job in jobs}
+    keys = dict.fromkeys(k for v in values.values() for k in v)
+    varying = [k for k in keys if len({v.get(k) for v in values.values()}) > 1]
+    log.error(f"{len(failed)} job(s) failed (each traceback is in the job's log and the sweep's launcher.jsonl):")
+    for job, error in failed:
+        label = " ".join(f"{k}={values[job.idx].get(k, '')}" for k in varying)
+        log.error(f"  job {job.idx} ({label}): {error}")

@@ -10,8 +10,9 @@ import torch
 from tensordict import TensorDict
 
 from rlchain.buffer import minibatches
+from rlchain.console import notice
 from rlchain.policies import Policy
-from rlchain.settings import Settings, setting
+from rlchain.settings import SettingError, Settings, setting
 from rlchain.utils import MAX_SEED
 
 __all__ = ["Algorithm", "AlgorithmConfig", "LR_SCHEDULES", "NonFiniteError", "first_non_finite"]
@@ -72,19 +73,30 @@ class AlgorithmConfig(Settings):
     lr_schedule: str = setting("constant", choices=LR_SCHEDULES)
     """constant, linear (decay to 0 over total_iterations) or adaptive (on target_kl)."""
     target_kl: float | None = setting(None, gt=0)
-    """KL target of the adaptive schedule (and of PPO's stop_at_target_kl)."""
+    """KL target of the adaptive schedule (and of PPO's stop_at_target_kl); refused where no setting reads it."""
     total_iterations: int | None = None
     """Length of the linear schedule in updates (the trainer's iterations; read by the linear schedule only)."""
     seed: int = setting(0, ge=0, le=MAX_SEED)
     """Seed of the minibatch permutation."""
 
     def check(self) -> None:
-        """A schedule needs its parameter: adaptive a ``target_kl``, linear a ``total_iterations``."""
+        """A schedule needs its parameter (adaptive a ``target_kl``, linear a ``total_iterations``), and a
+        ``target_kl`` needs a setting that reads it (:meth:`target_kl_readers`)."""
         if self.lr_schedule == "adaptive" and self.target_kl is None:
-            raise ValueError("target_kl=None is not allowed with lr_schedule='adaptive': expected a number > 0")
+            raise SettingError("target_kl", None, " is not allowed with lr_schedule='adaptive': expected a number > 0")
         if self.lr_schedule == "linear" and (self.total_iterations is None or self.total_iterations <= 0):
-            raise ValueError(f"total_iterations={self.total_iterations} is not allowed with lr_schedule='linear': "
-                             "expected an integer > 0")
+            raise SettingError("total_iterations", self.total_iterations,
+                               " is not allowed with lr_schedule='linear': expected an integer > 0")  # fmt: skip
+        readers = self.target_kl_readers()
+        if self.target_kl is not None and not any(reads for reads, _ in readers.values()):
+            settings = ", ".join(f"{name}={getattr(self, name)!r}" for name in readers)
+            wanted = " or ".join(want for _, want in readers.values())
+            raise SettingError("target_kl", self.target_kl, f" is not allowed with {settings}: no setting reads it "
+                                                            f"(it is read by {wanted}); expected None")  # fmt: skip
+
+    def target_kl_readers(self) -> dict[str, tuple[bool, str]]:
+        """The settings that read ``target_kl``: ``{name: (whether it reads it now, the value that would)}``."""
+        return {"lr_schedule": (self.lr_schedule == "adaptive", "lr_schedule='adaptive'")}
 
 
 class Algorithm:
@@ -109,6 +121,10 @@ class Algorithm:
     each update and applied to the next. The KL a minibatch sees before its
     own step would not do: on an update's first minibatch the policy is still
     the rollout policy, so that KL is 0 whatever ``target_kl`` is.
+
+    A resumed run (:meth:`load_state_dict`) takes the rate of its config under
+    ``constant`` and ``linear`` (saying so in one line when it differs from
+    the checkpoint's) and goes on from the checkpoint's rate under ``adaptive``.
 
     Raises:
         ValueError: from the settings (:class:`AlgorithmConfig`): a value out
@@ -138,9 +154,15 @@ class Algorithm:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def _schedule_before_update(self) -> None:
+    def _scheduled_lr(self) -> float:
+        """The rate of the next update under ``constant`` or ``linear`` (from the config; not for ``adaptive``)."""
         if self.cfg.lr_schedule == "linear":
-            self._set_lr(self.cfg.learning_rate * max(0.0, 1.0 - self.iteration / self.cfg.total_iterations))
+            return self.cfg.learning_rate * max(0.0, 1.0 - self.iteration / self.cfg.total_iterations)
+        return self.cfg.learning_rate
+
+    def _schedule_before_update(self) -> None:
+        if self.cfg.lr_schedule != "adaptive":
+            self._set_lr(self._scheduled_lr())
 
     def _schedule_after_update(self, update_kl: float) -> None:
         """The adaptive rule (see the class docstring) on the KL an update caused."""
@@ -152,23 +174,27 @@ class Algorithm:
         self._set_lr(lr)
 
     @torch.no_grad()
-    def _update_kl(self, data: TensorDict) -> float:
-        """Mean KL(rollout policy || current policy) over ``data``'s samples (live ones where it has a ``mask``).
+    def _update_kl(self, data: TensorDict, weight: torch.Tensor | None) -> float:
+        """Mean KL(rollout policy || current policy) over ``data``'s samples, weighted by ``weight``.
 
         Uses the ``(r - 1) - log r`` estimator (Schulman 2020) of the
         probability ratio ``r`` of each stored action; one forward pass over
         ``data`` in chunks of ``batch_size``.
+
+        Args:
+            data: the samples (any batch shape), with ``sample_log_prob`` at collection.
+            weight: float, ``data``'s batch shape: each sample's weight (GRPO's live
+                mask), or None for every sample alike. 0 when every weight is 0.
         """
         flat = data.reshape(-1)
-        total = weight = 0.0
+        weights = torch.ones(flat.batch_size, device=flat.device) if weight is None else weight.reshape(-1)
+        total = torch.zeros((), device=flat.device)
         for start in range(0, flat.batch_size[0], self.cfg.batch_size):
             chunk = flat[start : start + self.cfg.batch_size]
             log_ratio = self.policy.evaluate_actions(chunk)["sample_log_prob"] - chunk["sample_log_prob"]
-            kl = torch.expm1(log_ratio) - log_ratio
-            mask = chunk["mask"] if "mask" in chunk.keys() else torch.ones_like(kl)
-            total = total + (kl * mask).sum()
-            weight = weight + mask.sum()
-        return float(total / weight) if float(weight) > 0 else 0.0
+            total += ((torch.expm1(log_ratio) - log_ratio) * weights[start : start + self.cfg.batch_size]).sum()
+        count = weights.sum()
+        return float(total / count) if float(count) > 0 else 0.0
 
     def _step(self, loss: torch.Tensor) -> torch.Tensor:
         """Backpropagate ``loss``, clip gradients, step; return the pre-clip gradient norm (0-d tensor).
@@ -205,14 +231,20 @@ class Algorithm:
         data: TensorDict,
         minibatch_loss: Callable[[TensorDict], dict[str, torch.Tensor]],
         stop_kl: float | None = None,
+        weight: torch.Tensor | None = None,
     ) -> tuple[dict[str, float], int]:
         """Run ``n_epochs`` over seeded minibatches of ``data``: one optimiser step per minibatch.
 
         ``minibatch_loss(batch)`` returns ``loss`` (minimised) and scalar terms to
         report, ``approx_kl`` among them. Applies the learning-rate schedule,
-        stops after an epoch whose mean ``approx_kl`` exceeds ``stop_kl``,
         counts the update, and stops training at the first non-finite loss,
-        gradient norm, reported term or parameter.
+        gradient norm, reported term or parameter. With ``stop_kl`` the
+        epochs stop after one whose last minibatch's ``approx_kl`` exceeds it
+        (CleanRL's rule: that KL is measured in the last minibatch's forward
+        pass, after every earlier step of the epoch; an epoch's mean would
+        count the first minibatch's KL, 0 before any step, and lag).
+        ``weight`` (float, ``data``'s batch shape, or None) weights the
+        samples of the adaptive schedule's ``update_kl`` (:meth:`_update_kl`).
 
         Returns:
             the mean of every reported term over the minibatches run (plus
@@ -226,27 +258,25 @@ class Algorithm:
         totals: dict[str, torch.Tensor] = {}
         count, epochs = 0, 0
         for _ in range(self.cfg.n_epochs):
-            epoch_kl = []
             for batch in minibatches(data, self.cfg.batch_size, self.generator):
                 terms = minibatch_loss(batch)
                 terms["grad_norm"] = self._step(terms.pop("loss"))
                 for key, value in terms.items():
                     totals[key] = totals.get(key, 0.0) + value.detach()
                 count += 1
-                epoch_kl.append(terms["approx_kl"].detach())
             epochs += 1
-            if stop_kl is not None and torch.stack(epoch_kl).mean().item() > stop_kl:
+            if stop_kl is not None and terms["approx_kl"].item() > stop_kl:
                 break
         self.iteration += 1
         stats = {key: (value / count).item() for key, value in totals.items()}
         self._check_finite(stats)
         if self.cfg.lr_schedule == "adaptive":
-            stats["update_kl"] = self._update_kl(data)
+            stats["update_kl"] = self._update_kl(data, weight)
             self._schedule_after_update(stats["update_kl"])
         return stats, epochs
 
     def check_env(self, env: Any) -> None:
-        """Raise ``ValueError`` if this algorithm cannot train on ``env`` (before any step)."""
+        """Raise :class:`~rlchain.settings.SettingError` if this algorithm cannot train on ``env`` (before any step)."""
 
     def reset_reference(self) -> None:
         """Take the policy as it is now as the reference of a KL penalty (GRPO); nothing for the others.
@@ -260,16 +290,24 @@ class Algorithm:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
-        """Optimiser, schedule and minibatch generator state."""
+        """Optimiser, schedule (the configured ``learning_rate`` too) and minibatch generator state."""
         return {
             "optimizer": self.optimizer.state_dict(),
             "iteration": self.iteration,
             "generator": self.generator.get_state(),
+            "learning_rate": self.cfg.learning_rate,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output."""
+        """Restore :meth:`state_dict` output; the learning rate as the class docstring says."""
         self.optimizer.load_state_dict(state["optimizer"])
         self.iteration = state["iteration"]
         self.generator.set_state(state["generator"].cpu())  # generator states are CPU byte tensors
+        if self.cfg.lr_schedule == "adaptive":
+            return
+        saved = state.get("learning_rate", self.current_lr if self.cfg.lr_schedule == "constant" else None)
+        self._set_lr(self._scheduled_lr())
+        if saved is not None and not math.isclose(saved, self.cfg.learning_rate, rel_tol=1e-9):
+            notice(f"algorithm.learning_rate={self.cfg.learning_rate:g} replaces the checkpoint's {saved:g} "
+                   f"(lr_schedule={self.cfg.lr_schedule!r})")  # fmt: skip
 

@@ -109,7 +109,8 @@ class GRPO(Algorithm):
             self.ref_policy = copy.deepcopy(self.policy).requires_grad_(False).eval()
 
     def check_env(self, env: Any) -> None:
-        """Raise ``ValueError`` (naming ``algorithm.group_size`` and ``env.num_envs``) unless the one divides the other."""
+        """Raise :class:`~rlchain.settings.SettingError` (naming ``algorithm.group_size`` and ``env.num_envs``)
+        unless the one divides the other: the one check of ``group_size`` against the env, before any step."""
         check_group_size(self.cfg.group_size, env.num_envs, names=("algorithm.group_size", "env.num_envs"))
 
     def advantages(self, rollout: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,13 +122,12 @@ class GRPO(Algorithm):
         return group_relative_advantages(returns, mask, cfg.group_size, cfg.eps, cfg.advantage_norm), mask
 
     def update(self, rollout: TensorDict) -> dict[str, float]:
-        """One GRPO update on a ``[T, N]`` rollout; see the class docstring for the returned keys."""
-        check_group_size(self.cfg.group_size, rollout.batch_size[1])
+        """One GRPO update on a ``[T, N]`` rollout of an env that :meth:`check_env` accepted; see the class docstring."""
         advantages, mask = self.advantages(rollout)
         data = rollout.select("obs", "action", "sample_log_prob").clone(False)
         data.set("advantages", advantages)
         data.set("mask", mask.float())
-        stats, _ = self._optimise(data, self._minibatch_loss)
+        stats, _ = self._optimise(data, self._minibatch_loss, weight=data["mask"])
         self.policy.update_obs_normalizer(rollout["obs"])
         stats.update(learning_rate=self.current_lr, live_fraction=float(mask.float().mean()))
         return stats

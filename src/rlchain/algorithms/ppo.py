@@ -12,7 +12,7 @@ from tensordict import TensorDict
 from rlchain.algorithms.base import Algorithm, AlgorithmConfig
 from rlchain.algorithms.functional import clipped_surrogate, compute_gae
 from rlchain.policies import Policy
-from rlchain.settings import setting
+from rlchain.settings import SettingError, setting
 
 __all__ = ["PPO", "PPOConfig", "ppo_loss"]
 
@@ -31,13 +31,18 @@ class PPOConfig(AlgorithmConfig):
     norm_adv: bool = True
     """Normalise advantages over the rollout to zero mean and unit std."""
     stop_at_target_kl: bool = False
-    """Stop the epochs of an update once approx_kl exceeds target_kl."""
+    """Stop the epochs of an update after one whose last minibatch's approx_kl exceeds target_kl (CleanRL's rule)."""
 
     def check(self) -> None:
-        """The schedule's rules, and ``stop_at_target_kl`` needs a ``target_kl``."""
+        """The shared rules, and ``stop_at_target_kl`` needs a ``target_kl``."""
         super().check()
         if self.stop_at_target_kl and self.target_kl is None:
-            raise ValueError("target_kl=None is not allowed with stop_at_target_kl=True: expected a number > 0")
+            raise SettingError("target_kl", None, " is not allowed with stop_at_target_kl=True: expected a number > 0")
+
+    def target_kl_readers(self) -> dict[str, tuple[bool, str]]:
+        """The schedule, and ``stop_at_target_kl``."""
+        return {**super().target_kl_readers(),
+                "stop_at_target_kl": (self.stop_at_target_kl, "stop_at_target_kl=True")}  # fmt: skip
 
 
 def ppo_loss(
@@ -103,10 +108,8 @@ class PPO(Algorithm):
     """
 
     def __init__(self, policy: Policy, **settings: Any) -> None:
-        if not getattr(policy, "has_critic", True):
-            raise ValueError(
-                f"policy={type(policy).__name__} has no critic: PPO needs one (use policy=actor_critic)"
-            )
+        if not policy.has_critic:
+            raise ValueError(f"policy={type(policy).__name__} has no critic: PPO needs one (use policy=actor_critic)")
         super().__init__(policy, PPOConfig(**settings))
 
     def update(self, rollout: TensorDict) -> dict[str, float]:

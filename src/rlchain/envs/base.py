@@ -14,6 +14,7 @@ bootstrapped (Pardo et al. 2018, "Time Limits in Reinforcement Learning").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -21,31 +22,45 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from rlchain.utils import check_positive
+from rlchain.settings import SettingError, Settings, setting
+from rlchain.utils import MAX_SEED
 
-__all__ = ["NON_FINITE_ACTION", "SingleGymEnv", "TorchVecEnv", "VecEnv", "check_group_size"]
+__all__ = ["NON_FINITE_ACTION", "SingleGymEnv", "TorchVecEnv", "VecEnv", "VecEnvConfig", "check_group_size"]
 
 #: The error of a torch-native task's ``step`` on an action with NaN or inf.
 NON_FINITE_ACTION = "action contains NaN or inf: expected finite values (they are clipped to [-1, 1])"
 
 
 def check_group_size(group_size: Any, num_envs: int, names: tuple[str, str] = ("group_size", "num_envs")) -> int:
-    """Validate a GRPO group size against ``num_envs`` and return it.
+    """The rule of a GRPO group size: a positive int that divides ``num_envs``; returns it.
 
+    GRPO checks its ``group_size`` against its env with it once, before any
+    step; an env checks the ``group_size`` its ``reset`` is given with it.
     ``names`` are how the message names the two values (``algorithm.group_size``
     and ``env.num_envs`` when the algorithm checks its env).
 
     Raises:
-        ValueError: unless ``group_size`` is a positive int dividing ``num_envs``.
+        SettingError: unless ``group_size`` is a positive int dividing ``num_envs``.
     """
     group_name, envs_name = names
-    check_positive(group_name, group_size, integer=True)
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
+        raise SettingError(group_name, group_size, " is not allowed: expected an integer > 0")
     if num_envs % group_size != 0:
-        raise ValueError(
-            f"{group_name}={group_size} is not allowed with {envs_name}={num_envs}: "
-            "num_envs must be a multiple of group_size"
-        )
+        raise SettingError(group_name, group_size, f" is not allowed with {envs_name}={num_envs}: "
+                                                   "num_envs must be a multiple of group_size")  # fmt: skip
     return group_size
+
+
+@dataclass
+class VecEnvConfig(Settings):
+    """The settings every built-in env has; each env's schema extends it (and may change a default)."""
+
+    num_envs: int = setting(64, gt=0)
+    """Parallel envs simulated as one batch."""
+    device: str = "cpu"
+    """Torch device of observations, rewards and flags: 'cpu', 'cuda', 'cuda:N' or 'auto'."""
+    seed: int = setting(0, ge=0, le=MAX_SEED)
+    """Seed of the env's random stream (initial states): the same seed and actions give the same episodes."""
 
 
 class VecEnv(gym.vector.VectorEnv):
@@ -81,7 +96,14 @@ class VecEnv(gym.vector.VectorEnv):
     ``reports_success`` declares whether ``info["success"]`` is a task
     success signal. An env without one (a locomotion task, Pendulum) sets it
     False, still returns an all-False ``info["success"]``, and rlchain then
-    neither logs nor shows a success rate for it.
+    neither logs nor shows a success rate for it. An env knows it from its
+    construction on; it never changes while the env runs.
+
+    Checkpoints save what :meth:`state_dict` returns and a resume hands it to
+    :meth:`load_state_dict`. ``resumes_episodes`` declares whether that
+    restores every env exactly, so that a resumed run goes on with the
+    episodes in progress (bit-identical on the CPU); otherwise a resume resets
+    every env first (the episodes in progress at the checkpoint are dropped).
 
     :func:`rlchain.envs.check_vec_env` checks an env against every rule here.
     """
@@ -90,14 +112,22 @@ class VecEnv(gym.vector.VectorEnv):
 
     #: Whether ``info["success"]`` is a task success signal (see the class docstring).
     reports_success: bool = True
+    #: Whether :meth:`load_state_dict` restores the episodes in progress exactly (see the class docstring).
+    resumes_episodes: bool = False
     num_envs: int
     device: torch.device
     max_episode_steps: int
 
     def __init__(self, num_envs: int, device: torch.device) -> None:
-        check_positive("num_envs", num_envs, integer=True)
         self.num_envs = num_envs
         self.device = device
+
+    def state_dict(self) -> dict[str, Any]:
+        """The env's state for a checkpoint (tensors and plain data); ``{}`` when there is none to save."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (see ``resumes_episodes`` for what a resume expects of it)."""
 
     def _set_spaces(self, single_observation_space: gym.Space, single_action_space: gym.Space) -> None:
         self.single_observation_space = single_observation_space
@@ -122,6 +152,7 @@ class TorchVecEnv(VecEnv):
     host-sync-free finiteness check of actions on CUDA.
     """
 
+    resumes_episodes = True
     _STATE: tuple[str, ...] = ()
     _generator: torch.Generator
     _pending_action_check: tuple[torch.Tensor, Any] | None = None
@@ -170,7 +201,7 @@ class TorchVecEnv(VecEnv):
             ``(obs [N, *obs_shape] float32, info)``; ``info`` is empty.
 
         Raises:
-            ValueError: ``group_size`` not a positive int dividing ``num_envs``.
+            SettingError: ``group_size`` not a positive int dividing ``num_envs``.
         """
         group_size = 1
         if options and options.get("group_size") is not None:
@@ -246,7 +277,7 @@ class SingleGymEnv(gym.Env):
 
     def __init__(self, env: VecEnv) -> None:
         self._env = env
-        self.reports_success = bool(getattr(env, "reports_success", True))
+        self.reports_success = env.reports_success
         self.observation_space = env.single_observation_space
         self.action_space = env.single_action_space
 

@@ -37,9 +37,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlchain.envs.base import SingleGymEnv, TorchVecEnv
-from rlchain.settings import Settings, setting
-from rlchain.utils import MAX_SEED, resolve_device
+from rlchain.envs.base import SingleGymEnv, TorchVecEnv, VecEnvConfig
+from rlchain.settings import setting
+from rlchain.utils import resolve_device
 
 __all__ = ["CartPoleConfig", "CartPoleEnv", "CartPoleGymEnv", "INVALID_DISCRETE_ACTION"]
 
@@ -51,16 +51,13 @@ ACTION_MODES = ("discrete", "continuous")
 
 
 @dataclass
-class CartPoleConfig(Settings):
-    """Every setting of :class:`CartPoleEnv` with its default and range (SI units); the Hydra schema."""
+class CartPoleConfig(VecEnvConfig):
+    """Every setting of :class:`CartPoleEnv` with its default and range (SI units); the Hydra schema.
+
+    ``num_envs`` (64), ``device`` and ``seed`` as :class:`~rlchain.envs.base.VecEnvConfig`.
+    """
 
     _target_: str = "rlchain.envs.cart_pole.CartPoleEnv"
-    num_envs: int = setting(64, gt=0)
-    """Parallel envs simulated as one batch."""
-    device: str = "cpu"
-    """Torch device: 'cpu', 'cuda', 'cuda:N' or 'auto'."""
-    seed: int = setting(0, ge=0, le=MAX_SEED)
-    """Seed of the env's torch.Generator (initial states)."""
     action_mode: str = setting("discrete", choices=ACTION_MODES)
     """'discrete' (Discrete(2), as gymnasium) or 'continuous' (Box(-1, 1, (1,)) x force_mag)."""
     max_episode_steps: int = setting(500, gt=0)

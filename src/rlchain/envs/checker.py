@@ -14,7 +14,9 @@ The rules, in the order they are checked:
 rule                what is checked
 ==================  ==========================================================
 attributes          ``num_envs`` (int > 0), ``device`` (torch.device),
-                    ``max_episode_steps`` (int > 0), ``reports_success`` (bool)
+                    ``max_episode_steps`` (int > 0), ``reports_success`` and
+                    ``resumes_episodes`` (bool; a VecEnv subclass inherits
+                    False for the latter)
 spaces              ``single_observation_space`` a Box, ``single_action_space``
                     a Box or Discrete; ``observation_space``/``action_space``
                     their batches of ``num_envs``
@@ -93,7 +95,8 @@ def _check_tensor(rule: str, name: str, x: Any, shape: tuple[int, ...], dtype: t
 def _check_attributes(env: Any) -> None:
     rule = "attributes"
     for name in ("num_envs", "device", "max_episode_steps", "single_observation_space", "single_action_space",
-                 "observation_space", "action_space", "reset", "step"):  # fmt: skip
+                 "observation_space", "action_space", "reports_success", "resumes_episodes", "reset", "step",
+                 "state_dict", "load_state_dict"):  # fmt: skip
         _require(hasattr(env, name), rule, f"the env has no attribute {name!r}")
     n = env.num_envs
     _require(isinstance(n, int) and not isinstance(n, bool) and n > 0, rule, f"num_envs={n!r}: expected an integer > 0")
@@ -102,8 +105,9 @@ def _check_attributes(env: Any) -> None:
     limit = env.max_episode_steps
     _require(isinstance(limit, int) and not isinstance(limit, bool) and limit > 0, rule,
              f"max_episode_steps={limit!r}: expected an integer > 0 (episodes must end for evaluation)")  # fmt: skip
-    flag = getattr(env, "reports_success", True)
-    _require(isinstance(flag, bool), rule, f"reports_success={flag!r}: expected True or False")
+    for name in ("reports_success", "resumes_episodes"):
+        flag = getattr(env, name)
+        _require(isinstance(flag, bool), rule, f"{name}={flag!r}: expected True or False")
 
 
 def _check_spaces(env: Any) -> None:
@@ -174,7 +178,7 @@ def _check_step(env: Any, action: torch.Tensor, step: int) -> tuple:
         _require(torch.allclose(total, reward, rtol=1e-4, atol=1e-5), "reward terms", lambda: (
                  f"step {step}: the info['rewards'] terms sum to {total.tolist()}, the reward is {reward.tolist()}"))  # fmt: skip
     _check_tensor("success", f"step {step}: info['success']", info["success"], (n,), torch.bool, env.device)
-    if not getattr(env, "reports_success", True):
+    if not env.reports_success:
         _require(not bool(info["success"].any()), "success",
                  f"step {step}: info['success'] is True somewhere while reports_success is False")  # fmt: skip
     return obs, reward, terminated, truncated, info

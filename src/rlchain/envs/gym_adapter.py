@@ -16,11 +16,17 @@ Spaces:
   sub-spaces in the Dict's key order (gymnasium sorts the keys of a plain
   dict), a Tuple in its order.
 
-``info["success"]`` is gymnasium's ``is_success`` (or ``success``) flag of
-the step, read from ``final_info`` for envs whose episode ended there.
-``reports_success`` turns True the first time an info shows such a flag.
+``info["success"]`` is the env's success flag, named by the ``success_key``
+setting (gymnasium-robotics: ``is_success``; Meta-World: ``success``), of the
+step, read from ``final_info`` for envs whose episode ended there. Without
+``success_key`` the env reports no success (``reports_success`` is False from
+its construction on); one that shows ``is_success`` or ``success`` in its
+info then gets a one-line notice naming the setting.
 ``reset(options={"group_size": G})`` seeds the ``G`` envs of each group with
-one seed, so they start from one state (GRPO, Shao et al. 2024).
+one seed, so they start from one state (GRPO, Shao et al. 2024). The
+generator that draws the seeds of later resets is part of the env's
+:meth:`~GymVecEnv.state_dict`, so a resumed run goes on drawing new ones
+(gymnasium's own env state cannot be saved: a resume resets every env).
 """
 
 from __future__ import annotations
@@ -41,9 +47,10 @@ import torch
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import concatenate, create_empty_array
 
-from rlchain.envs.base import VecEnv, check_group_size
-from rlchain.settings import Settings, setting
-from rlchain.utils import MAX_SEED, resolve_device
+from rlchain.console import notice
+from rlchain.envs.base import VecEnv, VecEnvConfig, check_group_size
+from rlchain.settings import SettingError, setting
+from rlchain.utils import resolve_device
 
 __all__ = ["GymEnvConfig", "GymVecEnv", "flatten_batch"]
 
@@ -55,18 +62,20 @@ VECTORIZATIONS = ("sync", "async")
 
 
 @dataclass
-class GymEnvConfig(Settings):
-    """Every setting of :class:`GymVecEnv` with its default and range; the Hydra schema of ``env=gym``."""
+class GymEnvConfig(VecEnvConfig):
+    """Every setting of :class:`GymVecEnv` with its default and range; the Hydra schema of ``env=gym``.
+
+    ``num_envs`` (16), ``device`` and ``seed`` (env i is seeded with seed + i at construction) as
+    :class:`~rlchain.envs.base.VecEnvConfig`.
+    """
 
     _target_: str = "rlchain.envs.gym_adapter.GymVecEnv"
+    num_envs: int = 16
     id: str = "CartPole-v1"
     """A registered gymnasium id, e.g. Pendulum-v1, HalfCheetah-v5, or your own."""
-    num_envs: int = setting(16, gt=0)
-    """Parallel copies of the env."""
-    device: str = "cpu"
-    """Torch device of observations, rewards and flags: 'cpu', 'cuda', 'cuda:N' or 'auto'."""
-    seed: int = setting(0, ge=0, le=MAX_SEED)
-    """Env i is seeded with seed + i at construction."""
+    success_key: str | None = None
+    """The info key of the task's success flag (gymnasium-robotics: is_success; Meta-World: success);
+    None: the task has no success signal, and no success rate is logged."""
     vectorization: str = setting("sync", choices=VECTORIZATIONS)
     """'sync' (one process) or 'async' (one subprocess per env)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -131,7 +140,7 @@ def resolve_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     where it has one, instead of failing later on a missing time limit.
 
     Raises:
-        ValueError: an unknown id (naming close matches, or gymnasium's hint for
+        SettingError: ``env.id=...``: an unknown id (naming close matches, or gymnasium's hint for
             a retired version); an id gymnasium no longer provides (see above);
             a MuJoCo env while ``mujoco`` is not installed (naming the extra to
             install).
@@ -144,11 +153,11 @@ def resolve_spec(env_id: str) -> gym.envs.registration.EnvSpec:
         else:
             close = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)
             hint = f"; close matches: {', '.join(close)}" if close else ""
-        raise ValueError(f"env.id={env_id!r} is not a registered gymnasium id{hint}") from err
+        raise SettingError("env.id", env_id, f" is not a registered gymnasium id{hint}") from err
     reason = _placeholder_error(spec)
     if reason is not None:
         message = (
-            f"env.id={env_id!r} is not provided by gymnasium {gym.__version__} itself, which keeps the id only "
+            f" is not provided by gymnasium {gym.__version__} itself, which keeps the id only "
             f"to say: {reason.rstrip('. ')}"
         )
         if "mujoco_py" in spec.entry_point.__name__:
@@ -159,11 +168,9 @@ def resolve_spec(env_id: str) -> gym.envs.registration.EnvSpec:
             message += f"; its current version is {current_id}: set env.id={current_id}"
             if _needs_missing_mujoco(gym.spec(current_id)):
                 message += ' (needs MuJoCo: pip install "rlchain[mujoco]")'
-        raise ValueError(message)
+        raise SettingError("env.id", env_id, message)
     if _needs_missing_mujoco(spec):
-        raise ValueError(
-            f"env.id={env_id!r} needs MuJoCo, which is not installed: pip install \"rlchain[mujoco]\""
-        )
+        raise SettingError("env.id", env_id, ' needs MuJoCo, which is not installed: pip install "rlchain[mujoco]"')
     return spec
 
 
@@ -206,9 +213,9 @@ class GymVecEnv(VecEnv):
             (``GymVecEnv("Pendulum-v1", num_envs=4)``), or by keyword.
         settings: the other fields of :class:`GymEnvConfig` (``self.cfg``):
             ``num_envs``, ``device``, ``seed`` (env ``i`` is seeded with
-            ``seed + i`` at construction), ``vectorization``, ``kwargs`` (of
-            the env's constructor), ``max_episode_steps`` (None keeps the
-            registered limit).
+            ``seed + i`` at construction), ``success_key``,
+            ``vectorization``, ``kwargs`` (of the env's constructor),
+            ``max_episode_steps`` (None keeps the registered limit).
 
     Shapes: observations float32 ``[N, flatdim]``; actions float32
     ``[N, act_dim]`` (Box) or int64 ``[N]`` (Discrete); rewards float32 ``[N]``;
@@ -232,9 +239,8 @@ class GymVecEnv(VecEnv):
         if cfg.max_episode_steps is not None:
             spec = dataclasses.replace(spec, max_episode_steps=cfg.max_episode_steps)
         if spec.max_episode_steps is None:
-            raise ValueError(
-                f"env.id={cfg.id!r} has no time limit: set env.max_episode_steps (evaluation needs episodes that end)"
-            )
+            raise SettingError("env.id", cfg.id, " has no time limit: set env.max_episode_steps "
+                                                 "(evaluation needs episodes that end)")  # fmt: skip
         self.max_episode_steps = int(spec.max_episode_steps)
         try:
             self.envs = gym.make_vec(
@@ -244,7 +250,7 @@ class GymVecEnv(VecEnv):
                 vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False}, **cfg.kwargs,
             )  # fmt: skip
         except gym.error.DependencyNotInstalled as err:
-            raise ValueError(f"env.id={cfg.id!r} needs a package that is not installed: {err}") from err
+            raise SettingError("env.id", cfg.id, f" needs a package that is not installed: {err}") from err
         try:
             self._setup_spaces(self.envs.single_observation_space, self.envs.single_action_space)
         except ValueError:
@@ -257,9 +263,8 @@ class GymVecEnv(VecEnv):
             torch.from_numpy if self.device.type == "cpu" else partial(_to_device, device=self.device)
         )
         self._no_success = torch.zeros(cfg.num_envs, dtype=torch.bool, device=self.device)
-        # gymnasium envs do not declare a success signal: it counts once an
-        # info has shown is_success / success.
-        self.reports_success = False
+        self.reports_success = cfg.success_key is not None
+        self._unread_flag_noticed = False
         self.envs.reset(seed=[cfg.seed + i for i in range(cfg.num_envs)])
 
     @property
@@ -391,18 +396,31 @@ class GymVecEnv(VecEnv):
     def _success(self, info: dict[str, Any], success: np.ndarray | None, rows: np.ndarray | None = None,
                  ) -> np.ndarray | None:  # fmt: skip
         """``success`` (all False when None) with the rows (of ``rows``) that report
-        ``is_success``/``success`` in ``info`` overwritten; ``success`` itself
+        the ``success_key`` flag in ``info`` overwritten; ``success`` itself
         when ``info`` has no such flag."""
-        # Two membership tests, not a loop over the keys: this runs every step.
-        key = "is_success" if "is_success" in info else "success" if "success" in info else None
+        key = self.cfg.success_key
         if key is None:
+            if not self._unread_flag_noticed and ("is_success" in info or "success" in info):
+                self._unread_flag_noticed = True
+                flag = "is_success" if "is_success" in info else "success"
+                notice(f"env.id={self.cfg.id} reports info[{flag!r}], which env.success_key=None leaves unread: "
+                       f"set env.success_key={flag} to log a success rate")  # fmt: skip
             return success
-        self.reports_success = True
+        if key not in info:
+            return success
         present = np.asarray(info.get(f"_{key}", np.ones(self.num_envs, dtype=bool)), dtype=bool)
         if rows is not None:
             present = present & rows
         base = np.zeros(self.num_envs, dtype=bool) if success is None else success
         return np.where(present, np.asarray(info[key], dtype=bool), base)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The generator of the reset seeds (gymnasium's own env state cannot be saved)."""
+        return {"seed_generator": self._rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output: later resets draw the seeds the saved run would have drawn."""
+        self._rng.bit_generator.state = state["seed_generator"]
 
     def close(self, **kwargs: Any) -> None:
         """Close the underlying gymnasium vector env (and its subprocesses)."""

@@ -38,15 +38,25 @@ Action: ``Box(-1, 1, (2,))``, the commanded pusher displacement; clipped to
 ``[-1, 1]`` and scaled by ``action_scale`` metres.
 
 Reward (EmbodiChain's terms and weights), each weighted term reported in
-``info["rewards"]``. The two shaping terms are potential-based (Ng, Harada &
-Russell 1999): with EmbodiChain's term as the potential ``Phi`` they pay
-``weight * shaping_scale * (Phi(s_{t+1}) - Phi(s_t))``, i.e. progress, so
-hovering pays nothing and the success bonus is the only way to gain once the
-cube is close. (Paid as a level every step, a positive shaping term would make
-hovering just outside the success radius worth more than the success bonus that
-ends the episode.) ``shaping_scale`` converts EmbodiChain's per-step weights
-into potential weights: a level reward ``w * Phi`` held for ``H`` steps is worth
-``w * H * Phi``; the default ``H = 30`` steps.
+``info["rewards"]``. The two shaping terms pay progress: with EmbodiChain's
+term as a potential ``Phi`` they pay ``weight * shaping_scale * (Phi(s_{t+1})
+- Phi(s_t))``, so hovering pays nothing and the success bonus is the only
+reward left once the cube is close. (Paid as a level every step, a positive
+shaping term would make hovering just outside the success radius worth more
+than the success bonus that ends the episode.) ``shaping_scale`` converts
+EmbodiChain's per-step weights into potential weights: a level reward
+``w * Phi`` held for ``H`` steps is worth ``w * H * Phi``; the default ``H = 30``
+steps.
+
+This is not the potential-based shaping of Ng, Harada & Russell (1999), which
+pays ``gamma * Phi(s_{t+1}) - Phi(s_t)`` and takes ``Phi = 0`` at the end of an
+episode, and so leaves the optimal policy unchanged. Against it, these terms
+add ``weight * shaping_scale * (1 - gamma) * Phi(s_{t+1})`` at every step and
+``weight * shaping_scale * Phi`` of the state an episode ends in: both are
+larger where the potential is higher (the pusher behind the cube, the cube at
+the goal), so they can change which policy is optimal, in the direction of
+the task. With the defaults and ``gamma = 0.99`` the per-step part is at most
+0.009 (reach) and 0.24 (place), against a success bonus of 10.
 
 * ``reach``: potential ``1 - tanh(|pusher - p_behind| / reach_scale)``,
   ``p_behind`` the point behind the cube on the goal line at distance
@@ -71,9 +81,9 @@ import numpy as np
 import torch
 
 from rlchain.envs import push_cube_physics as physics
-from rlchain.envs.base import SingleGymEnv, TorchVecEnv
-from rlchain.settings import Settings, setting
-from rlchain.utils import MAX_SEED, resolve_device
+from rlchain.envs.base import SingleGymEnv, TorchVecEnv, VecEnvConfig
+from rlchain.settings import SettingError, setting
+from rlchain.utils import resolve_device
 
 __all__ = ["PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv"]
 
@@ -84,16 +94,14 @@ _SPAWN_REGIONS = ("cube_spawn_half_extent", "goal_spawn_half_extent", "pusher_sp
 
 
 @dataclass
-class PushCubeConfig(Settings):
-    """Every setting of :class:`PushCubeEnv` with its default and range (SI units); the Hydra schema."""
+class PushCubeConfig(VecEnvConfig):
+    """Every setting of :class:`PushCubeEnv` with its default and range (SI units); the Hydra schema.
+
+    ``num_envs``, ``device`` and ``seed`` as :class:`~rlchain.envs.base.VecEnvConfig`.
+    """
 
     _target_: str = "rlchain.envs.push_cube.PushCubeEnv"
-    num_envs: int = setting(512, gt=0)
-    """Parallel envs simulated as one batch."""
-    device: str = "cpu"
-    """Torch device of the simulation: 'cpu', 'cuda', 'cuda:N' or 'auto'."""
-    seed: int = setting(0, ge=0, le=MAX_SEED)
-    """Seed of the env's own torch.Generator; the same seed gives bit-identical trajectories for the same actions."""
+    num_envs: int = 512
     table_half_extent: float = setting(0.6, gt=0)
     """The table is [-h, h]^2 metres; a cube centre beyond it has fallen off."""
     cube_size: float = setting(0.1, gt=0)
@@ -129,7 +137,7 @@ class PushCubeConfig(Settings):
     place_weight: float = setting(0.8, ge=0)
     """Weight of the cube-to-goal exp shaping term."""
     shaping_scale: float = setting(30.0, ge=0)
-    """Multiplies both potential-based terms: a horizon in steps (see the module docstring)."""
+    """Multiplies both progress terms: a horizon in steps (see the module docstring)."""
     place_sigma: float = setting(0.12, gt=0)
     """Width of the cube-to-goal Gaussian shaping, m."""
     smoothness_weight: float = setting(0.0, ge=0)
@@ -143,17 +151,15 @@ class PushCubeConfig(Settings):
         for name in _SPAWN_REGIONS:
             value = getattr(self, name)
             if value >= self.table_half_extent:
-                raise ValueError(
-                    f"{name}={value} is not allowed with table_half_extent={self.table_half_extent}: "
-                    "expected a number < table_half_extent (spawn regions lie inside the table)"
-                )
+                raise SettingError(name, value, f" is not allowed with table_half_extent={self.table_half_extent}: "
+                                                "expected a number < table_half_extent (spawn regions lie inside the table)")
         if self.action_scale / self.substeps > self.pusher_radius:
-            raise ValueError(
-                f"action_scale={self.action_scale} is not allowed with substeps={self.substeps}, "
-                f"pusher_radius={self.pusher_radius}: expected action_scale / substeps <= pusher_radius "
-                f"(it moves the pusher {self.action_scale / self.substeps:.4g} m per substep; "
-                "raise substeps or lower action_scale)"
-            )
+            raise SettingError(
+                "action_scale", self.action_scale,
+                f" is not allowed with substeps={self.substeps}, pusher_radius={self.pusher_radius}: expected "
+                f"action_scale / substeps <= pusher_radius (it moves the pusher {self.action_scale / self.substeps:.4g} "
+                "m per substep; raise substeps or lower action_scale)",
+            )  # fmt: skip
 
 
 class PushCubeEnv(TorchVecEnv):

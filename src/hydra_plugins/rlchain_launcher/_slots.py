@@ -1,10 +1,10 @@
 """Device slots of the devices launcher: which devices a sweep uses and how many threads each job gets.
 
 A slot is one device (a CUDA id, or the CPU) and a thread budget; the pool
-(:mod:`._pool`) gives each slot one worker process. ``hydra.launcher.*`` is
-checked here, before any job starts: a setting out of range, or a CUDA id the
-launcher cannot see (:func:`resolve_devices`), raises
-:class:`LauncherConfigError`, which Hydra prints in one line.
+(:mod:`._pool`) gives each slot one worker process. ``hydra.launcher.devices``
+is checked here when the first batch launches: a CUDA id the launcher cannot
+see (:func:`resolve_devices`) raises :class:`~.config.LauncherConfigError`,
+which Hydra prints in one line.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from typing import Any, Sequence
 
 from hydra.errors import CompactHydraException
 from omegaconf import ListConfig, OmegaConf
-
-from rlchain.utils import LAUNCHER_SLOT_ENV
 
 
 class LauncherConfigError(CompactHydraException):
@@ -43,14 +41,11 @@ class Slot:
         return "cpu" if self.device == "cpu" else f"cuda:{self.device}"
 
     def environ(self) -> dict[str, str]:
-        """The environment a worker of this slot runs its jobs in."""
+        """The environment a worker of this slot runs its jobs in: its GPU, and its CPU threads (read by torch,
+        OpenMP and MKL when they start)."""
         threads = str(self.num_threads)
-        return {
-            "CUDA_VISIBLE_DEVICES": "" if self.device == "cpu" else self.device,
-            "OMP_NUM_THREADS": threads,
-            "MKL_NUM_THREADS": threads,
-            LAUNCHER_SLOT_ENV: str(self.index),
-        }
+        return {"CUDA_VISIBLE_DEVICES": "" if self.device == "cpu" else self.device,
+                "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}  # fmt: skip
 
 
 def usable_cpus() -> int:
@@ -145,22 +140,12 @@ def make_slots(devices: Any, jobs_per_device: int, threads_per_job: Any,
 
     The round-robin order makes the first jobs of a sweep land on distinct
     devices. ``threads_per_job="auto"`` shares the usable cores evenly
-    (at least one thread per job). ``visible``: see :func:`resolve_devices`.
+    (at least one thread per job). The other settings are checked already
+    (:class:`~.config.DevicesLauncherConf`). ``visible``: see :func:`resolve_devices`.
 
     Raises:
-        LauncherConfigError: ``jobs_per_device`` or ``threads_per_job`` not a
-            positive integer (or ``auto``); see :func:`resolve_devices`.
+        LauncherConfigError: see :func:`resolve_devices`.
     """
-    if isinstance(jobs_per_device, bool) or not isinstance(jobs_per_device, int) or jobs_per_device < 1:
-        raise LauncherConfigError(
-            f"hydra.launcher.jobs_per_device={jobs_per_device!r} is not allowed: expected an integer >= 1"
-        )
-    if threads_per_job != "auto" and (
-        isinstance(threads_per_job, bool) or not isinstance(threads_per_job, int) or threads_per_job < 1
-    ):
-        raise LauncherConfigError(
-            f"hydra.launcher.threads_per_job={threads_per_job!r} is not allowed: expected 'auto' or an integer >= 1"
-        )
     ids = resolve_devices(devices, visible)
     n_slots = len(ids) * jobs_per_device
     threads = max(1, usable_cpus() // n_slots) if threads_per_job == "auto" else threads_per_job

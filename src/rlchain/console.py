@@ -1,22 +1,49 @@
-"""What a run shows on its console as it trains: a progress bar, or plain lines."""
+"""What a run shows on its console: one-line notices and the progress of its iterations."""
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "notice"]
+
+
+def notice(text: str) -> None:
+    """Print ``rlchain: <text>`` as one line on stderr (flushed): what a user must know, that is no failure."""
+    print(f"rlchain: {text}", file=sys.stderr, flush=True)
+
+
+def _in_foreground(stream) -> bool:
+    """Whether this process's group owns the terminal ``stream`` is (a shell's foreground job)."""
+    try:
+        return os.tcgetpgrp(stream.fileno()) == os.getpgrp()
+    except (AttributeError, OSError, ValueError):  # not a terminal, or no job control
+        return True
 
 
 class Progress:
-    """A rich progress bar on a terminal, else one plain line per iteration (flushed)."""
+    """The progress of a run's iterations: a rich bar on a terminal, else one plain line per iteration (flushed).
+
+    On a terminal that another process group owns (a parallel job of a
+    launcher, which shares the launcher's terminal; a shell's background job)
+    it shows nothing: bars of several processes would garble each other.
+
+    Args:
+        total: the run's iterations.
+        done: those already done (a resumed run).
+        enabled: ``trainer.progress``; False shows nothing.
+    """
 
     def __init__(self, total: int, done: int, enabled: bool) -> None:
         from rich.console import Console
 
-        self.total, self.enabled = total, enabled
+        self.total = total
         self.start, self.start_done = time.perf_counter(), done
         self._rich = None
-        if enabled and Console().is_terminal:
+        terminal = Console().is_terminal
+        self.enabled = enabled and (not terminal or _in_foreground(sys.stdout))
+        if self.enabled and terminal:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._rich = Progress(
@@ -27,6 +54,7 @@ class Progress:
             self._rich.start()
 
     def update(self, iteration: int, global_step: int, row: dict[str, float]) -> None:
+        """Show the iteration just done, its ``global_step`` and the headline metrics of its logged ``row``."""
         if not self.enabled:
             return
         info = f"step {global_step:,} | SPS {row['charts/SPS']:,.0f}"
@@ -46,5 +74,6 @@ class Progress:
         print(f"iter {iteration}/{self.total} | {info} | ETA {eta:.0f}s", flush=True)
 
     def close(self) -> None:
+        """Stop the bar (a no-op for plain lines)."""
         if self._rich is not None:
             self._rich.stop()
