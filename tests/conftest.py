@@ -1,12 +1,6 @@
-"""Shared fixtures: compose rlchain's real Hydra config the way the command does."""
+"""Shared fixtures: compose rlchain's real Hydra config the way the command does, and one real sweep."""
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -14,27 +8,9 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-TESTS = Path(__file__).parent
-sys.path.insert(0, str(TESTS))  # user components (toy_env, user_components) importable by _target_
-
-#: Shrinks any run to a couple of seconds on the CPU (conf/debug/tiny.yaml).
-TINY = ["debug=tiny"]
-
-
-def run_cli(args: list[str], cwd: Path, module: str = "rlchain.train", timeout: float = 300,
-            **env_extra: str) -> subprocess.CompletedProcess:  # fmt: skip
-    """Run ``python -m <module> *args`` in ``cwd`` the way a user's shell would (W&B off)."""
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "WANDB_MODE": "disabled"}
-    env.pop("HYDRA_FULL_ERROR", None)
-    env.update(env_extra)
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
-
-
-def rows(run_dir: Path) -> list[dict]:
-    """The rows of ``<run_dir>/metrics.jsonl`` (none when it does not exist)."""
-    metrics = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+import rlchain.config  # noqa: F401  (registers the schemas that every composition here needs)
+from tests.helpers.runs import MEET, SHORT, run_cli, sweep_dir_of
+from tests.helpers.sweep_barrier import barrier_env
 
 
 @pytest.fixture
@@ -52,3 +28,21 @@ def compose_cfg(tmp_path):
 
     yield _compose
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture(scope="session")
+def cpu_sweep(tmp_path_factory):
+    """The GRPO preset cut to 2 learning rates x 2 seeds, on 2 CPU slots; jobs 0 and 1, then 2 and 3, meet.
+
+    Returns the sweep directory and the finished ``rlchain-train -m`` process (the launcher's and the
+    report's tests read the same sweep).
+    """
+    cwd = tmp_path_factory.mktemp("cpu_sweep")
+    proc = run_cli([
+        "-m", "sweep=grpo_push_cube", "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2",
+        # command-line values replace the preset's for the same key
+        "algorithm.group_size=8", "algorithm.kl_coef=0.0", "algorithm.learning_rate=1e-3,3e-4", "seed=0,1", *SHORT,
+        "env.episode_length=8", MEET,
+    ], cwd, **barrier_env(2, cwd / "barrier"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return sweep_dir_of(cwd), proc

@@ -1,39 +1,33 @@
-"""Hydra composition, the rlchain-train command, bad input, and the installed wheel."""
+"""Hydra composition: schemas, options, presets, one home per setting, the top-level keys."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import inspect
-import json
-import os
-import site
-import subprocess
-import sys
-import venv
-from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
+import tests.helpers.gym_toy_envs  # noqa: F401  (registers the toy gymnasium ids)
 from rlchain.algorithms import GRPO, PPO, GRPOConfig
 from rlchain.config import SCHEMAS
 from rlchain.envs import PushCubeEnv
 from rlchain.policies import ActorCritic, ActorOnly
 from rlchain.settings import Settings
+from rlchain.summary import RunSummary
 from rlchain.train import ConfigError, build, train
 from rlchain.trainer import Trainer, TrainerConfig
-from rlchain.summary import RunSummary
+from tests.helpers.runs import HELPERS, TINY, run_cli
 
-from conftest import TESTS, TINY, run_cli
-
-REPO = TESTS.parent
 #: Arguments given at instantiate time, never written in YAML.
 RUNTIME_ONLY = {"observation_space", "action_space", "policy", "env", "algorithm", "eval_env", "run_config"}
 
 
-# ------------------------------------------------------------ composition
 def test_default_composition_builds_ppo_on_push_cube(compose_cfg):
     cfg = compose_cfg(TINY)
     assert cfg.env._target_ == "rlchain.envs.push_cube.PushCubeEnv"
@@ -98,10 +92,10 @@ def test_settings_errors_write_their_bounds_in_full():
 
 
 def test_the_algorithm_checks_its_env_once(compose_cfg):
-    from user_components import EnvCheckCountingPPO
+    from tests.helpers.user_components import EnvCheckCountingPPO
 
     EnvCheckCountingPPO.checks = 0
-    build(compose_cfg([*TINY, "algorithm._target_=user_components.EnvCheckCountingPPO"]))
+    build(compose_cfg([*TINY, "algorithm._target_=tests.helpers.user_components.EnvCheckCountingPPO"]))
     assert EnvCheckCountingPPO.checks == 1
 
 
@@ -144,104 +138,6 @@ def test_a_built_component_holds_its_composed_settings(compose_cfg):
         assert {k: getattr(component.cfg, k) for k in expected} == expected, type(component).__name__
 
 
-# ------------------------------------------------------------ the command
-def test_single_run_end_to_end(tmp_path):
-    proc = run_cli(["algorithm=grpo", *TINY, "env.episode_length=8"], tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
-    for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "metrics.jsonl", "summary.json",
-                 "checkpoints/latest.pt", "checkpoints/best.pt"):  # fmt: skip
-        assert (run_dir / name).is_file(), name
-    assert list((run_dir / "tensorboard").glob("events.*"))
-    summary = RunSummary.read(run_dir)
-    assert summary.status == "completed" and summary.global_step == 2 * 16 * 8
-    assert summary.exp_name == "grpo_push_cube"
-    assert f"final eval success rate {summary.final['eval/success_rate']:.3f}" in proc.stdout
-
-
-def test_multirun_runs_four_jobs_each_in_its_own_directory(tmp_path):
-    proc = run_cli(["-m", "algorithm=ppo,grpo", "seed=0,1", *TINY, "env.episode_length=8"], tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    (sweep,) = list((tmp_path / "multirun").glob("*/*"))
-    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
-    assert [j.name for j in jobs] == ["0", "1", "2", "3"]
-    seen = set()
-    for job in jobs:
-        summary = RunSummary.read(job)
-        assert summary.status == "completed" and summary.global_step == 256
-        overrides = (job / ".hydra" / "overrides.yaml").read_text()
-        seen.add((summary.exp_name, "seed=1" in overrides))
-        assert (job / "checkpoints" / "latest.pt").is_file()
-    assert seen == {("ppo_push_cube", False), ("ppo_push_cube", True), ("grpo_push_cube", False), ("grpo_push_cube", True)}
-
-
-def test_users_own_env_policy_and_algorithm_from_their_config_dir(tmp_path):
-    proc = run_cli(["--config-dir", str(TESTS / "user_conf"), "env=line", "policy=wide", "algorithm=counting_ppo",
-                    "device=cpu", "trainer.iterations=3", "trainer.rollout_steps=6", "trainer.num_eval_envs=4",
-                    "trainer.num_eval_episodes=4", "trainer.progress=false"], tmp_path)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["losses/updates_seen"] for r in rows] == [1.0, 2.0, 3.0]
-    assert "metrics/distance" in rows[-1]
-
-
-def test_help_and_cfg_job(tmp_path):
-    proc = run_cli(["--help"], tmp_path)
-    assert proc.returncode == 0
-    assert proc.stdout.startswith("rlchain-train is powered by Hydra.")
-    for text in ("algorithm: grpo, grpo_schema, ppo, ppo_schema",
-                 "env: cart_pole, cart_pole_schema, gym, gym_schema, push_cube, push_cube_schema",
-                 "experiment: cart_pole_grpo, cart_pole_ppo, gym_cart_pole_ppo, gym_half_cheetah_ppo, gym_pendulum_ppo, "
-                 "push_cube_grpo, push_cube_ppo", "sweep: grpo_push_cube, ppo_push_cube",
-                 "policy: actor_critic, actor_critic_schema, actor_only, actor_only_schema"):
-        assert text in proc.stdout
-    proc = run_cli(["--cfg", "job", "algorithm=grpo"], tmp_path)
-    assert proc.returncode == 0 and "_target_: rlchain.algorithms.GRPO" in proc.stdout
-    assert not (tmp_path / "outputs").exists()
-
-
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        (["algorithm=ppx"], "Could not find 'algorithm/ppx'"),
-        (["algorithm.learning_rat=1e-3"], "Key 'learning_rat' not in 'PPOConfig'"),
-        (["env.num_envs=many"], "Value 'many' of type 'str' could not be converted to Integer"),
-        (["algorithm.clip_coef=-1"], "algorithm.clip_coef=-1.0 is not allowed: expected a number > 0"),
-        (["env.num_envs=0"], "env.num_envs=0 is not allowed: expected an integer > 0"),
-        (["trainer.iterations=0"], "trainer.iterations=0 is not allowed: expected an integer > 0"),
-        (["algorithm=grpo", "algorithm.reset_every_rollout=false"], "Key 'reset_every_rollout' not in 'GRPOConfig'"),
-        (["algorithm=grpo", "algorithm.advantage_norm=max"],
-         "algorithm.advantage_norm='max' is not allowed: expected one of 'std', 'none', 'rollout_std'"),
-        (["algorithm=grpo", "algorithm.group_size=3", "env.num_envs=64"],
-         "algorithm.group_size=3 is not allowed with env.num_envs=64: num_envs must be a multiple of group_size"),
-        pytest.param(["device=cuda"], "device='cuda' is not available: this machine has no CUDA device",
-                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")),
-    ],
-)
-def test_bad_input_gives_one_clear_message_and_no_traceback(tmp_path, overrides, message):
-    proc = run_cli([*overrides, "trainer.progress=false"], tmp_path)
-    assert proc.returncode != 0
-    assert message in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert not list(tmp_path.rglob("*.pt")), "no checkpoint may be left behind"
-
-
-def test_a_run_rejected_at_build_still_records_its_failure(tmp_path):
-    proc = run_cli(["env.num_envs=0", "device=cpu"], tmp_path)
-    assert proc.returncode != 0
-    (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
-    summary = RunSummary.read(run_dir)
-    assert summary.status == "failed" and summary.global_step == 0
-    assert summary.error == "Invalid config: env.num_envs=0 is not allowed: expected an integer > 0"
-    assert summary.device == "cpu" and summary.end_time >= summary.start_time
-
-
-def test_hydra_full_error_shows_the_traceback(tmp_path):
-    proc = run_cli(["env.num_envs=0"], tmp_path, HYDRA_FULL_ERROR="1")
-    assert proc.returncode != 0 and "Traceback" in proc.stderr
-
-
 TOP_LEVEL_KEYS = "expected one of algorithm, device, env, exp_name, policy, seed, trainer"
 
 
@@ -264,7 +160,7 @@ def test_a_new_top_level_key_is_rejected_with_one_clear_message(tmp_path, overri
 
 def test_a_users_config_group_may_add_a_top_level_key(tmp_path):
     # robot_train.yaml, a primary config of the user's, selects their group `robot` (key `robot`).
-    user = ["--config-dir", str(TESTS / "user_conf"), "--config-name", "robot_train", "trainer.iterations=2",
+    user = ["--config-dir", str(HELPERS / "user_conf"), "--config-name", "robot_train", "trainer.iterations=2",
             "trainer.rollout_steps=4", "trainer.num_eval_envs=4", "trainer.num_eval_episodes=4",
             "trainer.progress=false", "algorithm.batch_size=32"]  # fmt: skip
     (tmp_path / "ok").mkdir(), (tmp_path / "misspelt").mkdir()
@@ -291,50 +187,76 @@ def test_a_preset_at_global_adds_no_top_level_key(compose_cfg, tmp_path):
     assert isinstance(build(compose_cfg(["experiment=cart_pole_ppo", *TINY, f"trainer.output_dir={tmp_path / 'ok'}"])), Trainer)
 
 
-# ------------------------------------------------------------ the wheel
-def _running_site_dirs() -> list[str]:
-    """The site-packages directories of the interpreter running the tests (a venv, conda or the system).
+@pytest.mark.parametrize("preset, n_jobs", [("ppo_push_cube", 48), ("grpo_push_cube", 36)])
+def test_sweep_presets_compose(preset, n_jobs):
+    GlobalHydra.instance().clear()
+    with initialize_config_module("rlchain.conf", version_base="1.3"):
+        cfg = compose("train", overrides=[f"sweep={preset}"], return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    params = cfg.hydra.sweeper.params
+    assert "seed" in params and len(str(params.seed).split(",")) == 3
+    total = 1
+    for value in params.values():
+        total *= len(str(value).split(","))
+    assert total == n_jobs
+    assert cfg.algorithm._target_.endswith(preset.split("_")[0].upper())
+    assert cfg.hydra.launcher._target_ == "hydra_plugins.rlchain_launcher.devices_launcher.DevicesLauncher"
 
-    ``venv.create(system_site_packages=True)`` would link the new venv to the *base*
-    interpreter's site-packages, which inside a venv or conda env lacks hydra, torch & co.
-    """
-    dirs = [*site.getsitepackages()]
-    if site.ENABLE_USER_SITE:
-        dirs.append(site.getusersitepackages())
-    return [d for d in dict.fromkeys(dirs) if Path(d).is_dir()]
+
+@pytest.mark.parametrize("env, budget", [("push_cube", 5.12e6), ("cart_pole", 3.0e5)])
+def test_the_study_presets_compare_ppo_and_grpo_arms_at_one_budget(compose_cfg, env, budget):
+    GlobalHydra.instance().clear()
+    with initialize_config_module("rlchain.conf", version_base="1.3"):
+        cfg = compose("train", overrides=[f"sweep=ppo_vs_grpo_{env}"], return_hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    arms = str(params["study"]).split(",")
+    assert len(arms) == 7 and str(params.seed) == "0,1,2"
+    assert list(cfg.hydra.callbacks.sweep_summary.at_steps)[-1] <= budget
+    seen = set()
+    for arm in arms:
+        arm_cfg = compose_cfg([f"study={arm}"])
+        steps = arm_cfg.trainer.iterations * arm_cfg.trainer.rollout_steps * arm_cfg.env.num_envs
+        assert steps == pytest.approx(budget, rel=0.02), arm
+        algorithm = arm_cfg.algorithm
+        seen.add((algorithm._target_.rsplit(".", 1)[1], algorithm.get("group_size"), algorithm.get("advantage_norm")))
+        build(arm_cfg)  # every arm is accepted (group sizes divide num_envs, GRPO rollouts hold an episode)
+    grpo = {(g, n) for name, g, n in seen if name == "GRPO"}
+    assert ("PPO", None, None) in seen and len(seen) == 7
+    assert {g for g, n in grpo if n == "std"} == {2, 4, 8, 16} and {n for g, n in grpo if g == 8} == {"std", "none", "rollout_std"}
 
 
-def test_wheel_ships_the_configs_and_runs_outside_the_repo(tmp_path):
-    wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
-                   check=True, capture_output=True, timeout=300)  # fmt: skip
-    (wheel,) = list(wheels.glob("rlchain-*.whl"))
-    env_dir = tmp_path / "venv"
-    venv.create(env_dir, system_site_packages=False, with_pip=False)
-    python = env_dir / "bin" / "python"
-    # torch & co. come from this interpreter's site-packages, listed in a .pth after the venv's own
-    # site-packages (so the wheel installed there wins). Directories named in a .pth are only put on
-    # sys.path; their own .pth files are not run, so an editable install of rlchain there (its finder
-    # or path .pth) cannot bring the source tree back.
-    venv_site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                               check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
-    Path(venv_site, "running_interpreter.pth").write_text("".join(f"{d}\n" for d in _running_site_dirs()))
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
-                   check=True, capture_output=True, timeout=300)  # fmt: skip
-    outside = tmp_path / "elsewhere"
-    outside.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    where = subprocess.run([str(python), "-c", "import rlchain; print(rlchain.__file__)"], cwd=outside, env=env,
-                           capture_output=True, text=True, check=True)  # fmt: skip
-    in_venv = lambda file: Path(file.strip()).resolve().is_relative_to(env_dir.resolve())  # noqa: E731
-    assert in_venv(where.stdout), "the venv must import the installed wheel, not the source tree"
-    # Hydra discovers the devices launcher in the installed hydra_plugins namespace package, once: the wheel's
-    discover = ("import sys; from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; "
-                "[print(c.__name__, sys.modules[c.__module__].__file__) for c in Plugins.instance().discover(Launcher)]")  # fmt: skip
-    found = subprocess.run([str(python), "-c", discover], cwd=outside, env=env, capture_output=True, text=True, check=True)
-    devices = [line.split(" ", 1)[1] for line in found.stdout.splitlines() if line.startswith("DevicesLauncher ")]
-    assert len(devices) == 1 and in_venv(devices[0]), found.stdout
-    proc = subprocess.run([str(env_dir / "bin" / "rlchain-train"), "--cfg", "job", "algorithm=grpo"], cwd=outside,
-                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert "_target_: rlchain.algorithms.GRPO" in proc.stdout and "_target_: rlchain.policies.ActorOnly" in proc.stdout
+def test_slurm_launcher_option_composes():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    GlobalHydra.instance().clear()
+    with initialize_config_module("rlchain.conf", version_base="1.3"):
+        cfg = compose("train", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"], return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.partition) == (1, 1, "gpu")
+
+
+# `make test` installs the mujoco extra, so CI runs the HalfCheetah preset; a
+# machine without it skips that one preset.
+PRESETS = ["cart_pole_ppo", "cart_pole_grpo", "gym_cart_pole_ppo", "gym_pendulum_ppo",
+           pytest.param("gym_half_cheetah_ppo", marks=pytest.mark.skipif(
+               importlib.util.find_spec("mujoco") is None, reason='needs pip install "rlchain[mujoco]"'))]  # fmt: skip
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_task_presets_train_with_a_tiny_budget(compose_cfg, preset):
+    # 8-step episodes: a GRPO rollout must hold a whole one
+    tiny = ["trainer.iterations=2", "trainer.rollout_steps=8", "env.max_episode_steps=8", "trainer.eval_freq=1", "trainer.num_eval_envs=2",
+            "trainer.num_eval_episodes=2", "trainer.progress=false", "device=cpu"]  # fmt: skip
+    cfg = compose_cfg([f"experiment={preset}", *tiny])
+    summary = build(cfg).train()
+    assert summary.status == "completed" and summary.global_step == 2 * 8 * cfg.env.num_envs
+    assert summary.objective_name == "eval/avg_reward" and summary.objective == summary.final["eval/avg_reward"]
+
+
+@pytest.mark.parametrize("overrides", [["env=cart_pole"], ["env=cart_pole", "algorithm=grpo", "env.max_episode_steps=8"],
+                                       ["env=gym", "env.id=Pendulum-v1", "env.num_envs=4"]])  # fmt: skip
+def test_task_options_work_with_the_defaults(compose_cfg, overrides):
+    cfg = compose_cfg([*overrides, *TINY, "trainer.num_eval_envs=2", "trainer.num_eval_episodes=2"])
+    trainer = build(cfg)
+    assert trainer.train().status == "completed"

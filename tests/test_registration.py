@@ -1,8 +1,7 @@
 """``import rlchain`` registers every built-in task with gymnasium, cheaply and once.
 
 Each test runs in a fresh interpreter: what a module import does is only
-visible before anything else has imported torch or gymnasium.
-"""
+visible before anything else has imported torch or gymnasium."""
 
 from __future__ import annotations
 
@@ -13,9 +12,10 @@ import textwrap
 
 import pytest
 
-from conftest import TESTS
+from tests.helpers.runs import REPO
 
-SRC = TESTS.parent / "src"
+SRC = REPO / "src"
+
 
 MAKE_EVERY_TASK = """
 import gymnasium as gym
@@ -46,7 +46,7 @@ cart_pole.step(torch.ones(8, dtype=torch.int64))
 
 def run_python(code: str) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter that imports this checkout's rlchain."""
-    env = {**os.environ, "PYTHONPATH": f"{SRC}:{TESTS}"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(SRC), str(REPO)))}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
                           timeout=120)  # fmt: skip
 

@@ -1,6 +1,6 @@
 """Toy envs for fault tests, driven through marker files so no test depends on timing.
 
-``FaultLineEnv`` is :class:`toy_env.LineEnv` plus three switches, each a file path:
+``FaultLineEnv`` is :class:`tests.helpers.toy_env.LineEnv` plus three switches, each a file path:
 
 * ``hold_build``: while this file exists, the constructor waits (start-up is
   still going on); it writes ``<hold_build>.waiting`` first, so a test knows.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from toy_env import LineEnv
+from tests.helpers.toy_env import LineEnv
 
 
 def _hold(path: str | None) -> None:

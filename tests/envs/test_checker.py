@@ -1,4 +1,4 @@
-"""``check_vec_env``: every built-in env passes; each deliberately broken toy env fails naming its rule."""
+"""check_vec_env: every built-in env meets the VecEnv contract, and each broken rule is named."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode
 
+import tests.helpers.gym_toy_envs  # noqa: F401  (registers the toy gymnasium ids)
 from rlchain.envs import CartPoleEnv, GymVecEnv, PushCubeEnv, VecEnvContractError, check_vec_env
-
-import gym_toy_envs  # noqa: F401  (registers rlchain_test/* ids)
-from toy_env import LineEnv
+from tests.helpers.toy_env import LineEnv
 
 
 @pytest.mark.parametrize(
@@ -35,7 +34,6 @@ def test_every_built_in_env_meets_the_contract(make):
             env.close()
 
 
-# ----------------------------------------------------- one broken rule each
 class NoTimeLimit(LineEnv):
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -194,23 +192,3 @@ def test_the_contract_error_is_a_value_error():
     assert issubclass(VecEnvContractError, ValueError)
     with pytest.raises(ValueError):
         check_vec_env(NoTimeLimit(num_envs=2))
-
-
-def test_a_gymnasium_env_knows_whether_it_reports_success_from_its_construction(capsys):
-    # success_key names the info flag; reports_success never changes while the env runs
-    plain = GymVecEnv("Pendulum-v1", num_envs=2)
-    assert plain.reports_success is False
-    check_vec_env(plain)
-    flagged = GymVecEnv("rlchain_test/DictObs-v0", num_envs=2, success_key="is_success")  # flag on the third step
-    assert flagged.reports_success is True
-    for _ in range(3):
-        _, _, _, _, info = flagged.step(torch.ones(2, 1))
-    assert info["success"].tolist() == [True, True] and flagged.reports_success is True
-    capsys.readouterr()
-    unread = GymVecEnv("rlchain_test/DictObs-v0", num_envs=2)  # the same flag, no success_key: one notice
-    for _ in range(6):
-        _, _, _, _, info = unread.step(torch.ones(2, 1))
-    assert unread.reports_success is False and not info["success"].any()
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line == ("rlchain: env.id=rlchain_test/DictObs-v0 reports info['is_success'], which env.success_key=None "
-                    "leaves unread: set env.success_key=is_success to log a success rate")

@@ -52,7 +52,6 @@ def random_contact_states(env: PushCubeEnv, gen: torch.Generator) -> None:
     env.pusher_y = torch.where(penetration(env) > 0, cube_y + 0.2 * torch.sin(ang), env.pusher_y)
 
 
-# ------------------------------------------------------------------ physics
 def test_no_interpenetration_deeper_than_2mm_under_random_pushing():
     env = PushCubeEnv(num_envs=4096, seed=0)
     gen = torch.Generator().manual_seed(0)
@@ -153,7 +152,6 @@ def test_cube_never_leaves_the_table_unnoticed():
         assert bool((obs[:, 2:4].abs() <= env.cfg.table_half_extent).all())
 
 
-# -------------------------------------------------------------- solvability
 def test_scripted_controller_solves_90_percent_of_1000_episodes():
     env = PushCubeEnv(num_envs=1000, seed=123)
     obs, _ = env.reset()
@@ -167,7 +165,6 @@ def test_scripted_controller_solves_90_percent_of_1000_episodes():
     assert solved.float().mean().item() >= 0.9
 
 
-# -------------------------------------------------------------- determinism
 def rollout(seed: int, steps: int = 50, **kw) -> list[torch.Tensor]:
     env = PushCubeEnv(num_envs=64, seed=seed, **kw)
     obs, _ = env.reset()
@@ -257,7 +254,6 @@ def test_shaping_pays_nothing_for_hovering_and_the_success_bonus_once():
     assert torch.allclose(info["rewards"]["success"], torch.full((2,), 10.0))
 
 
-# --------------------------------------------------------------- gymnasium
 @pytest.mark.filterwarnings("ignore:.*Box observation space m.*:UserWarning")
 def test_gymnasium_single_env_passes_env_checker():
     env = gym.make("rlchain/PushCube-v0")
@@ -292,7 +288,6 @@ def test_cpu_and_cuda_agree():
         gpu.set_state(cpu.get_state())
 
 
-# -------------------------------------------------------------- bad input
 @pytest.mark.parametrize(
     "kwargs, match",
     [

@@ -74,3 +74,27 @@ class LineEnv(VecEnv):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pos, self.t = state["pos"].clone(), state["t"].clone()
         self.gen.set_state(state["gen"])
+
+
+class ScoredByEvaluation(LineEnv):
+    """No success signal; every step of the k-th reset's episodes pays k, so evaluation k scores k * limit.
+
+    Each evaluation resets its env once, so an objective on ``eval/avg_reward`` grows with every evaluation
+    (until a resumed run's fresh eval env starts counting again).
+    """
+
+    reports_success = False
+    resets = 0
+
+    def reset(self, **kwargs):
+        self.resets += 1
+        return super().reset(**kwargs)
+
+    def step(self, action):
+        self.t = self.t + 1
+        truncated = self.t >= self.max_episode_steps
+        final_obs = self._obs()
+        self._fresh(truncated, 1)
+        never = torch.zeros_like(truncated)
+        info = {"final_obs": final_obs, "success": never, "rewards": {}, "metrics": {}}
+        return self._obs(), torch.full((self.num_envs,), float(self.resets)), never, truncated, info

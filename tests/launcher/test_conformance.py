@@ -10,8 +10,7 @@ plugin scan of the ``hydra_plugins`` namespace, as any user's app does.
 Each of Hydra's tests starts worker processes, and each integration test an
 app as well, a few seconds apiece: by default the tests in :data:`LEFT_OUT`,
 whose ground another one covers, are skipped; ``RLCHAIN_HYDRA_SUITES=all``
-runs them too.
-"""
+runs them too."""
 
 from __future__ import annotations
 
@@ -34,8 +33,12 @@ import hydra_plugins.rlchain_launcher
 
 #: The directory that holds ``hydra_plugins/rlchain_launcher`` (``src/`` of the checkout, or site-packages).
 PLUGIN_ROOT = Path(hydra_plugins.rlchain_launcher.__file__).resolve().parents[2]
+
+
 #: Two CPU slots, so that the suites' two-job sweeps run their jobs at once.
 DEVICES = ["hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2"]
+
+
 #: Hydra's tests skipped unless ``RLCHAIN_HYDRA_SUITES=all`` (test name prefix: the test that covers its ground).
 LEFT_OUT = {
     "test_sweep_1_job_strict[": "test_sweep_1_job, whose body it repeats in hydra-core 1.3",

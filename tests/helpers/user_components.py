@@ -1,5 +1,7 @@
 """A user's own policy and algorithm, reachable by _target_ without touching rlchain."""
 
+import torch
+
 from rlchain.algorithms import PPO
 from rlchain.policies import ActorCritic
 
@@ -39,3 +41,17 @@ def process_killing_env(**kwargs):
     import os
 
     os._exit(9)
+
+
+class FailingPPO(PPO):
+    """PPO whose update raises at its ``fail_at``-th call, as a CUDA out-of-memory error would."""
+
+    def __init__(self, policy, fail_at: int | None = None, **kwargs):
+        super().__init__(policy, **kwargs)
+        self.calls, self.fail_at = 0, fail_at
+
+    def update(self, rollout):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().update(rollout)

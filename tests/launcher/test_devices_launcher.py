@@ -1,48 +1,24 @@
-"""Sweeps: the devices launcher, sweep presets, summary tables, rlchain-report, Optuna and submitit."""
+"""The devices launcher: slots, parallel jobs, failures, stop signals, orphans, other sweepers."""
 
 from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from hydra_plugins.rlchain_launcher._slots import make_slots, visible_cuda_devices
 from hydra_plugins.rlchain_launcher.config import DevicesLauncherConf, LauncherConfigError
-import rlchain.config  # noqa: F401  (registers the schemas the compose() tests need)
-from rlchain.report import JobResult, learning_curves, load_jobs
-from rlchain.train import build
-
-from conftest import TESTS, TINY, run_cli
-from sweep_barrier import barrier_env
-from sweep_faults import FAILURE, gate_env
-
-#: A tiny job with eight evaluations, for the summary tables and learning curves.
-SHORT = [*TINY, "trainer.iterations=8"]
-#: Build each job's env with the barrier of :mod:`sweep_barrier` (give its variables with ``barrier_env``).
-MEET = "env._target_=sweep_barrier.meeting_push_cube"
-
-
-def sweep_dir_of(cwd: Path) -> Path:
-    (sweep,) = list((cwd / "multirun").glob("*/*"))
-    return sweep
-
-
-def summaries(sweep: Path) -> dict[int, JobResult]:
-    """Each job of the sweep, its run's summary and the launcher's record joined, by job number."""
-    return {j.num: j for j in load_jobs(sweep)}
+from tests.helpers.runs import MEET, TINY, run_cli, subprocess_env, summaries, sweep_dir_of, wait_for
+from tests.helpers.sweep_barrier import barrier_env
+from tests.helpers.sweep_faults import FAILURE, gate_env
 
 
 def one_job_at_a_time_per_slot(records) -> bool:
@@ -58,7 +34,6 @@ def one_job_at_a_time_per_slot(records) -> bool:
     return all(end <= start for s in spans for (_, end), (start, _) in zip(s, s[1:]))
 
 
-# ------------------------------------------------------------------ slots
 def test_slots_spread_over_devices_and_share_the_cores():
     slots = make_slots([0, 1], jobs_per_device=2, threads_per_job="auto", visible=["0", "1"])
     assert [s.device for s in slots] == ["0", "1", "0", "1"]
@@ -109,20 +84,6 @@ def test_bad_launcher_setting_on_the_command_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-# ------------------------------------------------- a 4-job sweep on 2 slots
-@pytest.fixture(scope="module")
-def cpu_sweep(tmp_path_factory):
-    """The GRPO preset cut to 2 learning rates x 2 seeds, on 2 CPU slots; jobs 0 and 1, then 2 and 3, meet."""
-    cwd = tmp_path_factory.mktemp("cpu_sweep")
-    proc = run_cli([
-        "-m", "sweep=grpo_push_cube", "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2",
-        # command-line values replace the preset's for the same key
-        "algorithm.group_size=8", "algorithm.kl_coef=0.0", "algorithm.learning_rate=1e-3,3e-4", "seed=0,1", *SHORT, "env.episode_length=8", MEET,
-    ], cwd, **barrier_env(2, cwd / "barrier"))  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    return sweep_dir_of(cwd), proc
-
-
 def test_two_slots_run_exactly_two_jobs_at_a_time(cpu_sweep):
     sweep, proc = cpu_sweep
     runs = summaries(sweep)
@@ -145,110 +106,6 @@ def test_two_slots_run_exactly_two_jobs_at_a_time(cpu_sweep):
         assert f"job {n} started on cpu (slot " in proc.stdout and f"job {n} completed after " in proc.stdout
 
 
-def test_summary_tables_rank_jobs_and_group_seeds(cpu_sweep):
-    sweep, _ = cpu_sweep
-    with open(sweep / "summary.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert len(rows) == 4
-    runs = summaries(sweep)
-    objectives = [float(r["objective"]) for r in rows]
-    assert objectives == sorted(objectives, reverse=True)
-    for row in rows:
-        s = runs[int(row["job"])]
-        assert row["status"] == "completed" and row["device"] == "cpu"
-        assert int(row["global_step"]) == s.summary.global_step == 8 * 16 * 8
-        assert float(row["final eval success rate"]) == pytest.approx(s.summary.final["eval/success_rate"])
-        assert float(row["best eval success rate"]) == pytest.approx(s.summary.best_eval_success_rate)
-        assert float(row["final eval return"]) == pytest.approx(s.summary.final["eval/avg_reward"])
-        assert float(row["wall_s"]) == pytest.approx(s.record.wall_s)
-        assert {"seed", "algorithm.learning_rate"} <= set(row)  # the overrides that vary, one column each
-    md = (sweep / "summary.md").read_text()
-    assert "## Configurations over seeds (mean ± std)" in md and "![" in md
-    for lr in ("0.001", "0.0003"):
-        line = next(line for line in md.splitlines() if line.startswith(f"| algorithm.learning_rate={lr} |"))
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        assert cells[1:3] == ["2", "2"]  # two seeds, both completed
-
-
-def test_seed_group_statistics_are_mean_and_sample_std(cpu_sweep):
-    import statistics
-
-    sweep, _ = cpu_sweep
-    jobs = load_jobs(sweep)
-    by_lr: dict[str, list[float]] = {}
-    for job in jobs:
-        by_lr.setdefault(job.params()["algorithm.learning_rate"], []).append(job.summary.final["eval/avg_reward"])
-    md = (sweep / "summary.md").read_text()
-    for lr, values in by_lr.items():
-        line = next(line for line in md.splitlines() if line.startswith(f"| algorithm.learning_rate={lr} |"))
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        walls = [j.wall_s for j in jobs if j.params()["algorithm.learning_rate"] == lr]
-        assert float(cells[3].split(" ± ")[0]) == pytest.approx(statistics.fmean(walls), rel=1e-3)  # wall_s
-        mean, std = (float(x) for x in cells[6].split(" ± "))  # final eval return
-        assert mean == pytest.approx(statistics.fmean(values), rel=1e-3, abs=1e-4)
-        assert std == pytest.approx(statistics.stdev(values), rel=0.05, abs=1e-2)
-
-
-def test_rlchain_report_regenerates_tables_and_draws_curves(cpu_sweep, tmp_path):
-    sweep, _ = cpu_sweep
-    for name in ("summary.csv", "summary.md", "learning_curves.png"):
-        (sweep / name).unlink(missing_ok=True)
-    proc = run_cli([str(sweep)], tmp_path, module="rlchain.report")
-    assert proc.returncode == 0, proc.stderr
-    assert "| configuration | jobs | completed |" in proc.stdout
-    assert (sweep / "summary.csv").is_file() and (sweep / "summary.md").is_file()
-    png = sweep / "learning_curves.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    from matplotlib.image import imread
-
-    height, width, _ = imread(png).shape
-    assert (width, height) == (960, 576)
-    # the plotted data: per learning rate, the mean over both seeds at each eval step
-    curves = learning_curves(load_jobs(sweep))
-    assert set(curves) == {"learning_rate=0.001", "learning_rate=0.0003"}
-    jobs = load_jobs(sweep)
-    for label, (steps, mean, std, n) in curves.items():
-        lr = label.split("=")[1]
-        seeds = [j.curve("eval/success_rate") for j in jobs if float(j.params()["algorithm.learning_rate"]) == float(lr)]
-        assert n == 2 and steps == seeds[0][0] == [128.0 * i for i in range(1, 9)]
-        assert mean == pytest.approx([(a + b) / 2 for a, b in zip(seeds[0][1], seeds[1][1])])
-        assert std is not None and len(std) == len(steps)
-    bad = run_cli([str(tmp_path / "nowhere")], tmp_path, module="rlchain.report")
-    assert bad.returncode == 2 and "does not exist" in bad.stderr
-
-
-def test_value_at_interpolates_between_evaluations_and_never_extrapolates(tmp_path):
-    rows = [{"global_step": 100, "eval/x": 0.2}, {"global_step": 150, "losses/y": 5.0}, {"global_step": 300, "eval/x": 1.0}]
-    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    job = JobResult(0, tmp_path, [], {"global_step": 300})
-    assert [job.value_at("eval/x", s) for s in (100, 200, 250, 300)] == pytest.approx([0.2, 0.6, 0.8, 1.0])
-    assert job.value_at("eval/x", 99) is None and job.value_at("eval/x", 301) is None
-    assert job.value_at("eval/absent", 200) is None
-
-
-def test_report_gives_the_metric_at_env_step_budgets(cpu_sweep, tmp_path):
-    # eval every 128 steps up to 1024: a 300-step budget lies between the evals at
-    # 256 and 384, 1024 is the last one; 100 and 2000 lie outside (an empty cell, no mean).
-    sweep = shutil.copytree(cpu_sweep[0], tmp_path / "sweep")
-    proc = run_cli([str(sweep), "--at-steps", "100", "300", "1024", "2000", "--no-plot"], tmp_path,
-                   module="rlchain.report")  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    with open(sweep / "summary.csv") as f:
-        rows = {int(r["job"]): r for r in csv.DictReader(f)}
-    for job in load_jobs(sweep):
-        steps, values = job.curve("eval/success_rate")
-        row = rows[job.num]
-        v256, v384 = values[steps.index(256.0)], values[steps.index(384.0)]
-        assert float(row["eval/success_rate at 300 steps"]) == pytest.approx(v256 + (v384 - v256) * 44 / 128)
-        assert float(row["eval/success_rate at 1.024k steps"]) == pytest.approx(values[-1])
-        assert row["eval/success_rate at 100 steps"] == row["eval/success_rate at 2k steps"] == ""
-    md = (sweep / "summary.md").read_text()
-    assert "| eval/success_rate at 100 steps | eval/success_rate at 300 steps | eval/success_rate at 1.024k steps |" in md
-    bad = run_cli([str(sweep), "--at-steps", "0"], tmp_path, module="rlchain.report")
-    assert bad.returncode == 2 and "at_steps=[0.0]: expected env-step budgets > 0" in bad.stderr
-
-
-# ------------------------------------------ pinning, failures, crashes
 @pytest.mark.skipif(_cuda_count() < 2, reason="needs two visible CUDA devices")
 def test_pinned_devices_give_concurrent_jobs_distinct_gpus(tmp_path):
     """devices=[0,1]: jobs that run together see distinct CUDA_VISIBLE_DEVICES, each as cuda:0."""
@@ -309,7 +166,7 @@ def test_failed_jobs_are_listed_in_one_line_each_and_keep_their_tracebacks(tmp_p
     """A config error (env.num_envs=0) and a training failure (the env raises): one line each at the end of
     the sweep, the completed job goes on, the tracebacks are in the jobs' own summary.json and log."""
     proc = run_cli(["-m", "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2",
-                    "env._target_=rlchain.envs.PushCubeEnv,sweep_faults.FailingPushCube", "env.num_envs=16,0",
+                    "env._target_=rlchain.envs.PushCubeEnv,tests.helpers.sweep_faults.FailingPushCube", "env.num_envs=16,0",
                     *TINY],
                    tmp_path)  # fmt: skip
     assert proc.returncode != 0
@@ -321,8 +178,8 @@ def test_failed_jobs_are_listed_in_one_line_each_and_keep_their_tracebacks(tmp_p
     config_error = "Invalid config: env.num_envs=0 is not allowed: expected an integer > 0"
     expected = {
         1: f"job 1 (env._target_=rlchain.envs.PushCubeEnv env.num_envs=0): {config_error}",
-        2: f"job 2 (env._target_=sweep_faults.FailingPushCube env.num_envs=16): RuntimeError: {FAILURE}",
-        3: f"job 3 (env._target_=sweep_faults.FailingPushCube env.num_envs=0): {config_error}",
+        2: f"job 2 (env._target_=tests.helpers.sweep_faults.FailingPushCube env.num_envs=16): RuntimeError: {FAILURE}",
+        3: f"job 3 (env._target_=tests.helpers.sweep_faults.FailingPushCube env.num_envs=0): {config_error}",
     }
     # at the end of the sweep: one line per failed job, after every job's own start and end lines
     lines = [line.strip() for line in console.splitlines()]
@@ -345,37 +202,8 @@ def test_failed_jobs_are_listed_in_one_line_each_and_keep_their_tracebacks(tmp_p
     assert all(f"- {line}" in md for line in expected.values())
 
 
-def test_sweep_summary_lists_each_failed_job_on_its_own_line(tmp_path):
-    """The end of a multirun whose sweeper went on past failures: one line per failed job (a stopped job is none)."""
-    import json
-
-    from rlchain.report import SweepFailed, SweepSummary
-
-    jobs = {
-        0: (["lr=1", "seed=0"], {"status": "completed", "objective": 0.5}),
-        1: (["lr=2", "seed=0"], {"status": "failed", "error": "InstantiationException: Error in call to target:\n"
-                                                               "RuntimeError('boom')\nfull_key: env"}),
-        2: (["lr=3", "seed=0"], {"status": "aborted", "signal": "SIGINT"}),
-        3: (["lr=4", "seed=0"], {"status": "failed", "error": "RuntimeError: out of memory"}),
-    }  # fmt: skip
-    for num, (overrides, summary) in jobs.items():
-        (tmp_path / str(num) / ".hydra").mkdir(parents=True)
-        OmegaConf.save(OmegaConf.create(overrides), tmp_path / str(num) / ".hydra" / "overrides.yaml")
-        OmegaConf.save(OmegaConf.create({"hydra": {"job": {"num": num}}}), tmp_path / str(num) / ".hydra" / "hydra.yaml")
-        (tmp_path / str(num) / "summary.json").write_text(json.dumps(summary))
-    with pytest.raises(SweepFailed) as info:
-        SweepSummary(plot=False).on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
-    assert str(info.value).splitlines()[1:3] == [
-        "  job 1 (lr=2): InstantiationException: Error in call to target: RuntimeError('boom') full_key: env",
-        "  job 3 (lr=4): RuntimeError: out of memory",
-    ]
-    assert str(info.value).startswith("2 of 4 jobs failed")
-    md = (tmp_path / "summary.md").read_text()
-    assert "1 interrupted" not in md and "1 aborted, 2 failed or missing" in md
-
-
 def test_a_killed_worker_fails_its_job_and_the_sweep_goes_on(tmp_path):
-    proc = run_cli(["-m", "env._target_=rlchain.envs.push_cube.PushCubeEnv,user_components.process_killing_env",
+    proc = run_cli(["-m", "env._target_=rlchain.envs.push_cube.PushCubeEnv,tests.helpers.user_components.process_killing_env",
                     "seed=0,1", *TINY], tmp_path)  # fmt: skip
     assert proc.returncode != 0
     runs = summaries(sweep_dir_of(tmp_path))
@@ -384,18 +212,14 @@ def test_a_killed_worker_fails_its_job_and_the_sweep_goes_on(tmp_path):
     assert runs[3].record.slot == 0  # a fresh worker took the slot after the first died
 
 
-# ------------------------------------------------- signals and orphans
 #: Jobs that run until a signal stops them, saving often.
 ENDLESS = [*TINY, "trainer.iterations=100000", "trainer.eval_freq=1000", "trainer.save_freq=10"]
 
 
 def start_sweep(args: list[str], cwd: Path, **env_extra: str) -> subprocess.Popen:
     """``python -m rlchain.train -m *args`` in the background; its stdout and stderr go to files in ``cwd``."""
-    env = {**os.environ, "WANDB_MODE": "disabled", **env_extra}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
-    env.pop("HYDRA_FULL_ERROR", None)
     with open(cwd / "stdout.txt", "w") as out, open(cwd / "stderr.txt", "w") as err:
-        return subprocess.Popen([sys.executable, "-m", "rlchain.train", "-m", *args], cwd=cwd, env=env,
+        return subprocess.Popen([sys.executable, "-m", "rlchain.train", "-m", *args], cwd=cwd, env=subprocess_env(**env_extra),
                                 stdout=out, stderr=err)  # fmt: skip
 
 
@@ -420,17 +244,6 @@ def _kill_workers(pids: list[int]) -> None:
         if _alive(pid) and "spawn_main" in _cmdline(pid):  # still that worker, not a reused pid
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def wait_for(condition, what: str, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
-    """Poll ``condition()`` until it holds; fail after ``timeout`` s, or at once when ``proc`` has ended."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the sweep ended (exit status {proc.returncode}) before {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def jobs_with_metrics(cwd: Path) -> int:
@@ -466,7 +279,7 @@ def test_a_stop_signal_stops_the_jobs_gracefully_and_keeps_finished_work(tmp_pat
 def test_a_second_ctrl_c_aborts_the_jobs_and_the_sweep_exits_130(tmp_path):
     """The jobs are held inside their first iteration: the first Ctrl-C cannot end it, the second aborts them."""
     args = ["hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", "seed=0,1", *ENDLESS,
-            "env._target_=sweep_faults.GatedPushCube"]  # fmt: skip
+            "env._target_=tests.helpers.sweep_faults.GatedPushCube"]  # fmt: skip
     with running_sweep(args, tmp_path, **gate_env(tmp_path / "gate")) as proc:
         wait_for(lambda: len(list((tmp_path / "gate").glob("*.waiting"))) == 2, "both jobs reached the gate", proc)
         proc.send_signal(signal.SIGINT)
@@ -487,7 +300,7 @@ def test_a_second_ctrl_c_aborts_the_jobs_and_the_sweep_exits_130(tmp_path):
 def test_workers_that_do_not_stop_are_killed_after_kill_after_s(tmp_path):
     """Jobs that ignore SIGINT and SIGTERM: after the second SIGTERM and kill_after_s, the launcher kills them."""
     args = ["hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", "hydra.launcher.kill_after_s=1",
-            "seed=0,1", *ENDLESS, "env._target_=sweep_faults.StubbornPushCube"]  # fmt: skip
+            "seed=0,1", *ENDLESS, "env._target_=tests.helpers.sweep_faults.StubbornPushCube"]  # fmt: skip
     with running_sweep(args, tmp_path) as proc:
         wait_for(lambda: jobs_with_metrics(tmp_path) == 2, "two jobs logged an iteration", proc)
         proc.send_signal(signal.SIGTERM)
@@ -551,57 +364,6 @@ def test_workers_die_with_their_launcher(tmp_path):
         assert (sweep / str(n) / "checkpoints" / "latest.pt").is_file()
 
 
-# ------------------------------------------------------------- presets
-@pytest.mark.parametrize("preset, n_jobs", [("ppo_push_cube", 48), ("grpo_push_cube", 36)])
-def test_sweep_presets_compose(preset, n_jobs):
-    GlobalHydra.instance().clear()
-    with initialize_config_module("rlchain.conf", version_base="1.3"):
-        cfg = compose("train", overrides=[f"sweep={preset}"], return_hydra_config=True)
-    GlobalHydra.instance().clear()
-    params = cfg.hydra.sweeper.params
-    assert "seed" in params and len(str(params.seed).split(",")) == 3
-    total = 1
-    for value in params.values():
-        total *= len(str(value).split(","))
-    assert total == n_jobs
-    assert cfg.algorithm._target_.endswith(preset.split("_")[0].upper())
-    assert cfg.hydra.launcher._target_ == "hydra_plugins.rlchain_launcher.devices_launcher.DevicesLauncher"
-
-
-@pytest.mark.parametrize("env, budget", [("push_cube", 5.12e6), ("cart_pole", 3.0e5)])
-def test_the_study_presets_compare_ppo_and_grpo_arms_at_one_budget(compose_cfg, env, budget):
-    GlobalHydra.instance().clear()
-    with initialize_config_module("rlchain.conf", version_base="1.3"):
-        cfg = compose("train", overrides=[f"sweep=ppo_vs_grpo_{env}"], return_hydra_config=True)
-    params = cfg.hydra.sweeper.params
-    arms = str(params["study"]).split(",")
-    assert len(arms) == 7 and str(params.seed) == "0,1,2"
-    assert list(cfg.hydra.callbacks.sweep_summary.at_steps)[-1] <= budget
-    seen = set()
-    for arm in arms:
-        arm_cfg = compose_cfg([f"study={arm}"])
-        steps = arm_cfg.trainer.iterations * arm_cfg.trainer.rollout_steps * arm_cfg.env.num_envs
-        assert steps == pytest.approx(budget, rel=0.02), arm
-        algorithm = arm_cfg.algorithm
-        seen.add((algorithm._target_.rsplit(".", 1)[1], algorithm.get("group_size"), algorithm.get("advantage_norm")))
-        build(arm_cfg)  # every arm is accepted (group sizes divide num_envs, GRPO rollouts hold an episode)
-    grpo = {(g, n) for name, g, n in seen if name == "GRPO"}
-    assert ("PPO", None, None) in seen and len(seen) == 7
-    assert {g for g, n in grpo if n == "std"} == {2, 4, 8, 16} and {n for g, n in grpo if g == 8} == {"std", "none", "rollout_std"}
-
-
-def test_slurm_launcher_option_composes():
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    GlobalHydra.instance().clear()
-    with initialize_config_module("rlchain.conf", version_base="1.3"):
-        cfg = compose("train", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"], return_hydra_config=True)
-    GlobalHydra.instance().clear()
-    launcher = cfg.hydra.launcher
-    assert launcher._target_.endswith("SlurmLauncher")
-    assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.partition) == (1, 1, "gpu")
-
-
-# -------------------------------------------------- Optuna and submitit
 def test_optuna_search_runs_batches_in_parallel_and_reports_the_best(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     proc = run_cli(["-m", "hparams_search=ppo_push_cube_optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2",

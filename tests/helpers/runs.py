@@ -1,0 +1,83 @@
+"""Running ``rlchain-train`` as a user's shell would, and reading what a run left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rlchain.report import JobResult, load_jobs
+from rlchain.summary import RunSummary
+
+#: The checkout's root (its ``tests`` package is importable from there) and this folder.
+REPO = Path(__file__).resolve().parents[2]
+HELPERS = Path(__file__).resolve().parent
+#: Shrinks any run to a couple of seconds on the CPU (conf/debug/tiny.yaml).
+TINY = ["debug=tiny"]
+#: A tiny run with eight evaluations (summary tables, learning curves).
+SHORT = [*TINY, "trainer.iterations=8"]
+#: The user's own config directory, and its toy env with marker-file switches (:mod:`tests.helpers.fault_env`).
+USER = ["--config-dir", str(HELPERS / "user_conf"), "env=fault_line", *TINY]
+#: Build each job's env with the barrier of :mod:`tests.helpers.sweep_barrier` (its variables: ``barrier_env``).
+MEET = "env._target_=tests.helpers.sweep_barrier.meeting_push_cube"
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment of an ``rlchain-train`` subprocess: W&B off, no ``HYDRA_FULL_ERROR``, and the checkout's
+    root on ``PYTHONPATH`` so that ``_target_: tests.helpers....`` imports."""
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env.pop("HYDRA_FULL_ERROR", None)
+    env.update(extra)
+    return env
+
+
+def run_cli(args: list[str], cwd: Path, module: str = "rlchain.train", timeout: float = 300,
+            **env_extra: str) -> subprocess.CompletedProcess:  # fmt: skip
+    """Run ``python -m <module> *args`` in ``cwd`` the way a user's shell would (see :func:`subprocess_env`)."""
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=subprocess_env(**env_extra),
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def rows(run_dir: Path) -> list[dict]:
+    """The rows of ``<run_dir>/metrics.jsonl`` (none when it does not exist)."""
+    metrics = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+
+
+def run_dir(cwd: Path) -> Path:
+    """The one run directory under ``<cwd>/outputs``."""
+    (path,) = list((cwd / "outputs").glob("*/*"))
+    return path
+
+
+def sweep_dir_of(cwd: Path) -> Path:
+    """The one sweep directory under ``<cwd>/multirun``."""
+    (sweep,) = list((cwd / "multirun").glob("*/*"))
+    return sweep
+
+
+def summary_of(path: Path) -> RunSummary:
+    """The run summary in ``path`` (it must have one)."""
+    summary = RunSummary.read(path)
+    assert summary is not None, f"no summary.json in {path}"
+    return summary
+
+
+def wait_for(condition, what: str, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
+    """Poll ``condition()`` until it holds; fail after ``timeout`` s, or at once when ``proc`` has ended."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the process ended (exit status {proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def summaries(sweep: Path) -> dict[int, JobResult]:
+    """Each job of the sweep, its run's summary and the launcher's record joined, by job number."""
+    return {j.num: j for j in load_jobs(sweep)}

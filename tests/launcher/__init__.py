@@ -1,0 +1,1 @@
+"""Tests of the devices launcher (hydra_plugins.rlchain_launcher), with Hydra's own suites."""
