@@ -45,9 +45,10 @@ def test_a_full_disk_keeps_the_last_good_checkpoint_and_fails_in_one_line(tmp_pa
     assert summary_of(run).status == "failed"
 
 
-def _state(step: int, best_step: int | None, best: float | None) -> dict:
+def _state(step: int, best_step: int | None, best: float | None, best_id: str | None = None) -> dict:
     """The keys of a trainer checkpoint that ``Checkpoints.align_best`` reads, and a marker tensor."""
-    return {"global_step": step, "best_objective_step": best_step, "best_objective": best, "mark": torch.tensor(step)}
+    return {"global_step": step, "best_objective_step": best_step, "best_objective": best, "best_objective_id": best_id,
+            "mark": torch.tensor(step)}  # fmt: skip
 
 
 def _step_of(path) -> int:
@@ -89,3 +90,13 @@ def test_creating_the_checkpoints_removes_the_temporary_files_of_a_torn_save(tmp
     (directory / ".latest.pt.k9x2.tmp").write_bytes(b"torn")
     Checkpoints(directory)
     assert not list(directory.glob(".*.tmp"))
+
+
+def test_a_best_of_another_run_with_the_same_step_and_value_is_not_taken_for_the_resumed_ones(tmp_path):
+    # Evaluations fall on the same steps in every run and success rates take few values: the id tells them apart.
+    run = Checkpoints(tmp_path / "run" / "checkpoints")
+    save_checkpoint(run.best, _state(1024, 1024, 1.0, "of-this-directory"))
+    source = tmp_path / "other" / "checkpoints" / "latest.pt"
+    save_checkpoint(source, _state(1024, 1024, 1.0, "of-the-resumed-run"))
+    assert run.align_best(_state(1024, 1024, 1.0, "of-the-resumed-run"), source)
+    assert torch.load(run.best, weights_only=True)["best_objective_id"] == "of-the-resumed-run"

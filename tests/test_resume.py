@@ -86,28 +86,34 @@ def test_a_resume_never_keeps_a_best_checkpoint_of_the_branch_it_discards(tmp_pa
 
 
 # 3. A resume applies the config's learning rate under the constant and linear schedules.
-@pytest.mark.parametrize("schedule, resumed_lr", [("constant", 1e-5), ("adaptive", None)])
-def test_a_resume_takes_the_configs_learning_rate_unless_the_schedule_adapts_it(tmp_path, capsys, schedule, resumed_lr):
+@pytest.mark.parametrize("schedule, notice", [
+    ("constant", "algorithm.learning_rate=1e-05 replaces the checkpoint's 0.001 (lr_schedule='constant')"),
+    ("linear", "algorithm.learning_rate=1e-05 replaces the checkpoint's 0.001 (lr_schedule='linear')"),
+    ("adaptive", "lr_schedule='adaptive' goes on from the checkpoint's rate 0.000666667; "
+                 "algorithm.learning_rate=1e-05 starts fresh runs only"),
+])  # fmt: skip
+def test_a_resume_takes_the_configs_learning_rate_unless_the_schedule_adapts_it(tmp_path, capsys, schedule, notice):
     def make(out, lr, iterations, resume_from=None):
         env = LineEnv(num_envs=8)
         policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-        extra = {"target_kl": 1e-9} if schedule == "adaptive" else {}  # adaptive: the rate moves every update
-        algorithm = PPO(policy, learning_rate=lr, lr_schedule=schedule, batch_size=16, **extra)
+        extra = {"target_kl": 1e-9} if schedule == "adaptive" else {}  # adaptive: the rate falls at every update
+        algorithm = PPO(policy, learning_rate=lr, lr_schedule=schedule, batch_size=16, total_iterations=iterations, **extra)
         return Trainer(env, policy, algorithm, iterations=iterations, rollout_steps=4, output_dir=str(out),
                        progress=False, resume_from=resume_from)  # fmt: skip
 
     first = make(tmp_path / "a", 1e-3, iterations=1)
     first.train()
-    saved = first.algorithm.current_lr
     capsys.readouterr()
     resumed = make(tmp_path / "b", 1e-5, iterations=2, resume_from=str(tmp_path / "a" / "checkpoints" / "latest.pt"))
-    expected = saved if resumed_lr is None else resumed_lr
+    # the rate of the resumed run's next update: the config's (linear: half-way down its 2-iteration decay),
+    # or, adaptive, the checkpoint's (1e-3 / 1.5)
+    expected = {"constant": 1e-5, "linear": 1e-5 / 2, "adaptive": 1e-3 / 1.5}[schedule]
     assert resumed.algorithm.current_lr == pytest.approx(expected)
-    err = capsys.readouterr().err
-    assert ("replaces the checkpoint's" in err) == (resumed_lr is not None), err
+    assert f"rlchain: {notice}" in capsys.readouterr().err.splitlines()
     resumed.train()
-    assert rows(tmp_path / "b")[-1]["charts/learning_rate"] == pytest.approx(
-        expected if resumed_lr is not None else expected / 1.5)
+    assert rows(tmp_path / "b")[-1]["charts/learning_rate"] == pytest.approx(expected / 1.5 if schedule == "adaptive" else expected)
+    same = make(tmp_path / "c", 1e-3, iterations=2, resume_from=str(tmp_path / "a" / "checkpoints" / "latest.pt"))
+    assert "learning_rate" not in capsys.readouterr().err and same.global_step == first.global_step  # unchanged: no line
 
 
 # 5. env=gym's seed generator travels with checkpoints: a resumed GRPO run does not reuse its first start seeds.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -14,8 +15,12 @@ import torch
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
+from rlchain.algorithms import PPO
+from rlchain.policies import ActorCritic
 from rlchain.summary import RunSummary
+from rlchain.trainer import Trainer
 from tests.helpers.runs import TINY, USER, rows, run_cli, run_dir, subprocess_env, summary_of, wait_for
+from tests.helpers.toy_env import LineEnv
 
 #: A run that goes on until it is stopped.
 ENDLESS = [*USER, "trainer.iterations=100000", "trainer.save_freq=100000", "trainer.eval_freq=100000"]
@@ -233,3 +238,30 @@ def test_a_submitit_job_goes_on_from_its_own_latest_checkpoint_and_a_plain_run_r
         make()  # resume_from=None outside a submitit job: a fresh start, refused here
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")  # what submitit sets in its jobs
     assert make().global_step == 2 * 4 * 4
+
+
+class SignalsItselfAt(LineEnv):
+    """LineEnv that sends its own process SIGINT at step ``at_step`` (counted from construction): Ctrl-C, then."""
+
+    def __init__(self, at_step: int, **kwargs):
+        super().__init__(**kwargs)
+        self.at_step, self.steps = at_step, 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.at_step:
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().step(action)
+
+
+@pytest.mark.parametrize("at_step, status, iterations", [(2, "interrupted", 1), (6, "completed", 2)])
+def test_a_stop_signal_in_the_last_iteration_leaves_the_run_completed(tmp_path, at_step, status, iterations):
+    # 2 iterations of 4 steps: a signal in the first one stops the run after it; one in the last one stops
+    # nothing (every iteration ran), so the run is complete and a requeue would have nothing to do.
+    env = SignalsItselfAt(at_step, num_envs=8)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    summary = Trainer(env, policy, PPO(policy, batch_size=16), iterations=2, rollout_steps=4, output_dir=str(tmp_path),
+                      progress=False).train()  # fmt: skip
+    assert (summary.status, summary.iteration) == (status, iterations)
+    assert summary.signal == ("SIGINT" if status == "interrupted" else None)
+    assert summary.exit_code == (130 if status == "interrupted" else 0)

@@ -199,3 +199,22 @@ def test_no_checkpoint_is_written_from_a_non_finite_policy(tmp_path):
         trainer.save()
     assert (tmp_path / "checkpoints" / "latest.pt").read_bytes() == good
     assert not list((tmp_path / "checkpoints").glob(".*.tmp"))
+
+
+def test_a_best_checkpoint_that_cannot_be_written_leaves_the_recorded_best_as_it_was(tmp_path):
+    # Every evaluation of ScoredByEvaluation beats the one before; the second one's best.pt cannot be written.
+    env = ScoredByEvaluation(num_envs=4, max_episode_steps=3)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    trainer = Trainer(env, policy, PPO(policy, batch_size=8), eval_env=ScoredByEvaluation(num_envs=4, max_episode_steps=3),
+                      iterations=1, rollout_steps=3, eval_freq=1, num_eval_envs=4, num_eval_episodes=4,
+                      objective="eval/avg_reward", output_dir=str(tmp_path), progress=False)  # fmt: skip
+    trainer.train()
+    first = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=True)
+    (tmp_path / "checkpoints" / "best.pt").unlink()
+    (tmp_path / "checkpoints" / "best.pt").mkdir()  # a path no file can be renamed onto
+    trainer.cfg.iterations = 2
+    with pytest.raises(OSError, match="cannot write the checkpoint"):
+        trainer.train()
+    summary = RunSummary.read(tmp_path)
+    assert summary.status == "failed" and summary.final["eval/avg_reward"] == 6.0  # the second evaluation's
+    assert (summary.best_objective, summary.best_objective_step) == (first["best_objective"], first["global_step"]) == (3.0, 12)

@@ -95,9 +95,10 @@ class Checkpoints:
     objective; it is written together with ``latest.pt`` (the same state), so
     ``best.pt`` is never ahead of ``latest.pt``, and a resume from
     ``latest.pt`` never inherits a ``best.pt`` from the branch it discards.
-    Both carry the objective's best value and step (``best_objective``,
-    ``best_objective_step``) as the run knew them. Creating one removes the
-    temporary files of a save that ``kill -9`` cut short.
+    Both carry the objective's best value, step and id (``best_objective``,
+    ``best_objective_step``, ``best_objective_id``: random, new with every
+    best) as the run knew them. Creating one removes the temporary files of a
+    save that ``kill -9`` cut short.
 
     Args:
         directory: ``<run dir>/checkpoints``.
@@ -129,36 +130,43 @@ class Checkpoints:
     def align_best(self, state: dict[str, Any], source: str | os.PathLike) -> bool:
         """After a resume from ``source`` (whose ``state`` this is): make ``best.pt`` the one ``state`` names.
 
-        ``state`` holds the step and value of its best evaluation. The
-        checkpoint of that evaluation is this directory's ``best.pt``, the
-        ``best.pt`` beside ``source``, or ``source`` itself (when its own
-        evaluation was the best); the first that matches becomes ``best.pt``.
-        A ``best.pt`` that matches none (a branch the resume discards) is
-        removed.
+        ``state`` holds the id (older checkpoints: the step and value) of its
+        best evaluation. The checkpoint of that evaluation is this directory's
+        ``best.pt``, the ``best.pt`` beside ``source``, or ``source`` itself
+        (when its own evaluation was the best); the first that matches becomes
+        ``best.pt``. A ``best.pt`` that matches none (a branch the resume
+        discards, another run's) is removed.
 
         Returns:
             False when ``state`` names a best evaluation whose checkpoint is
             nowhere: the caller then forgets that best.
+
+        Raises:
+            OSError: ``best.pt`` cannot be written or removed.
         """
-        step, value = state.get("best_objective_step"), state.get("best_objective")
-        if step is not None:
+        if state.get("best_objective_step") is not None:
             source = Path(source)
             for candidate in (self.best, source.parent / "best.pt", source):
-                if _holds_best(candidate, step, value):
+                if _holds_best(candidate, state):
                     if candidate.resolve() != self.best.resolve():
                         write_bytes(self.best, candidate.read_bytes())
                     return True
         self.best.unlink(missing_ok=True)
-        return step is None
+        return state.get("best_objective_step") is None
 
 
-def _holds_best(path: Path, step: int, value: float) -> bool:
-    """Whether ``path`` is the checkpoint of the evaluation at ``step`` whose objective was ``value``."""
+def _holds_best(path: Path, state: dict[str, Any]) -> bool:
+    """Whether ``path`` is the checkpoint of the best evaluation that ``state`` records."""
     if not path.is_file():
         return False
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # not a checkpoint (torn, foreign): not the one
         return False
-    return isinstance(state, dict) and state.get("global_step") == step and state.get("best_objective") == value
+    if not isinstance(saved, dict):
+        return False
+    if state.get("best_objective_id") is not None:
+        return saved.get("best_objective_id") == state["best_objective_id"]
+    keys = ("global_step", "best_objective")
+    return (saved.get(keys[0]), saved.get(keys[1])) == (state.get("best_objective_step"), state.get("best_objective"))
 

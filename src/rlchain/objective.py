@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import uuid
 from typing import Any
 
 __all__ = ["OBJECTIVE_DIRECTIONS", "Best", "Objective", "ObjectiveError"]
@@ -24,7 +25,7 @@ class ObjectiveError(ValueError):
 
 
 class Best:
-    """The best value of one metric so far and the ``global_step`` it was logged at.
+    """The best value of one metric so far, the ``global_step`` it was logged at, and an id of that best.
 
     Args:
         direction: ``"maximize"`` or ``"minimize"``.
@@ -34,19 +35,33 @@ class Best:
         self.direction = direction
         self.value: float | None = None
         self.step: int | None = None
+        self.id: str | None = None
+        """Random hex, new with every best: tells the checkpoint of this best from one of another run or branch."""
 
-    def offer(self, value: float | None, step: int) -> bool:
-        """Take ``value`` (logged at ``step``) when it is finite and strictly better (ties keep the earlier)."""
+    def improves(self, value: float | None) -> bool:
+        """Whether ``value`` is finite and strictly better than the best (ties keep the earlier)."""
         if value is None or not math.isfinite(value):
             return False
-        if self.value is not None and not (value > self.value if self.direction == "maximize" else value < self.value):
-            return False
-        self.value, self.step = float(value), step
-        return True
+        return self.value is None or (value > self.value if self.direction == "maximize" else value < self.value)
 
-    def forget(self) -> None:
-        """Start afresh: no best value."""
-        self.value = self.step = None
+    def take(self, value: float, step: int) -> None:
+        """Make ``value``, logged at ``step``, the best (see :meth:`improves`), with a new id."""
+        self.value, self.step, self.id = float(value), step, uuid.uuid4().hex
+
+    def offer(self, value: float | None, step: int) -> bool:
+        """:meth:`take` ``value`` when it :meth:`improves` the best; returns whether it did."""
+        better = self.improves(value)
+        if better:
+            self.take(value, step)
+        return better
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"value", "step", "id"}``."""
+        return {"value": self.value, "step": self.step, "id": self.id}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (keys that are absent: None)."""
+        self.value, self.step, self.id = state.get("value"), state.get("step"), state.get("id")
 
 
 class Objective:

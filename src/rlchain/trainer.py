@@ -223,19 +223,20 @@ class Trainer:
         start_time, start, start_step = time.time(), time.perf_counter(), self.global_step
         ending: dict[str, Any] = {"status": "completed"}
         failure: BaseException | None = None
+        writer = progress = None
         with StopSignals() as stop:
-            writer = MetricWriter(self.output_dir, config=self.config, run_name=cfg.exp_name,
-                                  purge_step=self.global_step or None, use_wandb=cfg.use_wandb,
-                                  wandb_project=cfg.wandb_project, wandb_entity=cfg.wandb_entity,
-                                  wandb_mode=cfg.wandb_mode)  # fmt: skip
-            progress = Progress(cfg.iterations, self.iteration, cfg.progress)
             try:
+                writer = MetricWriter(self.output_dir, config=self.config, run_name=cfg.exp_name,
+                                      purge_step=self.global_step or None, use_wandb=cfg.use_wandb,
+                                      wandb_project=cfg.wandb_project, wandb_entity=cfg.wandb_entity,
+                                      wandb_mode=cfg.wandb_mode)  # fmt: skip
+                progress = Progress(cfg.iterations, self.iteration, cfg.progress)
                 if self.iteration >= cfg.iterations:
                     notice(f"the run has already reached trainer.iterations={cfg.iterations}: nothing to train")
                 while self.iteration < cfg.iterations and stop.received is None:
                     row = self._iteration(writer, start)
                     progress.update(self.iteration, self.global_step, row)
-                if stop.received is not None:
+                if self.iteration < cfg.iterations:  # a stop signal ended it early
                     ending = {"status": "interrupted", "signal": stop.received}
                 self.save()
             except Abort:
@@ -243,18 +244,25 @@ class Trainer:
             except Exception as err:
                 ending, failure = self._failure(err)
             with stop.held():  # the summary and the logs are written whatever arrives now
-                progress.close()
+                if progress is not None:
+                    progress.close()
                 summary = self._summary(ending, start_time, time.perf_counter() - start, self.global_step - start_step)
                 try:
                     summary.write(self.output_dir)
                 finally:
-                    writer.close()
+                    if writer is not None:
+                        writer.close()
         if failure is not None:
             raise failure
         return summary
 
     def _iteration(self, writer: MetricWriter, start: float) -> dict[str, float]:
-        """One iteration: collect -> update -> log -> evaluate -> save; returns the logged row."""
+        """One iteration: collect -> update -> log -> evaluate -> save; returns the logged row.
+
+        A checkpoint is written after its row is logged and flushed, so that a
+        resume from it (which drops the rows logged after its step) never
+        leaves a hole in the logs.
+        """
         cfg, clock = self.cfg, time.perf_counter
         t0 = clock()
         rollout = self.collector.collect()
@@ -265,15 +273,20 @@ class Trainer:
         self.global_step += rollout.data.numel()
         self.episodes.add(rollout.episodes)
         row = self._training_row(rollout, losses, collect_s=t1 - t0, update_s=t2 - t1, elapsed_s=t2 - start)
-        if self.eval_env is not None and (self.iteration % cfg.eval_freq == 0 or self.iteration == cfg.iterations):
+        evaluated = self.eval_env is not None and (self.iteration % cfg.eval_freq == 0 or self.iteration == cfg.iterations)
+        if evaluated:
             self._evaluate(row)
         writer.log(row, self.global_step)
         if not self._objective_checked:
             self._objective_checked = True
             self._check_objective(row)
-        if self.iteration % cfg.save_freq == 0 and self.iteration < cfg.iterations:
-            self.save()
+        new_best = evaluated and self.objective.best.improves(self.objective.value(row))
+        if new_best or (self.iteration % cfg.save_freq == 0 and self.iteration < cfg.iterations):
             writer.flush()
+            if new_best:
+                self._save_best(self.objective.value(row))
+            else:
+                self.save()
         return row
 
     def _training_row(self, rollout: Rollout, losses: dict[str, float], **times: float) -> dict[str, float]:
@@ -289,7 +302,7 @@ class Trainer:
         return row
 
     def _evaluate(self, row: dict[str, float]) -> None:
-        """Evaluate into ``row`` (``eval/*``, ``time/eval_s``); a new best by the objective writes ``best.pt``."""
+        """Evaluate the policy into ``row`` (``eval/*``, ``time/eval_s``)."""
         t0 = time.perf_counter()
         stats = evaluate(self.eval_env, self.policy, self.cfg.num_eval_episodes, seed=self.cfg.seed + 1)
         self.last_eval = {f"eval/{k}": v for k, v in stats.items()}
@@ -297,9 +310,23 @@ class Trainer:
         row.update(self.last_eval)
         self.best_success.offer(stats.get("success_rate"), self.global_step)
         self.objective.resolve(self.last_eval)
-        if self.objective.best.offer(self.objective.value(row), self.global_step):
-            self.checkpoints.save_best(self._checked_state())
         row["time/eval_s"] = time.perf_counter() - t0
+
+    def _save_best(self, value: float) -> Path:
+        """Take ``value`` as the objective's best and write ``best.pt`` (and ``latest.pt``) with it.
+
+        The best stays as it was when the checkpoints cannot be written (a
+        full disk, a second stop signal), so that ``summary.json`` never names a
+        best that no ``best.pt`` holds.
+        """
+        best = self.objective.best
+        previous = best.state_dict()
+        best.take(value, self.global_step)
+        try:
+            return self.checkpoints.save_best(self._checked_state())
+        except BaseException:
+            best.load_state_dict(previous)
+            raise
 
     def _check_objective(self, row: dict[str, float]) -> None:
         """Raise :class:`ObjectiveError` unless the objective is a key this run logs (after its first iteration).
@@ -361,6 +388,7 @@ class Trainer:
             "best_step": self.best_success.step,
             "best_objective": self.objective.best.value,
             "best_objective_step": self.objective.best.step,
+            "best_objective_id": self.objective.best.id,
             "last_train": self.last_train,
             "last_eval": self.last_eval,
             "torch_rng": torch.get_rng_state(),
@@ -415,14 +443,15 @@ class Trainer:
         if not exact:
             self.collector.restart()
         self.global_step, self.iteration = state["global_step"], state["iteration"]
-        self.best_success.value, self.best_success.step = state["best_success"], state["best_step"]
-        self.objective.best.value, self.objective.best.step = state.get("best_objective"), state.get("best_objective_step")
+        self.best_success.load_state_dict({"value": state["best_success"], "step": state["best_step"]})
+        self.objective.best.load_state_dict({"value": state.get("best_objective"), "step": state.get("best_objective_step"),
+                                             "id": state.get("best_objective_id")})  # fmt: skip
         self.last_train, self.last_eval = state.get("last_train", {}), state.get("last_eval", {})
         self.objective.resolve(self.last_eval)
         if not self.checkpoints.align_best(state, path):
             notice(f"the best evaluation of {path} (global_step {self.objective.best.step:,}) has no checkpoint "
                    "there or here: best.pt starts afresh")  # fmt: skip
-            self.objective.best.forget()
+            self.objective.best.load_state_dict({})
         torch.set_rng_state(state["torch_rng"].cpu())
         if "cuda_rng" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])

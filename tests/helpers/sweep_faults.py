@@ -1,4 +1,4 @@
-"""Env ``_target_``\\ s that make a sweep's job fail or refuse to stop, for the fault tests of ``test_sweep.py``.
+"""Env ``_target_``\\ s that make a sweep's job fail or refuse to stop, for the launcher's fault tests (:mod:`tests.launcher.test_devices_launcher`).
 
 * :class:`FailingPushCube` raises from its third step: a training failure (the
   config is valid), with a traceback that belongs in the job's own files.
@@ -7,10 +7,12 @@
 * :class:`GatedPushCube` holds its first step at a closed gate: the job is in
   the middle of an iteration for as long as a test needs (a first stop signal
   cannot end that iteration; a second one, which aborts, can).
+* :func:`killing_an_idle_worker` kills the worker of job 0 while it waits for its next job.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -80,3 +82,39 @@ class GatedPushCube(PushCubeEnv):
                 time.sleep(0.05)
             self.passed_gate = True
         return super().step(action)
+
+
+def killing_an_idle_worker(**kwargs) -> PushCubeEnv:
+    """``PushCubeEnv(**kwargs)``; job 0 notes its worker's pid, and job 1 kills that worker while it is idle.
+
+    Job 1 waits until the launcher has recorded job 0 (``launcher.jsonl``: its worker has handed the result
+    back and waits for work), SIGKILLs that worker, as the OOM killer would, and waits until it is gone.
+    A job of the next batch then finds the slot's worker dead. Idempotent per job (the eval env passes).
+
+    Raises:
+        RuntimeError: job 0 was not recorded within :data:`GATE_TIMEOUT_S` seconds.
+    """
+    sweep = Path(str(HydraConfig.get().sweep.dir))
+    num, pid_file, done = int(HydraConfig.get().job.num), sweep / "worker_of_job_0.pid", sweep / "worker_of_job_0.killed"
+    if num == 0:
+        pid_file.write_text(str(os.getpid()))
+    elif num == 1 and not done.exists():
+        records, deadline = sweep / "launcher.jsonl", time.monotonic() + GATE_TIMEOUT_S
+        while not (records.exists() and any(json.loads(line)["job"] == 0 for line in records.read_text().splitlines())):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"job 0 was not recorded in {records} within {GATE_TIMEOUT_S:.0f} s")
+            time.sleep(0.05)
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGKILL)
+        while not _gone(pid):
+            time.sleep(0.05)
+        done.touch()
+    return PushCubeEnv(**kwargs)
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True

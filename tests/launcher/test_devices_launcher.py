@@ -212,6 +212,18 @@ def test_a_killed_worker_fails_its_job_and_the_sweep_goes_on(tmp_path):
     assert runs[3].record.slot == 0  # a fresh worker took the slot after the first died
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+def test_a_worker_that_died_while_idle_is_replaced_for_the_next_job(tmp_path):
+    # batches of 2 on 2 slots: in the first, job 1 kills job 0's worker once it is idle; the second batch's
+    # job must run on a fresh worker in that slot, not end the sweep with the dead pool's error
+    proc = run_cli(["-m", "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", "hydra.sweeper.max_batch_size=2",
+                    "env._target_=tests.helpers.sweep_faults.killing_an_idle_worker", "seed=0,1,2", *TINY], tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    runs = summaries(sweep_dir_of(tmp_path))
+    assert [runs[n].status for n in range(3)] == ["completed"] * 3
+    assert runs[2].record.pid != runs[0].record.pid and (sweep_dir_of(tmp_path) / "worker_of_job_0.killed").exists()
+
+
 #: Jobs that run until a signal stops them, saving often.
 ENDLESS = [*TINY, "trainer.iterations=100000", "trainer.eval_freq=1000", "trainer.save_freq=10"]
 

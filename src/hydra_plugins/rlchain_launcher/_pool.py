@@ -182,10 +182,16 @@ class DevicePool:
                     if self.signals.first is not None:
                         break
                 job = pending.popleft()
+                try:
+                    future = worker.executor.submit(execute, cloudpickle.dumps(job), context)
+                except BrokenProcessPool:  # its process died while it was idle: a fresh worker takes the job
+                    worker.broken = True
+                    pending.appendleft(job)
+                    continue
                 worker.job, worker.signals_sent, worker.killed = job, 0, None
                 worker.started = self._last_start = time.time()
                 log.info(f"job {job.idx} started on {worker.slot.label} (slot {worker.slot.index}): {' '.join(job.overrides)}")
-                running[worker.executor.submit(execute, cloudpickle.dumps(job), context)] = worker
+                running[future] = worker
             if not running:
                 break
             done, _ = wait(running, timeout=POLL_S, return_when=FIRST_COMPLETED)
@@ -218,7 +224,7 @@ class DevicePool:
                 error = f"the job's result could not be returned: {describe_error(err)}"
             ret = JobReturn(overrides=job.overrides, status=JobStatus.FAILED, _return_value=RuntimeError(error))
             outcome = Outcome(cloudpickle.dumps(ret), status, error, signal_name, None, worker.started, now,
-                              worker.pid or 0, None)  # fmt: skip
+                              worker.pid, None)  # fmt: skip
         ret = cloudpickle.loads(outcome.job_return)
         ret.hydra_cfg = OmegaConf.masked_copy(job.config, "hydra")
         ret.cfg = copy.deepcopy(job.config)

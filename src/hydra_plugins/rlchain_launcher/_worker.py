@@ -86,7 +86,8 @@ class Outcome:
     traceback: str | None
     start_time: float
     end_time: float
-    pid: int
+    pid: int | None
+    """The worker's pid (None when the worker died before the launcher learnt it)."""
     log_file: str | None
 
 
@@ -195,6 +196,11 @@ def _execute(job: Job, task_function: Any, hydra_context: Any, singleton_state: 
             _armed = False
     except BaseException as err:  # a stopped run's SystemExit, a forwarded signal, an error of Hydra itself
         ret = JobReturn(overrides=job.overrides, status=JobStatus.FAILED, _return_value=err)
+        summary = RunSummary.read(job.output_dir)
+        if isinstance(err, JobInterrupted) and summary is not None and summary.status == "completed" and (
+            summary.end_time or 0) >= start:  # fmt: skip
+            # the signal came once the run had ended (its own handler gone): the run completed all the same
+            ret = JobReturn(overrides=job.overrides, status=JobStatus.COMPLETED, _return_value=summary.objective)
     end = time.time()
     status, error, signal_name, tb = _how_it_ended(ret, job.output_dir)
     handler = _job_log_file(job.output_dir)

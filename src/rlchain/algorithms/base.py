@@ -123,8 +123,11 @@ class Algorithm:
     the rollout policy, so that KL is 0 whatever ``target_kl`` is.
 
     A resumed run (:meth:`load_state_dict`) takes the rate of its config under
-    ``constant`` and ``linear`` (saying so in one line when it differs from
-    the checkpoint's) and goes on from the checkpoint's rate under ``adaptive``.
+    ``constant`` and ``linear`` and goes on from the checkpoint's rate under
+    ``adaptive``, saying in one line when the rate it goes on with differs
+    from the checkpoint's (``constant``: the rate in use there; ``linear``:
+    the configured start of its decay), or when ``adaptive`` leaves a changed
+    ``learning_rate`` unused.
 
     Raises:
         ValueError: from the settings (:class:`AlgorithmConfig`): a value out
@@ -303,11 +306,16 @@ class Algorithm:
         self.optimizer.load_state_dict(state["optimizer"])
         self.iteration = state["iteration"]
         self.generator.set_state(state["generator"].cpu())  # generator states are CPU byte tensors
-        if self.cfg.lr_schedule == "adaptive":
+        schedule, configured = self.cfg.lr_schedule, state.get("learning_rate")
+        changed = configured is not None and not math.isclose(configured, self.cfg.learning_rate, rel_tol=1e-9)
+        if schedule == "adaptive":
+            if changed:
+                notice(f"lr_schedule='adaptive' goes on from the checkpoint's rate {self.current_lr:g}; "
+                       f"algorithm.learning_rate={self.cfg.learning_rate:g} starts fresh runs only")  # fmt: skip
             return
-        saved = state.get("learning_rate", self.current_lr if self.cfg.lr_schedule == "constant" else None)
+        saved = self.current_lr if schedule == "constant" else configured  # linear: the start of the decay
         self._set_lr(self._scheduled_lr())
         if saved is not None and not math.isclose(saved, self.cfg.learning_rate, rel_tol=1e-9):
             notice(f"algorithm.learning_rate={self.cfg.learning_rate:g} replaces the checkpoint's {saved:g} "
-                   f"(lr_schedule={self.cfg.lr_schedule!r})")  # fmt: skip
+                   f"(lr_schedule={schedule!r})")  # fmt: skip
 
