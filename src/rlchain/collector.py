@@ -155,13 +155,13 @@ class SyncCollector:
         Returns:
             the buffer's ``[T, N]`` TensorDict (valid until the next call: the
             storage is reused), the episodes it counts and the means of the
-            env's reward terms and metrics (:class:`Rollout`). Episodes run
-            on across rollouts unless every rollout starts with a reset
-            (``reset_options``): every episode that ended in the rollout
-            counts then, else only the first episode of each env, whatever
-            its length (a later one ends inside the rollout only when it is
-            short, so counting it would favour short episodes; the episode
-            still running at the end is dropped by the next reset).
+            env's reward terms and metrics (:class:`Rollout`). The episodes
+            counted: without ``reset_options`` (episodes run on across
+            rollouts) every episode that ended in the rollout; with them
+            (every rollout starts with a reset) only the first episode of each
+            env, whatever its length (a later one ends inside the rollout only
+            when it is short, so counting it would favour short episodes; the
+            episode still running at the end is dropped by the next reset).
 
         Raises:
             ValueError: the env's error for a bad action (see :func:`step_env`),

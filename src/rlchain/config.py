@@ -26,14 +26,29 @@ from rlchain.algorithms import GRPOConfig, PPOConfig
 from rlchain.envs import CartPoleConfig, GymEnvConfig, PushCubeConfig
 from rlchain.policies import ActorCriticConfig, ActorOnlyConfig
 from rlchain.run_dir import register_resolver
+from rlchain.settings import Settings, setting
 from rlchain.trainer import TrainerConfig
+from rlchain.utils import MAX_SEED
 
-__all__ = ["SCHEMAS", "TrainConfig", "TopLevelKeyError", "check_top_level_keys", "register_configs"]
+__all__ = ["SCHEMAS", "RunConfig", "TrainConfig", "TopLevelKeyError", "check_top_level_keys", "register_configs"]
 
 
 @dataclass
-class TrainConfig:
-    """The top-level schema of ``rlchain-train``: one node per component and the run-wide settings."""
+class RunConfig(Settings):
+    """The run-wide settings of ``rlchain-train``, their defaults and ranges (checked by :func:`rlchain.train.build`)."""
+
+    seed: int = setting(0, ge=0, le=MAX_SEED)
+    """The run's seed: seeds torch's global RNG before anything is built, and reaches every component by
+    interpolation."""
+    device: str = "auto"
+    """'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'; reaches every component."""
+    exp_name: str = "${hydra:runtime.choices.algorithm}_${hydra:runtime.choices.env}"
+    """Name of the experiment (the W&B run name): <algorithm>_<env> by default."""
+
+
+@dataclass
+class TrainConfig(RunConfig):
+    """The top-level schema of ``rlchain-train``: one node per component, and the run-wide settings."""
 
     env: Any = MISSING
     """The training env (group ``env``); the eval env is built from the same node."""
@@ -43,13 +58,6 @@ class TrainConfig:
     """The algorithm (group ``algorithm``); built with the policy."""
     trainer: Any = MISSING
     """The trainer (group ``trainer``)."""
-    seed: int = 0
-    """The run's seed: seeds torch's global RNG before anything is built, and reaches every component by
-    interpolation. An integer in [0, 4294967295]."""
-    device: str = "auto"
-    """'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'."""
-    exp_name: str = "rlchain"
-    """Name of the experiment (W&B run name)."""
 
 
 #: ``(group, option name, schema)`` of every built-in component.

@@ -51,7 +51,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from rlchain.files import write_text
-from rlchain.summary import STOPPED, JobRecord, RunSummary
+from rlchain.summary import STOPPED, JobRecord, RunSummary, error_line
 
 __all__ = [
     "JobResult", "SweepFailed", "SweepSummary", "failure_lines", "learning_curves", "load_jobs", "main",
@@ -268,7 +268,7 @@ def failure_lines(jobs: Sequence[JobResult], nums: set[int] | None = None) -> li
     """
     keys = varying_keys(jobs)
     return [
-        f"job {j.num} ({_label_of(j, keys)}): {' '.join((j.error or j.status).split())}"
+        f"job {j.num} ({_label_of(j, keys)}): {error_line(j.error or j.status)}"
         for j in jobs if j.failed and (nums is None or j.num in nums)
     ]  # fmt: skip
 
@@ -523,7 +523,7 @@ class SweepSummary(Callback):
             with _locked(sweep_dir):
                 write_summary(sweep_dir, plot=False, metric=self.metric, at_steps=self.at_steps)
         except Exception as err:  # the jobs' own files are what matters; never fail a job for a table
-            log.warning(f"the sweep's summary tables could not be written in {sweep_dir}: {type(err).__name__}: {err}")
+            log.warning(f"the sweep's summary tables could not be written in {sweep_dir}: {error_line(err)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,10 +7,10 @@
   directories. The resolver is cached like Hydra's ``${now:}``, so one run
   resolves one name everywhere.
 * A fresh run refuses a directory that already holds a run
-  (:func:`existing_run`); resuming into it is fine. :class:`RunDirCallback`
+  (:func:`taken`); resuming into it is fine. :class:`RunDirCallback`
   checks before Hydra writes the run's ``.hydra/`` files, so an earlier run's
-  config is never overwritten; the trainer checks again for runs started
-  from Python.
+  config is never overwritten; the trainer checks its ``output_dir`` the same
+  way for runs started from Python.
 * A run directory that cannot be created (a read-only file system, a path
   below a regular file) is one line, not a traceback.
 """
@@ -27,7 +27,7 @@ from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["RUN_MARKERS", "RunDirCallback", "RunDirError", "existing_run", "register_resolver"]
+__all__ = ["RUN_MARKERS", "RunDirCallback", "RunDirError", "existing_run", "register_resolver", "taken"]
 
 #: What makes a directory hold a run: written by every run that got past its start.
 RUN_MARKERS = ("summary.json", "metrics.jsonl", "checkpoints/")
@@ -43,6 +43,18 @@ def existing_run(path: str | Path) -> str | None:
     """The first of :data:`RUN_MARKERS` (files; a trailing ``/`` marks a directory) in ``path``, else None."""
     path = Path(path)
     return next((name for name in RUN_MARKERS if ((path / name).is_dir() if name.endswith("/") else (path / name).is_file())), None)
+
+
+def taken(path: str | Path) -> str | None:
+    """Why a fresh run may not use ``path``, as the rest of a sentence that names it; None when it may.
+
+    E.g. ``" already holds a run (summary.json): a fresh run never writes ..."``.
+    """
+    marker = existing_run(path)
+    if marker is None:
+        return None
+    return (f" already holds a run ({marker}): a fresh run never writes into another's directory; "
+            "resume it with trainer.resume_from=auto, or choose another directory")  # fmt: skip
 
 
 class RunDirError(CompactHydraException):
@@ -62,12 +74,9 @@ def _check(path: Path, config: DictConfig, what: str) -> None:
     if not _resuming(config):
         runs = [path] if what == "run" else ([p for p in path.iterdir() if p.is_dir()] if path.is_dir() else [])
         for run in runs:
-            marker = existing_run(run)
-            if marker is not None:
-                raise RunDirError(
-                    f"rlchain: {run} already holds a run ({marker}): a fresh run never writes into another's "
-                    f"directory; resume it with trainer.resume_from=auto, or choose another hydra.{what}.dir"
-                )
+            reason = taken(run)
+            if reason is not None:
+                raise RunDirError(f"rlchain: {run}{reason} (hydra.{what}.dir)")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -1,11 +1,15 @@
-"""How a run and a sweep's job ended: stop signals, exit codes, ``summary.json`` and the launcher's job records.
+"""How a run and a sweep's job ended: stop signals, exit codes, errors, ``summary.json`` and the launcher's records.
 
-Standard library only, so that a launcher plugin can depend on it alone.
+This module uses the standard library only, so that a launcher plugin can
+depend on it alone (importing it runs ``rlchain``'s package ``__init__``,
+which registers the built-in tasks with gymnasium; torch is not imported).
 
 * :data:`STOP_SIGNALS` and :func:`signal_exit_code`: the signals that stop a
   run after its iteration, and the exit status of a process they stopped
   (128 + the signal's number: 130 for SIGINT, 143 for SIGTERM). The
   trainer, the ``rlchain-train`` entry and the devices launcher use these.
+* :func:`error_line`: an error as the one line a summary, a record or a
+  console shows.
 * :class:`RunSummary`: a run's ``<run dir>/summary.json``, written by the run
   alone (:meth:`RunSummary.write`) and read back by everyone
   (:meth:`RunSummary.read`): the report, the launcher and the tests.
@@ -28,7 +32,8 @@ from typing import Any
 
 from rlchain.files import write_json
 
-__all__ = ["JOB_RECORDS", "STOP_SIGNALS", "STOPPED", "JobRecord", "RunSummary", "placement", "signal_exit_code"]
+__all__ = ["JOB_RECORDS", "STOP_SIGNALS", "STOPPED", "JobRecord", "RunSummary", "error_line", "placement",
+           "signal_exit_code"]
 
 #: Signals that stop a run after its current iteration (a second one aborts it): Ctrl-C, and what
 #: ``scancel``, Kubernetes and most preemptions send. A launcher forwards them to its running jobs.
@@ -43,6 +48,15 @@ def signal_exit_code(sig: int | str) -> int:
     """The exit status of a process stopped by ``sig`` (a number or a name such as ``"SIGINT"``): 128 + its number."""
     number = signal.Signals[sig] if isinstance(sig, str) else signal.Signals(sig)
     return 128 + number.value
+
+
+def error_line(err: BaseException | str) -> str:
+    """``err`` on one line: ``<type>: <message>`` with the message's lines joined (the type alone without a
+    message); a string: its lines joined."""
+    text = " ".join(str(err).split())
+    if isinstance(err, str):
+        return text
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def placement(device: Any) -> dict[str, Any]:

@@ -34,12 +34,12 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from rlchain.config import check_top_level_keys
+from rlchain.config import RunConfig, check_top_level_keys
 from rlchain.settings import SettingError
 from rlchain.stopping import requeue_signal
-from rlchain.summary import STOPPED, RunSummary, placement
+from rlchain.summary import STOPPED, RunSummary, error_line, placement
 from rlchain.trainer import Trainer
-from rlchain.utils import check_seed, resolve_device
+from rlchain.utils import resolve_device
 
 __all__ = ["ConfigError", "RunFailed", "build", "main", "train"]
 
@@ -84,7 +84,7 @@ def build(cfg: DictConfig) -> Trainer:
     """
     with _component(""):
         check_top_level_keys(cfg)
-        check_seed("seed", cfg.seed)
+        RunConfig(seed=cfg.seed, device=cfg.device, exp_name=cfg.exp_name)  # the ranges of the run-wide settings
         resolve_device(cfg.device, name="device")
     torch.manual_seed(cfg.seed)  # the run's random stream starts here: initial weights, then action sampling
     with _component("env"):
@@ -125,7 +125,7 @@ def train(cfg: DictConfig) -> RunSummary:
         trainer = build(cfg)
     except Exception as err:
         refused = RunSummary(
-            status="failed", error=str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}",
+            status="failed", error=error_line(str(err) if isinstance(err, ConfigError) else err),
             traceback=traceback.format_exc(), exp_name=cfg.get("exp_name"), **placement(cfg.device),
             start_time=start_time, end_time=time.time(), objective_name=cfg.trainer.objective,
         )  # fmt: skip
@@ -140,7 +140,7 @@ def train(cfg: DictConfig) -> RunSummary:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         ended = RunSummary.read(trainer.output_dir)
-        error = ended.error if ended is not None and ended.status == "failed" else f"{type(err).__name__}: {err}"
+        error = ended.error if ended is not None and ended.status == "failed" else error_line(err)
         where = "the traceback is in its summary.json" if ended is not None else "no summary.json could be written"
         raise RunFailed(f"rlchain: failed: {error} | {trainer.output_dir} ({where})") from err
     print(_result_line(summary, trainer), flush=True)

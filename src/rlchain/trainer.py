@@ -45,10 +45,10 @@ from rlchain.envs.base import VecEnv
 from rlchain.evaluation import evaluate
 from rlchain.objective import OBJECTIVE_DIRECTIONS, Best, Objective, ObjectiveError
 from rlchain.policies import Policy
-from rlchain.run_dir import existing_run
+from rlchain.run_dir import taken
 from rlchain.settings import SettingError, Settings, setting
 from rlchain.stopping import Abort, StopSignals, in_submitit_job
-from rlchain.summary import RunSummary, placement
+from rlchain.summary import RunSummary, error_line, placement
 from rlchain.utils import MAX_SEED
 from rlchain.writer import MetricWriter
 
@@ -190,11 +190,9 @@ class Trainer:
         if resume_from is None and in_submitit_job():
             resume_from = "auto"  # a requeued job goes on from its own latest.pt
         if resume_from is None:
-            marker = existing_run(self.output_dir)
-            if marker is not None:
-                raise SettingError("output_dir", str(self.output_dir),
-                                   f" already holds a run ({marker}): a fresh run never writes into another's "
-                                   "directory; resume it (resume_from='auto') or choose another")  # fmt: skip
+            reason = taken(self.output_dir)
+            if reason is not None:
+                raise SettingError("output_dir", str(self.output_dir), reason)
             return None
         if resume_from == "auto":
             return self.checkpoints.latest if self.checkpoints.latest.is_file() else None
@@ -357,7 +355,7 @@ class Trainer:
             failure = RuntimeError(error)
             failure.__cause__ = err
         else:
-            error = str(err) if isinstance(err, ObjectiveError) else f"{type(err).__name__}: {err}"
+            error = error_line(str(err) if isinstance(err, ObjectiveError) else err)
             failure = err
         return {"status": "failed", "error": error, "traceback": trace}, failure
 
@@ -432,6 +430,13 @@ class Trainer:
 
         Returns:
             True when the env went on with its episodes (an exact resume).
+
+        Raises:
+            FileNotFoundError: ``path`` does not exist.
+            SettingError: ``resume_from=...``: not an rlchain checkpoint, or one
+                whose policy does not match this run's (naming the shapes).
+            ValueError: env state of another env (see the env's ``load_state_dict``).
+            OSError: ``best.pt`` cannot be written or removed.
         """
         state = self._load_policy(path, "resume_from")
         self.algorithm.load_state_dict(state["algorithm"])

@@ -14,7 +14,7 @@ import torch
 
 from rlchain.settings import SettingError
 
-__all__ = ["MAX_SEED", "check_positive", "check_seed", "one_line", "resolve_device"]
+__all__ = ["MAX_SEED", "check_positive", "resolve_device"]
 
 #: Seeds are unsigned 32-bit integers: every generator rlchain seeds (torch,
 #: numpy, gymnasium) takes them.
@@ -32,21 +32,6 @@ def check_positive(name: str, value: Any, *, integer: bool = False) -> None:
         raise SettingError(name, value, f" is not allowed: expected {kind} > 0")
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
         raise SettingError(name, value, f" is not allowed: expected {kind} > 0")
-
-
-def one_line(text: Any) -> str:
-    """``text`` as one line: its non-blank lines, stripped, joined by spaces."""
-    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
-
-
-def check_seed(name: str, value: Any) -> None:
-    """Raise unless ``value`` is an integer in ``[0, MAX_SEED]``.
-
-    Raises:
-        SettingError: naming ``name``, the value and the allowed range.
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
-        raise SettingError(name, value, f" is not allowed: expected an integer in [0, {MAX_SEED}]")
 
 
 def resolve_device(device: str | torch.device, name: str = "device") -> torch.device:

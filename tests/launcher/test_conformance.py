@@ -8,9 +8,7 @@ runs it as a subprocess; that process finds the launcher by Hydra's own
 plugin scan of the ``hydra_plugins`` namespace, as any user's app does.
 
 Each of Hydra's tests starts worker processes, and each integration test an
-app as well, a few seconds apiece: by default the tests in :data:`LEFT_OUT`,
-whose ground another one covers, are skipped; ``RLCHAIN_HYDRA_SUITES=all``
-runs them too."""
+app as well, one to three seconds apiece: every one of them runs."""
 
 from __future__ import annotations
 
@@ -39,30 +37,6 @@ PLUGIN_ROOT = Path(hydra_plugins.rlchain_launcher.__file__).resolve().parents[2]
 DEVICES = ["hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2"]
 
 
-#: Hydra's tests skipped unless ``RLCHAIN_HYDRA_SUITES=all`` (test name prefix: the test that covers its ground).
-LEFT_OUT = {
-    "test_sweep_1_job_strict[": "test_sweep_1_job, whose body it repeats in hydra-core 1.3",
-    "test_custom_task_name[no_config-": "test_sweep_1_job (job name from the calling module)",
-    "test_custom_task_name[different_filename-": "test_custom_task_name with a config file and a command-line name",
-    "test_custom_task_name[different_filename_and_config_file_name_override-":
-        "test_custom_task_name with a config file and a command-line name",
-    "test_custom_sweeper_run_workdir[sweep_dir_config_override-":
-        "test_custom_sweeper_run_workdir[sweep_dir_cli_overridding_config]",
-    "test_custom_sweeper_run_workdir[sweep_dir_cli_override-":
-        "test_custom_sweeper_run_workdir[sweep_dir_cli_overridding_config]",
-    "test_custom_sweeper_run_workdir[subdir:override_dirname-":
-        "test_custom_sweeper_run_workdir[subdir:custom_override_dirname]",
-    "test_to_absolute_path_multirun[": "test_get_orig_dir_multirun and test_custom_sweeper_run_workdir (chdir)",
-}  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def representative_subset(request: pytest.FixtureRequest) -> None:
-    """Skip the tests of :data:`LEFT_OUT` unless ``RLCHAIN_HYDRA_SUITES=all``."""
-    if os.environ.get("RLCHAIN_HYDRA_SUITES") != "all":
-        for prefix, covered_by in LEFT_OUT.items():
-            if request.node.name.startswith(prefix):
-                pytest.skip(f"left out for time (RLCHAIN_HYDRA_SUITES=all runs it); covered by {covered_by}")
 
 
 @pytest.fixture(autouse=True)

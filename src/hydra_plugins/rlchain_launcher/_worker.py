@@ -38,7 +38,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.errors import CompactHydraException
 
-from rlchain.summary import STOP_SIGNALS, STOPPED, RunSummary, signal_exit_code
+from rlchain.summary import STOP_SIGNALS, STOPPED, RunSummary, error_line, signal_exit_code
 
 log = logging.getLogger(__name__)
 
@@ -235,11 +235,8 @@ def _how_it_ended(ret: JobReturn, output_dir: Path) -> tuple[str, str | None, st
 
 
 def describe_error(err: BaseException) -> str:
-    """``err`` in one line: its type and message (a Hydra one-line error: its message)."""
-    text = " ".join(str(err).split())
-    if isinstance(err, CompactHydraException):
-        return text
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+    """``err`` in one line (:func:`rlchain.summary.error_line`; a Hydra one-line error: its message alone)."""
+    return error_line(str(err) if isinstance(err, CompactHydraException) else err)
 
 
 def _job_log_file(output_dir: Path) -> logging.FileHandler | None:

@@ -94,6 +94,8 @@ class DevicesLauncher(Launcher):
 
         import cloudpickle
         from hydra.core.singleton import Singleton
+
+        from rlchain.summary import error_line
         from hydra.core.utils import configure_log, setup_globals
 
         from hydra_plugins.rlchain_launcher._pool import DevicePool
@@ -125,7 +127,7 @@ class DevicesLauncher(Launcher):
                 try:
                     self.hydra_context.callbacks.on_multirun_end(config=self.config)
                 except Exception as err:  # a stopped sweep exits with its signal's code whatever a callback says
-                    log.warning(f"a multirun-end callback failed: {type(err).__name__}: {' '.join(str(err).split())}")
+                    log.warning(f"a multirun-end callback failed: {error_line(err)}")
                 raise SystemExit(pool.signals.exit_code)
         return batch.results
 

@@ -130,9 +130,10 @@ class Algorithm:
     ``learning_rate`` unused.
 
     Raises:
-        ValueError: from the settings (:class:`AlgorithmConfig`): a value out
+        SettingError: from the settings (:class:`AlgorithmConfig`): a value out
             of its range, an unknown schedule, ``linear`` without
-            ``total_iterations``, ``adaptive`` without ``target_kl``.
+            ``total_iterations``, ``adaptive`` without ``target_kl``, a
+            ``target_kl`` that no setting reads.
     """
 
     #: ``env.reset`` options every rollout must start with (GRPO's group reset), or None to
@@ -290,6 +291,15 @@ class Algorithm:
         """
 
     def update(self, rollout: TensorDict) -> dict[str, float]:  # pragma: no cover - abstract
+        """Learn from a ``[T, N]`` rollout of the collector (see :class:`rlchain.buffer.RolloutBuffer` for its keys).
+
+        Returns:
+            the update's terms (losses, KLs, rates) as floats; the trainer
+            logs them under ``losses/`` (``learning_rate`` under ``charts/``).
+
+        Raises:
+            NonFiniteError: a non-finite loss, gradient norm, term or parameter (see :meth:`_optimise`).
+        """
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:

@@ -127,7 +127,11 @@ class VecEnv(gym.vector.VectorEnv):
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (see ``resumes_episodes`` for what a resume expects of it)."""
+        """Restore :meth:`state_dict` output (see ``resumes_episodes`` for what a resume expects of it).
+
+        Raises:
+            ValueError: (in an env that has state) a state of another env: an unknown key, a wrong shape.
+        """
 
     def _set_spaces(self, single_observation_space: gym.Space, single_action_space: gym.Space) -> None:
         self.single_observation_space = single_observation_space
@@ -136,9 +140,25 @@ class VecEnv(gym.vector.VectorEnv):
         self.action_space = gym.vector.utils.batch_space(single_action_space, self.num_envs)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):  # pragma: no cover - abstract
+        """Reset every env; returns ``(obs, info)``, ``obs`` float32 ``[N, *obs_shape]``.
+
+        ``seed`` reseeds the env's random stream; ``options={"group_size": G}``
+        gives each block of ``G`` consecutive envs one initial state.
+
+        Raises:
+            ValueError: a ``group_size`` that is not a positive int dividing ``num_envs``.
+        """
         raise NotImplementedError
 
     def step(self, action: torch.Tensor):  # pragma: no cover - abstract
+        """Step every env once; returns ``(obs, reward, terminated, truncated, info)`` (see the class docstring).
+
+        ``action``: float32 ``[N, *act_shape]`` (Box) or int64 ``[N]`` (Discrete).
+        Finished envs reset in this call (same-step auto-reset).
+
+        Raises:
+            ValueError: an action of the wrong shape or with values the action space refuses.
+        """
         raise NotImplementedError
 
 

@@ -54,7 +54,7 @@ ACTION_MODES = ("discrete", "continuous")
 class CartPoleConfig(VecEnvConfig):
     """Every setting of :class:`CartPoleEnv` with its default and range (SI units); the Hydra schema.
 
-    ``num_envs`` (64), ``device`` and ``seed`` as :class:`~rlchain.envs.base.VecEnvConfig`.
+    ``num_envs``, ``device`` and ``seed`` as :class:`~rlchain.envs.base.VecEnvConfig`.
     """
 
     _target_: str = "rlchain.envs.cart_pole.CartPoleEnv"

@@ -65,7 +65,7 @@ VECTORIZATIONS = ("sync", "async")
 class GymEnvConfig(VecEnvConfig):
     """Every setting of :class:`GymVecEnv` with its default and range; the Hydra schema of ``env=gym``.
 
-    ``num_envs`` (16), ``device`` and ``seed`` (env i is seeded with seed + i at construction) as
+    ``num_envs``, ``device`` and ``seed`` (env i is seeded with seed + i at construction) as
     :class:`~rlchain.envs.base.VecEnvConfig`.
     """
 
@@ -419,8 +419,15 @@ class GymVecEnv(VecEnv):
         return {"seed_generator": self._rng.bit_generator.state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output: later resets draw the seeds the saved run would have drawn."""
-        self._rng.bit_generator.state = state["seed_generator"]
+        """Restore :meth:`state_dict` output: later resets draw the seeds the saved run would have drawn.
+
+        Raises:
+            ValueError: a state that is not this env's (no ``seed_generator``, or one of another generator).
+        """
+        try:
+            self._rng.bit_generator.state = state["seed_generator"]
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"env state {sorted(state)} is not a GymVecEnv's: expected its seed_generator ({err})") from err
 
     def close(self, **kwargs: Any) -> None:
         """Close the underlying gymnasium vector env (and its subprocesses)."""

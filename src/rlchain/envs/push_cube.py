@@ -80,7 +80,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlchain.envs import push_cube_physics as physics
+import rlchain.envs.push_cube_physics as physics
 from rlchain.envs.base import SingleGymEnv, TorchVecEnv, VecEnvConfig
 from rlchain.settings import SettingError, setting
 from rlchain.utils import resolve_device
