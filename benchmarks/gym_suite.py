@@ -69,7 +69,7 @@ def learning_row(name: str, preset: str, seeds: list[int], bar: float, budget: i
     for seed in seeds:
         run_dir = tmp / f"{preset}_{seed}"
         env = {**os.environ, "WANDB_MODE": "disabled"}
-        cmd = [sys.executable, "-m", "rlchain.train", f"experiment={preset}", f"seed={seed}", "device=cpu",
+        cmd = [sys.executable, "-m", "rlchain", f"experiment={preset}", f"seed={seed}", "device=cpu",
                "trainer.progress=false", f"hydra.run.dir={run_dir}"]  # fmt: skip
         start = time.perf_counter()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -33,7 +33,7 @@ def run_sweep(launcher_args: list[str], job_args: list[str], seeds: str, cwd: Pa
         RuntimeError: the multirun exited non-zero (its stderr tail is included).
     """
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    cmd = [sys.executable, "-m", "rlchain.train", "-m", f"seed={seeds}", *launcher_args, *job_args]
+    cmd = [sys.executable, "-m", "rlchain", "-m", f"seed={seeds}", *launcher_args, *job_args]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start

@@ -439,7 +439,7 @@ def benchmark(args: argparse.Namespace) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     cores = cpus[:2] if len(cpus) >= 2 else cpus * 2
     train = shutil.which("rlchain-train")
-    train_cmd = [train] if train else [sys.executable, "-m", "rlchain.train"]
+    train_cmd = [train] if train else [sys.executable, "-m", "rlchain"]
     concurrent = args.device == "cpu"
     experiment = experiment_override()
     print(f"rsl-rl-lib {metadata.version('rsl-rl-lib')}, runs in {out}; sides run "

@@ -34,7 +34,7 @@ def test_a_full_disk_keeps_the_last_good_checkpoint_and_fails_in_one_line(tmp_pa
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
 
-    proc = subprocess.run([sys.executable, "-m", "rlchain.train", *USER, "trainer.iterations=4",
+    proc = subprocess.run([sys.executable, "-m", "rlchain", *USER, "trainer.iterations=4",
                            f"hydra.run.dir={run}", "trainer.resume_from=auto"], cwd=tmp_path, env=subprocess_env(),
                           capture_output=True, text=True, timeout=300, preexec_fn=small_files)  # fmt: skip
     assert proc.returncode == 1 and "Traceback" not in proc.stderr

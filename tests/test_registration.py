@@ -89,3 +89,14 @@ def test_registration_is_idempotent_and_never_overrides(first):
         """
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_starting_the_command_loads_neither_tensordict_nor_torchs_compiler():
+    # Half of the start-up of --help, --cfg and a rejected config (see rlchain.config).
+    proc = run_python("""
+    import sys
+    import rlchain.train
+    print(sorted(m for m in ("tensordict", "torch._dynamo", "torch._inductor") if m in sys.modules))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

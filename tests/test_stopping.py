@@ -68,9 +68,9 @@ def _sigint_as_in_a_terminal() -> None:
 
 
 def start(args: list[str], cwd: Path, **popen) -> tuple[subprocess.Popen, Path]:
-    """Start ``python -m rlchain.train *args`` in ``cwd`` as from a terminal; stderr goes to a file the test can read."""
+    """Start ``python -m rlchain *args`` in ``cwd`` as from a terminal; stderr goes to a file the test can read."""
     err = cwd / "stderr.txt"
-    proc = subprocess.Popen([sys.executable, "-m", "rlchain.train", *args], cwd=cwd, env=subprocess_env(), text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "rlchain", *args], cwd=cwd, env=subprocess_env(), text=True,
                             stdout=subprocess.PIPE, stderr=err.open("w"), preexec_fn=_sigint_as_in_a_terminal,
                             **popen)  # fmt: skip
     return proc, err

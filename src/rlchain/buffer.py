@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import gymnasium as gym
 import torch
-from tensordict import TensorDict
 
 from rlchain.utils import check_positive
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 __all__ = ["RolloutBuffer", "minibatches"]
 
@@ -61,6 +63,8 @@ class RolloutBuffer:
         action_space: gym.Space,
         device: torch.device | str,
     ) -> None:
+        from tensordict import TensorDict  # imported where used: see rlchain.config
+
         check_positive("rollout_steps", rollout_steps, integer=True)
         self.rollout_steps, self.num_envs = rollout_steps, num_envs
         t, n = rollout_steps, num_envs

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDict
 
 from rlchain.buffer import RolloutBuffer
 from rlchain.envs.base import VecEnv
 from rlchain.policies import Policy
 from rlchain.settings import SettingError
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 __all__ = ["EpisodeWindow", "Episodes", "Rollout", "SyncCollector", "step_env"]
 
@@ -168,6 +170,8 @@ class SyncCollector:
                 or an ``info["rewards"]``/``info["metrics"]`` term that some
                 step lacks.
         """
+        from tensordict import TensorDict  # imported where used: see rlchain.config
+
         env, policy, data = self.env, self.policy, self.buffer.data
         if self.reset_options is not None or self._obs is None:
             self._obs, _ = env.reset(options=self.reset_options)
@@ -213,6 +217,8 @@ class SyncCollector:
             data: the rollout, with ``value``, ``done`` and ``final_obs`` filled.
             last_obs: ``[N, *obs_shape]``, the observation after the rollout's last step.
         """
+        from tensordict import TensorDict  # imported where used: see rlchain.config
+
         next_value = data["next_value"]
         if not self.policy.has_critic:
             next_value.zero_()

@@ -8,6 +8,13 @@ one place. They are stored as ``<group>/<name>_schema``; the YAML options under
 misspelt key or a value of the wrong type fails at composition with Hydra's
 message. :class:`TrainConfig` is the top-level schema. Importing this module
 registers the schemas and the ``${rlchain_id:}`` resolver.
+
+Importing it, and so starting ``rlchain-train``, loads no tensordict: the
+modules of the schemas import tensordict where they build a TensorDict,
+because importing tensordict loads torch's compiler (``torch._dynamo``, half
+of rlchain-train's start-up), which ``--help``, ``--cfg`` and a rejected
+config never use. (A training run loads it all the same: building a
+``torch.optim`` optimiser imports ``torch._dynamo``.)
 """
 
 from __future__ import annotations

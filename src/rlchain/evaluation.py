@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-from tensordict import TensorDict
 
 from rlchain.collector import step_env
 from rlchain.envs.base import VecEnv
@@ -34,6 +33,8 @@ def evaluate(env: VecEnv, policy: Policy, num_episodes: int, seed: int) -> dict[
         RuntimeError: an env that does not end its episodes within
             ``max_episode_steps`` steps.
     """
+    from tensordict import TensorDict  # imported where used: see rlchain.config
+
     was_training = policy.training
     policy.eval()
     n = env.num_envs

@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import gymnasium as gym
 import torch
-from tensordict import TensorDict
 from torch import nn
 
 from rlchain.settings import SettingError, Settings, setting
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 __all__ = [
     "ActorCritic",
@@ -324,6 +326,8 @@ class ActorCritic(Policy):
 
     def evaluate_actions(self, td: TensorDict) -> TensorDict:
         """Return a new TensorDict with differentiable ``sample_log_prob``, ``entropy``, ``value`` ``[B]``."""
+        from tensordict import TensorDict  # imported where used: see rlchain.config
+
         x = self._features(td["obs"])
         dist = self._distribution(x)
         log_prob, entropy = self._log_prob(dist, td["action"]), self._entropy(dist)

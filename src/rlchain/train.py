@@ -210,7 +210,5 @@ def main(cfg: DictConfig) -> float | None:
 
 
 
-if __name__ == "__main__":  # python -m rlchain.train: the rlchain-train command
-    from _rlchain_cli import train as _command
-
-    _command(main)
+if __name__ == "__main__":  # python -m rlchain.train; `python -m rlchain` is the whole rlchain-train command
+    main()

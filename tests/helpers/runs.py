@@ -35,7 +35,7 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(args: list[str], cwd: Path, module: str = "rlchain.train", timeout: float = 300,
+def run_cli(args: list[str], cwd: Path, module: str = "rlchain", timeout: float = 300,
             **env_extra: str) -> subprocess.CompletedProcess:  # fmt: skip
     """Run ``python -m <module> *args`` in ``cwd`` the way a user's shell would (see :func:`subprocess_env`)."""
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=subprocess_env(**env_extra),

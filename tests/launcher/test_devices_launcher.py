@@ -229,9 +229,9 @@ ENDLESS = [*TINY, "trainer.iterations=100000", "trainer.eval_freq=1000", "traine
 
 
 def start_sweep(args: list[str], cwd: Path, **env_extra: str) -> subprocess.Popen:
-    """``python -m rlchain.train -m *args`` in the background; its stdout and stderr go to files in ``cwd``."""
+    """``python -m rlchain -m *args`` in the background; its stdout and stderr go to files in ``cwd``."""
     with open(cwd / "stdout.txt", "w") as out, open(cwd / "stderr.txt", "w") as err:
-        return subprocess.Popen([sys.executable, "-m", "rlchain.train", "-m", *args], cwd=cwd, env=subprocess_env(**env_extra),
+        return subprocess.Popen([sys.executable, "-m", "rlchain", "-m", *args], cwd=cwd, env=subprocess_env(**env_extra),
                                 stdout=out, stderr=err)  # fmt: skip
 
 

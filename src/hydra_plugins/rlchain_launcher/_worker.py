@@ -109,7 +109,7 @@ def init_worker(environ: dict[str, str], num_threads: int, launcher_pid: int) ->
     """Worker initializer: take the slot's environment before any job imports CUDA; watch the launcher.
 
     ``spawn`` may have imported torch already (it re-imports the launching
-    program's main module, ``rlchain.train`` under ``python -m``), too early
+    program's main module, ``rlchain.train`` under ``python -m rlchain.train``), too early
     for ``OMP_NUM_THREADS``: its thread count is then set here. The worker
     leaves the launcher's process group (Ctrl-C at the terminal reaches the
     launcher only; it forwards to busy workers) and starts a daemon thread

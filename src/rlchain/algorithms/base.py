@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
-from tensordict import TensorDict
 
 from rlchain.buffer import minibatches
 from rlchain.console import notice
 from rlchain.policies import Policy
 from rlchain.settings import SettingError, Settings, setting
 from rlchain.utils import MAX_SEED
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 __all__ = ["Algorithm", "AlgorithmConfig", "LR_SCHEDULES", "NonFiniteError", "first_non_finite"]
 

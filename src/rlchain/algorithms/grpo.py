@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDict
 
 from rlchain.algorithms.base import Algorithm, AlgorithmConfig
 from rlchain.algorithms.functional import (
@@ -42,6 +41,9 @@ from rlchain.algorithms.functional import (
 from rlchain.envs.base import check_group_size
 from rlchain.policies import Policy
 from rlchain.settings import setting
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 __all__ = ["GRPO", "GRPOConfig"]
 

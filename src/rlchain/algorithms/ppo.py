@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDict
 
 from rlchain.algorithms.base import Algorithm, AlgorithmConfig
 from rlchain.algorithms.functional import clipped_surrogate, compute_gae
 from rlchain.policies import Policy
 from rlchain.settings import SettingError, setting
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 __all__ = ["PPO", "PPOConfig", "ppo_loss"]
 
