@@ -35,11 +35,18 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
         OSError: the file cannot be written, naming it and the reason; the
             previous file at ``path`` is left as it was.
     """
-    path = Path(path)
+    return _write(Path(path), _serialised(state))
+
+
+def _serialised(state: dict[str, Any]) -> memoryview:
     buffer = io.BytesIO()
     torch.save(state, buffer)
+    return buffer.getbuffer()
+
+
+def _write(path: Path, data: memoryview) -> Path:
     try:
-        return write_bytes(path, buffer.getbuffer())
+        return write_bytes(path, data)
     except OSError as err:
         raise OSError(err.errno, f"cannot write the checkpoint {path}: {err.strerror or err}") from err
 
@@ -120,8 +127,9 @@ class Checkpoints:
         Raises:
             OSError: see :func:`save_checkpoint`; ``best.pt`` is left as it was.
         """
-        self.save(state)
-        return save_checkpoint(self.best, state)
+        data = _serialised(state)  # once, for both files
+        _write(self.latest, data)
+        return _write(self.best, data)
 
     def files(self) -> dict[str, str]:
         """``{"latest": path, "best": path}`` of the checkpoints there are."""

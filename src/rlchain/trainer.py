@@ -278,11 +278,12 @@ class Trainer:
         if not self._objective_checked:
             self._objective_checked = True
             self._check_objective(row)
-        new_best = evaluated and self.objective.best.improves(self.objective.value(row))
+        value = self.objective.value(row) if evaluated else None
+        new_best = self.objective.best.improves(value)
         if new_best or (self.iteration % cfg.save_freq == 0 and self.iteration < cfg.iterations):
             writer.flush()
             if new_best:
-                self._save_best(self.objective.value(row))
+                self._save_best(value)
             else:
                 self.save()
         return row

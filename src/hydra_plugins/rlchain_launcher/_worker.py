@@ -196,13 +196,8 @@ def _execute(job: Job, task_function: Any, hydra_context: Any, singleton_state: 
             _armed = False
     except BaseException as err:  # a stopped run's SystemExit, a forwarded signal, an error of Hydra itself
         ret = JobReturn(overrides=job.overrides, status=JobStatus.FAILED, _return_value=err)
-        summary = RunSummary.read(job.output_dir)
-        if isinstance(err, JobInterrupted) and summary is not None and summary.status == "completed" and (
-            summary.end_time or 0) >= start:  # fmt: skip
-            # the signal came once the run had ended (its own handler gone): the run completed all the same
-            ret = JobReturn(overrides=job.overrides, status=JobStatus.COMPLETED, _return_value=summary.objective)
     end = time.time()
-    status, error, signal_name, tb = _how_it_ended(ret, job.output_dir)
+    ret, status, error, signal_name, tb = _how_it_ended(ret, job.output_dir, start)
     handler = _job_log_file(job.output_dir)
     if status == "failed" and handler is not None:  # the traceback goes to the job's log, not the console
         handler.handle(logging.LogRecord(log.name, logging.ERROR, __file__, 0, "job %d failed: %s\n%s",
@@ -219,19 +214,30 @@ def _execute(job: Job, task_function: Any, hydra_context: Any, singleton_state: 
     return Outcome(payload, status, error, signal_name, tb, start, end, os.getpid(), log_file)
 
 
-def _how_it_ended(ret: JobReturn, output_dir: Path) -> tuple[str, str | None, str | None, str | None]:
-    """``(status, error on one line, stop signal, traceback)`` of a job: the run's own ``summary.json``
-    where a stop signal ended it, else what its ``JobReturn`` says."""
+def _how_it_ended(ret: JobReturn, output_dir: Path, start: float,
+                  ) -> tuple[JobReturn, str, str | None, str | None, str | None]:  # fmt: skip
+    """``(JobReturn, status, error on one line, stop signal, traceback)`` of a job that began at ``start``.
+
+    Where the job raised, the run's own ``summary.json``, if it wrote one
+    during the job, says more: a stop signal ended it (``SystemExit`` with
+    128 + the signal's number), it failed (its own one-line error), or it had
+    completed before a forwarded signal reached the worker's handler again.
+    """
     if ret.status is not JobStatus.FAILED:
-        return "completed", None, None, None
+        return ret, "completed", None, None, None
     err = ret._return_value
     summary = RunSummary.read(output_dir)
+    if summary is not None and (summary.end_time or 0) < start:
+        summary = None  # an earlier attempt's
+    if isinstance(err, JobInterrupted) and summary is not None and summary.status == "completed":
+        completed = JobReturn(overrides=ret.overrides, status=JobStatus.COMPLETED, _return_value=summary.objective)
+        return completed, "completed", None, None, None
     if isinstance(err, SystemExit) and summary is not None and summary.status in STOPPED:
-        return summary.status, f"{summary.status} by {summary.signal}", summary.signal, None
+        return ret, summary.status, f"{summary.status} by {summary.signal}", summary.signal, None
     if isinstance(err, JobInterrupted):
-        return "interrupted", f"interrupted by {err.signal_name}", err.signal_name, None
+        return ret, "interrupted", f"interrupted by {err.signal_name}", err.signal_name, None
     own = summary.error if summary is not None and summary.status == "failed" else None  # the run's own word
-    return "failed", own or describe_error(err), None, "".join(traceback.format_exception(err))
+    return ret, "failed", own or describe_error(err), None, "".join(traceback.format_exception(err))
 
 
 def describe_error(err: BaseException) -> str:
