@@ -8,6 +8,12 @@
   through ``gymnasium.make_vec``.
 * :func:`check_vec_env`: checks a user's env against the VecEnv contract.
 
+Every env takes ``render_mode`` (None or ``"rgb_array"``); built with
+``"rgb_array"``, ``env.render(env_ids=None)`` returns uint8 RGB frames
+``[K, H, W, 3]`` of the envs asked for (see :class:`VecEnv`). The built-in
+tasks draw headless with torch on their device (:mod:`rlchain.envs.rendering`);
+:class:`GymVecEnv` asks gymnasium's envs for theirs.
+
 Each env's settings are the fields of its config dataclass
 (:class:`PushCubeConfig`, :class:`CartPoleConfig`, :class:`GymEnvConfig`; see
 :mod:`rlchain.settings`); the env takes them as keyword arguments and keeps

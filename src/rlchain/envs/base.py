@@ -10,10 +10,16 @@ episode ends inside :meth:`VecEnv.step` is reset in that same call; the
 returned observation is the first one of its new episode and the observation
 it ended on is in ``info["final_obs"]``, so time-limit truncations can be
 bootstrapped (Pardo et al. 2018, "Time Limits in Reinforcement Learning").
+
+Rendering is headless and batched: an env built with
+``render_mode="rgb_array"`` draws the current state of any of its envs with
+:meth:`VecEnv.render` as uint8 RGB frames ``[K, H, W, 3]``; the built-in
+tasks draw with torch ops on their own device (no display, no OpenGL).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,10 +31,15 @@ from gymnasium.vector import AutoresetMode
 from rlchain.settings import SettingError, Settings, setting
 from rlchain.utils import MAX_SEED
 
-__all__ = ["NON_FINITE_ACTION", "SingleGymEnv", "TorchVecEnv", "VecEnv", "VecEnvConfig", "check_group_size"]
+__all__ = [
+    "NON_FINITE_ACTION", "RENDER_MODES", "SingleGymEnv", "TorchVecEnv", "VecEnv", "VecEnvConfig", "check_group_size",
+]  # fmt: skip
 
 #: The error of a torch-native task's ``step`` on an action with NaN or inf.
 NON_FINITE_ACTION = "action contains NaN or inf: expected finite values (they are clipped to [-1, 1])"
+
+#: The values of ``render_mode`` (:class:`VecEnvConfig`); gymnasium's name for the one rendering mode.
+RENDER_MODES = (None, "rgb_array")
 
 
 def check_group_size(group_size: Any, num_envs: int, names: tuple[str, str] = ("group_size", "num_envs")) -> int:
@@ -61,6 +72,8 @@ class VecEnvConfig(Settings):
     """Torch device of observations, rewards and flags: 'cpu', 'cuda', 'cuda:N' or 'auto'."""
     seed: int = setting(0, ge=0, le=MAX_SEED)
     """Seed of the env's random stream (initial states): the same seed and actions give the same episodes."""
+    render_mode: str | None = setting(None, choices=RENDER_MODES)
+    """'rgb_array': render() returns frames (trainer.video sets it on the evaluation env); None: the env does not render."""
 
 
 class VecEnv(gym.vector.VectorEnv):
@@ -105,10 +118,23 @@ class VecEnv(gym.vector.VectorEnv):
     episodes in progress (bit-identical on the CPU); otherwise a resume resets
     every env first (the episodes in progress at the checkpoint are dropped).
 
+    Rendering. ``render_mode`` (gymnasium's attribute; the ``render_mode``
+    setting of :class:`VecEnvConfig`) is ``"rgb_array"`` for an env built to
+    render, else None. ``render(env_ids=None)`` then returns the frames of the
+    envs ``env_ids`` (every env when None) in their current state, as uint8
+    RGB ``[K, H, W, 3]`` (``K = len(env_ids)``; the built-in tasks draw
+    even H and W, which H.264 video needs) on ``device`` (on the CPU for
+    :class:`~rlchain.envs.gym_adapter.GymVecEnv`). An env that renders lists
+    ``"rgb_array"`` in ``metadata["render_modes"]`` and its frame rate, one
+    frame per ``step``, in ``metadata["render_fps"]``. An env that does not
+    render inherits the ``render`` here, which raises ``NotImplementedError``.
+
     :func:`rlchain.envs.check_vec_env` checks an env against every rule here.
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
+    #: ``"rgb_array"`` when :meth:`render` draws frames, None when the env was built not to render.
+    render_mode: str | None = None
 
     #: Whether ``info["success"]`` is a task success signal (see the class docstring).
     reports_success: bool = True
@@ -132,6 +158,45 @@ class VecEnv(gym.vector.VectorEnv):
         Raises:
             ValueError: (in an env that has state) a state of another env: an unknown key, a wrong shape.
         """
+
+    def render(self, env_ids: Sequence[int] | None = None) -> torch.Tensor:
+        """Frames of the envs ``env_ids`` (every env when None) in their current state.
+
+        Args:
+            env_ids: env indices in ``[0, num_envs)``, ``K`` of them (repeats allowed).
+
+        Returns:
+            uint8 RGB ``[K, H, W, 3]``, on ``device`` for a torch-native env
+            (on the CPU for :class:`~rlchain.envs.gym_adapter.GymVecEnv`).
+
+        Raises:
+            NotImplementedError: the env does not render (this base implementation).
+            RuntimeError: (an env that renders) ``render_mode`` is not ``"rgb_array"``.
+            IndexError: (an env that renders) an env id outside ``[0, num_envs)``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not render")
+
+    def _render_ids(self, env_ids: Sequence[int] | None) -> list[int] | None:
+        """The checks of every :meth:`render`: ``render_mode`` is set and each id is in range.
+
+        Returns:
+            ``env_ids`` as a list of ints (a tensor or array of them is read
+            once on the host), or None for every env.
+
+        Raises:
+            RuntimeError: ``render_mode`` is not ``"rgb_array"``.
+            IndexError: an id that is not an integer in ``[0, num_envs)``.
+        """
+        if self.render_mode != "rgb_array":
+            raise RuntimeError(f"{type(self).__name__}.render() needs render_mode='rgb_array' "
+                               f"(env.render_mode={self.render_mode!r}): build the env with render_mode='rgb_array'")  # fmt: skip
+        if env_ids is None:
+            return None
+        ids = env_ids.tolist() if isinstance(env_ids, (torch.Tensor, np.ndarray)) else list(env_ids)
+        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < self.num_envs]
+        if bad:
+            raise IndexError(f"env_ids has {bad[:5]}: expected integers in [0, {self.num_envs}) (num_envs={self.num_envs})")
+        return [int(i) for i in ids]
 
     def _set_spaces(self, single_observation_space: gym.Space, single_action_space: gym.Space) -> None:
         self.single_observation_space = single_observation_space
@@ -200,6 +265,20 @@ class TorchVecEnv(VecEnv):
 
     def _after_set_state(self) -> None:
         """Recompute anything derived from the state (a hook for subclasses)."""
+
+    def _render_rows(self, env_ids: Sequence[int] | None) -> slice | torch.Tensor:
+        """The rows of the state tensors that :meth:`render` draws (checked by :meth:`VecEnv._render_ids`).
+
+        A slice for every env or a run of consecutive ids (no index tensor to
+        copy to the device), else an int64 index tensor on ``device``.
+        """
+        ids = self._render_ids(env_ids)
+        if ids is None:
+            return slice(None)
+        if not ids or ids == list(range(ids[0], ids[0] + len(ids))):
+            start = ids[0] if ids else 0
+            return slice(start, start + len(ids))
+        return torch.tensor(ids, dtype=torch.int64, device=self.device)
 
     def _sample_and_set(self, mask: torch.Tensor, group_size: int) -> None:  # pragma: no cover - abstract
         """Give the envs where ``mask`` (bool ``[N]``) fresh initial states, one per block of ``group_size``."""
@@ -291,6 +370,13 @@ class SingleGymEnv(gym.Env):
     one, and the caller resets. ``info`` holds ``success`` (where
     ``reports_success``, by default the batched env's), every task metric,
     and every reward term as ``reward_<term>``, all as Python scalars.
+
+    Rendering follows the batched env: built with ``render_mode="rgb_array"``
+    (gymnasium's ``make(..., render_mode=...)`` passes it on),
+    :meth:`render` returns its frame as a numpy uint8 ``[H, W, 3]``;
+    ``metadata`` holds the batched env's ``render_modes`` and ``render_fps``.
+    A subclass lists ``"rgb_array"`` in its class-level ``metadata``, which
+    ``gymnasium.make`` reads before building the env.
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
@@ -300,6 +386,32 @@ class SingleGymEnv(gym.Env):
         self.reports_success = env.reports_success
         self.observation_space = env.single_observation_space
         self.action_space = env.single_action_space
+        self.render_mode = env.render_mode
+        self.metadata = {"render_modes": list(env.metadata.get("render_modes", []))}
+        if "render_fps" in env.metadata:
+            self.metadata["render_fps"] = env.metadata["render_fps"]
+
+    def render(self) -> np.ndarray | None:
+        """The env's frame in its current state: numpy uint8 RGB ``[H, W, 3]``.
+
+        None (with gymnasium's warning) when ``render_mode`` is None, as gymnasium's own envs do.
+        """
+        if self.render_mode is None:
+            gym.logger.warn(f"{type(self).__name__}.render() was called with render_mode=None: build the env with "
+                            "gymnasium.make(..., render_mode='rgb_array') to get frames")  # fmt: skip
+            return None
+        # One intra-op thread: a single frame gains nothing from more, and a
+        # gymnasium AsyncVectorEnv worker is a forked process, in which the
+        # first parallel region of torch's OpenMP hangs once the parent has
+        # run one.
+        threads = torch.get_num_threads()
+        if threads > 1:
+            torch.set_num_threads(1)
+        try:
+            return self._env.render([0])[0].cpu().numpy()
+        finally:
+            if threads > 1:
+                torch.set_num_threads(threads)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)

@@ -19,6 +19,14 @@ Actions:
 ``info["success"]`` marks episodes that reach the step limit (the pole stayed
 up for all 500 steps).
 
+Rendering (``render_mode="rgb_array"``): :meth:`CartPoleEnv.render` draws
+gymnasium's side view in its colours, ``RENDER_HEIGHT x RENDER_WIDTH``
+pixels: the track from -2.4 m to 2.4 m across the whole width, the cart
+(0.4 m x 0.24 m, black), the pole (1 m, tilted by ``theta``, clockwise for a
+positive angle as in gymnasium) and its pivot. It is drawn with torch ops on
+the env's device (:mod:`rlchain.envs.rendering`) at gymnasium's 50 frames per
+second, one per step.
+
 Registered with gymnasium by ``import rlchain`` as ``rlchain/CartPole-v1``:
 ``gymnasium.make_vec(..., vectorization_mode="vector_entry_point")`` returns a
 batched :class:`CartPoleEnv`, ``gymnasium.make`` a single numpy
@@ -30,6 +38,7 @@ own ``CartPole-v1`` remains its float64 numpy reference).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,11 +46,14 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+import rlchain.envs.rendering as rendering
 from rlchain.envs.base import SingleGymEnv, TorchVecEnv, VecEnvConfig
 from rlchain.settings import setting
 from rlchain.utils import resolve_device
 
-__all__ = ["CartPoleConfig", "CartPoleEnv", "CartPoleGymEnv", "INVALID_DISCRETE_ACTION"]
+__all__ = [
+    "INVALID_DISCRETE_ACTION", "RENDER_HEIGHT", "RENDER_WIDTH", "CartPoleConfig", "CartPoleEnv", "CartPoleGymEnv",
+]  # fmt: skip
 
 #: The error of a discrete :class:`CartPoleEnv` step on an action outside {0, 1}.
 INVALID_DISCRETE_ACTION = "action contains values other than 0 and 1: expected 0 (push left) or 1 (push right)"
@@ -77,18 +89,32 @@ THETA_THRESHOLD = 12 * 2 * math.pi / 360  # rad
 X_THRESHOLD = 2.4  # m
 INIT_HALF_RANGE = 0.05  # initial states uniform in [-0.05, 0.05]
 
+#: Height and width of :meth:`CartPoleEnv.render`'s frames, pixels (even, as H.264 video needs).
+RENDER_HEIGHT, RENDER_WIDTH = 256, 384
+# The drawing, in metres: gymnasium's pixel sizes at its scale of 600 px / 4.8 m.
+_SCALE = RENDER_WIDTH / (2 * X_THRESHOLD)  # px/m: the frame spans x in [-2.4, 2.4] m
+_CART_W, _CART_H = 0.4, 0.24  # m; the cart's centre is at y = 0
+_POLE_W, _POLE_LEN = 0.08, 2 * HALF_LENGTH  # m
+_AXLE_Y = _CART_H / 4  # m, the pivot above the cart's centre
+_TRACK_Y, _TRACK_PX = -_CART_H / 2, 2  # the track's top edge (under the cart), m, and its thickness, px
+_FLOOR = 0.8  # m of the view below the cart's centre (a quarter of the height, as gymnasium)
+# The labels of a frame (later ones are drawn over earlier ones) and their RGB colours (gymnasium's).
+_BACKGROUND, _TRACK, _CART, _POLE, _AXLE = range(5)
+_COLOURS = ((255, 255, 255), (0, 0, 0), (0, 0, 0), (202, 152, 101), (129, 132, 203))
+
 
 class CartPoleEnv(TorchVecEnv):
     """``num_envs`` CartPole-v1 systems stepped as one batch on one device.
 
     Args:
         settings: fields of :class:`CartPoleConfig` (``self.cfg``): ``num_envs``,
-            ``device``, ``seed``, ``action_mode`` (see the module docstring),
+            ``device``, ``seed``, ``render_mode``, ``action_mode`` (see the module docstring),
             ``max_episode_steps``, ``force_mag``.
 
     Shapes: observations float32 ``[N, 4]``; actions int64 ``[N]`` in {0, 1}
     (discrete) or float32 ``[N, 1]`` (continuous); rewards float32 ``[N]``;
-    terminated/truncated/success bool ``[N]``.
+    terminated/truncated/success bool ``[N]``; frames of :meth:`render`
+    (``render_mode="rgb_array"``) uint8 ``[K, 256, 384, 3]`` on ``device``.
 
     Raises:
         ValueError: a setting out of its range (an unknown ``action_mode``,
@@ -104,11 +130,14 @@ class CartPoleEnv(TorchVecEnv):
     """
 
     _STATE = ("x", "x_dot", "theta", "theta_dot", "elapsed_steps")
+    metadata: dict[str, Any] = {**TorchVecEnv.metadata, "render_modes": ["rgb_array"], "render_fps": 50}
 
     def __init__(self, **settings: Any) -> None:
         self.cfg = cfg = CartPoleConfig(**settings)
         super().__init__(cfg.num_envs, resolve_device(cfg.device))
         self.max_episode_steps = cfg.max_episode_steps
+        self.render_mode = cfg.render_mode
+        self._canvas: tuple[torch.Tensor, ...] | None = None
         high = np.array([X_THRESHOLD * 2, np.inf, THETA_THRESHOLD * 2, np.inf], dtype=np.float32)
         action_space = gym.spaces.Discrete(2) if cfg.action_mode == "discrete" else gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
         self._set_spaces(gym.spaces.Box(-high, high, dtype=np.float32), action_space)
@@ -202,6 +231,48 @@ class CartPoleEnv(TorchVecEnv):
         self._sample_and_set(done, group_size=1)
         return self._observe(), reward, terminated, truncated, info
 
+    # ---------------------------------------------------------------- render
+    def _render_canvas(self) -> tuple[torch.Tensor, ...]:
+        """``(xs [W], ys [H], background [H, W], colours [5, 3])``, built on first use; ``xs``/``ys`` in m."""
+        if self._canvas is None:
+            top = RENDER_HEIGHT / _SCALE - _FLOOR
+            xs, ys = rendering.pixel_centres(RENDER_HEIGHT, RENDER_WIDTH, (-X_THRESHOLD, X_THRESHOLD), (-_FLOOR, top),
+                                             self.device)  # fmt: skip
+            track = (ys <= _TRACK_Y) & (ys > _TRACK_Y - _TRACK_PX / _SCALE)
+            background = torch.where(track, _TRACK, _BACKGROUND).to(torch.uint8)[:, None].repeat(1, RENDER_WIDTH)
+            self._canvas = (xs, ys, background, rendering.palette(_COLOURS, self.device))
+        return self._canvas
+
+    def render(self, env_ids: Sequence[int] | None = None) -> torch.Tensor:
+        """Side views of the envs ``env_ids`` (every env when None) in their current state (see the module docstring).
+
+        The frame spans x in ``[-2.4, 2.4]`` m (the cart's limits) at 80
+        pixels per metre; a cart beyond them is drawn in part or not at all.
+        Vectorised torch ops on ``device`` (no host sync).
+
+        Args:
+            env_ids: env indices in ``[0, num_envs)``, ``K`` of them; None: every env.
+
+        Returns:
+            uint8 RGB ``[K, RENDER_HEIGHT, RENDER_WIDTH, 3]`` on ``device``.
+
+        Raises:
+            RuntimeError: the env was built with ``render_mode=None``.
+            IndexError: an env id outside ``[0, num_envs)``.
+        """
+        rows = self._render_rows(env_ids)
+        xs, ys, background, colours = self._render_canvas()
+        x, theta = self.x[rows], self.theta[rows]
+        labels = background.expand(x.shape[0], -1, -1).clone()
+        on_cart = ((xs[None, :] - x[:, None]).abs() <= _CART_W / 2)[:, None, :]  # [K, 1, W]
+        labels.masked_fill_(on_cart & (ys.abs() <= _CART_H / 2)[None, :, None], _CART)
+        # The pole in its own frame: "along" from the pivot to the tip, "across" its width.
+        across, along = rendering.box_frame(xs, ys, x, torch.full_like(x, _AXLE_Y), -theta)
+        pole = (across.abs() <= _POLE_W / 2) & (along >= -_POLE_W / 2) & (along <= _POLE_LEN - _POLE_W / 2)
+        labels.masked_fill_(pole, _POLE)
+        labels.masked_fill_(rendering.disc(xs, ys, x, torch.full_like(x, _AXLE_Y), _POLE_W / 2), _AXLE)
+        return rendering.colour(labels, colours)
+
     def close(self, **kwargs: Any) -> None:
         """Release nothing: the env holds only tensors."""
 
@@ -220,9 +291,14 @@ class CartPoleGymEnv(SingleGymEnv):
     the registered spec (500 steps, or ``make(..., max_episode_steps=...)``).
     Given ``max_episode_steps`` directly, the wrapped env truncates there too.
 
+    ``render_mode="rgb_array"`` (``gymnasium.make(..., render_mode=...)``):
+    ``render()`` returns a uint8 ``(256, 384, 3)`` frame.
+
     Raises:
         ValueError: as :class:`CartPoleEnv` (on the CPU, so at once).
     """
+
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": CartPoleEnv.metadata["render_fps"]}
 
     def __init__(self, max_episode_steps: int | None = None, **kwargs: Any) -> None:
         kwargs.pop("num_envs", None)

@@ -44,6 +44,11 @@ same-step reset     ``metadata["autoreset_mode"]`` is SAME_STEP, and no episode
 group reset         ``reset(options={"group_size": G})``: identical initial
                     observations within each block of G envs; a G that does
                     not divide ``num_envs`` raises ValueError
+render              only for an env with ``render_mode == "rgb_array"``:
+                    ``metadata`` lists ``"rgb_array"`` in ``render_modes`` and
+                    a ``render_fps`` > 0; ``render(env_ids)`` of the first and
+                    last env returns uint8 ``[2, H, W, 3]`` (H, W > 0) on
+                    ``device`` or the CPU
 ==================  ==========================================================
 
 The check steps the env (``2 * max_episode_steps + 2`` steps by default,
@@ -266,6 +271,26 @@ def _check_group_reset(env: Any, seed: int) -> None:
         )
 
 
+def _check_render(env: Any) -> None:
+    """The render rule, for an env built with ``render_mode="rgb_array"`` (two frames only: cheap at any N)."""
+    if getattr(env, "render_mode", None) != "rgb_array":
+        return
+    rule, metadata = "render", getattr(env, "metadata", {})
+    modes, fps = metadata.get("render_modes") or [], metadata.get("render_fps")
+    _require("rgb_array" in modes, rule, f"render_mode is 'rgb_array' but metadata['render_modes'] is {modes!r}: list it")
+    _require(isinstance(fps, (int, float)) and not isinstance(fps, bool) and fps > 0, rule,
+             f"metadata['render_fps'] is {fps!r}: expected a number > 0 (frames per second, one frame per step)")  # fmt: skip
+    ids = [0, env.num_envs - 1]
+    frames = env.render(ids)
+    _require(isinstance(frames, torch.Tensor), rule, f"render({ids}) is a {type(frames).__name__}: expected a torch.Tensor")
+    shape = tuple(frames.shape)
+    _require(len(shape) == 4 and shape[0] == 2 and shape[3] == 3 and shape[1] > 0 and shape[2] > 0, rule,
+             f"render({ids}) has shape {shape}: expected (2, H, W, 3), RGB frames of the 2 envs asked for")  # fmt: skip
+    _require(frames.dtype == torch.uint8, rule, f"render({ids}) has dtype {frames.dtype}: expected torch.uint8")
+    _require(_same_device(frames.device, env.device) or frames.device.type == "cpu", rule,
+             f"render({ids}) is on {frames.device}: expected the env's device {env.device} or the CPU")  # fmt: skip
+
+
 def check_vec_env(env: Any, num_steps: int | None = None, seed: int = 0) -> None:
     """Check ``env`` against every rule of the VecEnv contract (see the module docstring).
 
@@ -284,3 +309,4 @@ def check_vec_env(env: Any, num_steps: int | None = None, seed: int = 0) -> None
     _check_rollout(env, num_steps if num_steps is not None else 2 * env.max_episode_steps + 2, seed)
     _check_seeding(env, seed, steps=min(env.max_episode_steps + 1, 64))
     _check_group_reset(env, seed)
+    _check_render(env)

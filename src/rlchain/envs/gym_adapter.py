@@ -27,6 +27,24 @@ one seed, so they start from one state (GRPO, Shao et al. 2024). The
 generator that draws the seeds of later resets is part of the env's
 :meth:`~GymVecEnv.state_dict`, so a resumed run goes on drawing new ones
 (gymnasium's own env state cannot be saved: a resume resets every env).
+
+Rendering: ``env.render_mode=rgb_array`` is passed to ``gymnasium.make_vec``,
+which builds every sub-env with it; :meth:`GymVecEnv.render` returns their
+frames as one uint8 CPU tensor ``[K, H, W, 3]``, and ``metadata["render_fps"]``
+is the gymnasium env's (30 where it declares none). An id whose env does not
+list ``rgb_array`` in its ``metadata["render_modes"]`` is refused at
+construction. What drawing needs depends on the env:
+
+* MuJoCo envs (``HalfCheetah-v5``, ...) render through OpenGL. On a machine
+  without a display set ``MUJOCO_GL=egl`` (GPU or Mesa EGL) or
+  ``MUJOCO_GL=osmesa`` (Mesa's software OSMesa, where it is installed) in the
+  environment before anything imports ``mujoco``, e.g. ``MUJOCO_GL=egl
+  rlchain-train env=gym env.id=HalfCheetah-v5 ...``;
+* gymnasium's classic-control envs (``CartPole-v1``, ``Pendulum-v1``, ...)
+  draw with pygame: ``pip install "gymnasium[classic-control]"``; without it
+  their ``render`` fails with gymnasium's DependencyNotInstalled;
+* rlchain's own ids (``rlchain/PushCube-v0``, ``rlchain/CartPole-v1``) draw
+  with torch and need nothing more.
 """
 
 from __future__ import annotations
@@ -36,7 +54,7 @@ import difflib
 import importlib.util
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -199,6 +217,29 @@ def _placeholder_error(spec: gym.envs.registration.EnvSpec) -> str | None:
     return None
 
 
+def _check_renders(spec: gym.envs.registration.EnvSpec, render_mode: str) -> None:
+    """Refuse ``render_mode`` before the env is built when its entry point's ``metadata`` does not list it.
+
+    The class-level ``metadata`` is what ``gymnasium.make`` reads too; an
+    entry point without one (a factory function) is checked on the built
+    env instead.
+
+    Raises:
+        SettingError: ``env.render_mode=...``: a mode that the env's ``render_modes`` do not list.
+    """
+    entry = spec.entry_point
+    try:
+        creator = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+    except (ImportError, AttributeError):
+        return  # gymnasium.make_vec fails on it with its own message
+    metadata = getattr(creator, "metadata", None)
+    if not isinstance(metadata, dict):
+        return
+    modes = list(metadata.get("render_modes") or [])
+    if render_mode not in modes:
+        raise SettingError("env.render_mode", render_mode, f" is not allowed with env.id={spec.id}: it renders only {modes}")
+
+
 def _needs_missing_mujoco(spec: gym.envs.registration.EnvSpec) -> bool:
     """Whether ``spec``'s entry point is one of gymnasium's MuJoCo envs while ``mujoco`` is not installed."""
     entry = spec.entry_point if isinstance(spec.entry_point, str) else getattr(spec.entry_point, "__module__", "")
@@ -219,12 +260,15 @@ class GymVecEnv(VecEnv):
 
     Shapes: observations float32 ``[N, flatdim]``; actions float32
     ``[N, act_dim]`` (Box) or int64 ``[N]`` (Discrete); rewards float32 ``[N]``;
-    terminated/truncated/success bool ``[N]``.
+    terminated/truncated/success bool ``[N]``; frames of :meth:`render`
+    (``render_mode="rgb_array"``) uint8 ``[K, H, W, 3]`` on the CPU.
 
     Raises:
         ValueError: see :func:`resolve_spec`; an unsupported action or
             observation space; an env without a time limit and no
-            ``max_episode_steps``; a setting out of its range (see
+            ``max_episode_steps``; ``render_mode="rgb_array"`` for an env
+            that does not list it in its ``metadata["render_modes"]``, or
+            given in ``kwargs`` as well; a setting out of its range (see
             :class:`GymEnvConfig`), naming it.
     """
 
@@ -242,15 +286,33 @@ class GymVecEnv(VecEnv):
             raise SettingError("env.id", cfg.id, " has no time limit: set env.max_episode_steps "
                                                  "(evaluation needs episodes that end)")  # fmt: skip
         self.max_episode_steps = int(spec.max_episode_steps)
+        self.render_mode = cfg.render_mode
+        kwargs = dict(cfg.kwargs)
+        if cfg.render_mode is not None:
+            if "render_mode" in kwargs:
+                raise SettingError("env.kwargs", cfg.kwargs, " is not allowed with env.render_mode set: "
+                                                             "give render_mode once, as env.render_mode")  # fmt: skip
+            _check_renders(spec, cfg.render_mode)
+            kwargs["render_mode"] = cfg.render_mode  # gymnasium builds every sub-env with it
         try:
             self.envs = gym.make_vec(
                 spec, num_envs=cfg.num_envs, vectorization_mode=cfg.vectorization,
                 # copy=False: flatten_batch copies every observation once, so
                 # gymnasium's own defensive deepcopy would be a second copy.
-                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False}, **cfg.kwargs,
+                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False}, **kwargs,
             )  # fmt: skip
         except gym.error.DependencyNotInstalled as err:
             raise SettingError("env.id", cfg.id, f" needs a package that is not installed: {err}") from err
+        modes = list(self.envs.metadata.get("render_modes") or [])
+        self.metadata = {
+            **type(self).metadata,
+            "render_modes": ["rgb_array"] if "rgb_array" in modes else [],
+            "render_fps": self.envs.metadata.get("render_fps") or 30,
+        }
+        if cfg.render_mode is not None and cfg.render_mode not in modes:  # where the entry point could not tell
+            self.envs.close()
+            raise SettingError("env.render_mode", cfg.render_mode, f" is not allowed with env.id={cfg.id}: "
+                                                                   f"it renders only {modes}")  # fmt: skip
         try:
             self._setup_spaces(self.envs.single_observation_space, self.envs.single_action_space)
         except ValueError:
@@ -413,6 +475,40 @@ class GymVecEnv(VecEnv):
             present = present & rows
         base = np.zeros(self.num_envs, dtype=bool) if success is None else success
         return np.where(present, np.asarray(info[key], dtype=bool), base)
+
+    def render(self, env_ids: Sequence[int] | None = None) -> torch.Tensor:
+        """Frames of the sub-envs ``env_ids`` (every env when None) in their current state.
+
+        A sync vector env renders only the sub-envs asked for; an async one
+        renders all of them in their subprocesses (gymnasium has no call to
+        one of them) and the frames asked for are kept.
+
+        Args:
+            env_ids: env indices in ``[0, num_envs)``, ``K`` of them; None: every env.
+
+        Returns:
+            uint8 RGB ``[K, H, W, 3]`` on the CPU (the gymnasium env's frame size).
+
+        Raises:
+            RuntimeError: the env was built with ``render_mode=None``, or a
+                sub-env returned something other than an ``[H, W, 3]`` frame.
+            IndexError: an env id outside ``[0, num_envs)``.
+        """
+        ids = self._render_ids(env_ids)
+        ids = list(range(self.num_envs)) if ids is None else ids
+        if isinstance(self.envs, gym.vector.SyncVectorEnv):
+            frames = [self.envs.envs[i].render() for i in ids]
+        else:
+            every = self.envs.call("render")
+            frames = [every[i] for i in ids]
+        if not frames:  # the frame size of no frames: that of sub-env 0
+            return self.render([0])[:0]
+        for i, frame in zip(ids, frames):
+            shape = getattr(frame, "shape", None)
+            if shape is None or len(shape) != 3 or shape[2] != 3:
+                raise RuntimeError(f"env.id={self.cfg.id}: sub-env {i}'s render() returned "
+                                   f"{type(frame).__name__} of shape {shape}: expected an [H, W, 3] array")  # fmt: skip
+        return torch.from_numpy(np.stack(frames).astype(np.uint8, copy=False))
 
     def state_dict(self) -> dict[str, Any]:
         """The generator of the reset seeds (gymnasium's own env state cannot be saved)."""

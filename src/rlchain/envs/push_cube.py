@@ -66,6 +66,17 @@ the task. With the defaults and ``gamma = 0.99`` the per-step part is at most
 * ``smoothness``: ``-smoothness_weight * |a_t - a_{t-1}|**2`` (clipped actions);
 * ``success``: ``success_weight`` on the step the goal is reached.
 
+Rendering (``render_mode="rgb_array"``): :meth:`PushCubeEnv.render` draws a
+top-down view, ``RENDER_SIZE x RENDER_SIZE`` pixels, x to the right and y up:
+the table (light, filling the frame but for a dark border of
+``RENDER_MARGIN`` pixels), the success region (a translucent green disc of
+radius ``success_threshold`` with a darker outline) around the goal (a dark
+green dot), the cube (red, its face on its own +x axis dark red, so its yaw
+shows in full, not only modulo 90 degrees) and the pusher (a blue disc of
+``pusher_radius``). It is drawn with torch ops on the env's device
+(:mod:`rlchain.envs.rendering`); one frame per control step, so
+``metadata["render_fps"]`` is ``1 / control_dt``.
+
 A hand-written controller that solves the task (a baseline, and the check
 that it is solvable) is :func:`rlchain.envs.push_cube_controller.scripted_action`.
 """
@@ -73,6 +84,7 @@ that it is solvable) is :func:`rlchain.envs.push_cube_controller.scripted_action
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,13 +93,30 @@ import numpy as np
 import torch
 
 import rlchain.envs.push_cube_physics as physics
+import rlchain.envs.rendering as rendering
 from rlchain.envs.base import SingleGymEnv, TorchVecEnv, VecEnvConfig
 from rlchain.settings import SettingError, setting
 from rlchain.utils import resolve_device
 
-__all__ = ["PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv"]
+__all__ = ["RENDER_SIZE", "PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv"]
 
 OBS_DIM = 15
+
+#: Height and width of :meth:`PushCubeEnv.render`'s frames, pixels (even, as H.264 video needs).
+RENDER_SIZE = 256
+#: The dark border around the table in a frame, pixels on each side.
+RENDER_MARGIN = 8
+
+# The labels of a frame (later ones are drawn over earlier ones) and their RGB colours.
+_OUTSIDE, _TABLE, _OUTSIDE_IN_REGION, _TABLE_IN_REGION, _RING, _CUBE, _CUBE_FACE, _GOAL, _PUSHER = range(9)
+_OUTSIDE_RGB, _TABLE_RGB, _REGION_RGB = (38, 40, 46), (226, 218, 200), (60, 170, 90)
+_COLOURS = (
+    _OUTSIDE_RGB, _TABLE_RGB,
+    rendering.blend(_OUTSIDE_RGB, _REGION_RGB, 0.35), rendering.blend(_TABLE_RGB, _REGION_RGB, 0.35),
+    (40, 130, 65), (205, 70, 55), (110, 25, 20), (15, 90, 40), (45, 85, 200),
+)  # fmt: skip
+# Outline of the success region and radius of the goal dot, pixels; width of the cube's marked face, of cube_size.
+_RING_PX, _GOAL_PX, _FACE_FRACTION = 1.5, 2.5, 0.2
 
 #: The spawn regions, each of which must lie inside the table.
 _SPAWN_REGIONS = ("cube_spawn_half_extent", "goal_spawn_half_extent", "pusher_spawn_half_extent")
@@ -167,10 +196,11 @@ class PushCubeEnv(TorchVecEnv):
 
     Args:
         settings: fields of :class:`PushCubeConfig` (``self.cfg``), e.g.
-            ``num_envs``, ``device``, ``seed``.
+            ``num_envs``, ``device``, ``seed``, ``render_mode``.
 
     Shapes: observations float32 ``[N, 15]``, actions float32 ``[N, 2]``,
-    rewards float32 ``[N]``, terminated/truncated/success bool ``[N]``.
+    rewards float32 ``[N]``, terminated/truncated/success bool ``[N]``;
+    frames of :meth:`render` uint8 ``[K, 256, 256, 3]`` on ``device``.
 
     Raises:
         ValueError: a setting out of its range (a non-positive size, count,
@@ -182,10 +212,16 @@ class PushCubeEnv(TorchVecEnv):
             ``group_size`` that does not divide ``num_envs``.
     """
 
+    metadata: dict[str, Any] = {**TorchVecEnv.metadata, "render_modes": ["rgb_array"], "render_fps": 10.0}
+
     def __init__(self, **settings: Any) -> None:
         self.cfg = cfg = PushCubeConfig(**settings)
         super().__init__(cfg.num_envs, resolve_device(cfg.device))
         self.max_episode_steps = cfg.episode_length
+        self.render_mode = cfg.render_mode
+        # One frame per control step; control_dt is a setting, so the metadata is the instance's own.
+        self.metadata = {**type(self).metadata, "render_modes": ["rgb_array"], "render_fps": 1.0 / cfg.control_dt}
+        self._canvas: tuple[torch.Tensor, ...] | None = None
         self._half = cfg.cube_size / 2
         # Pusher spawns clear of the cube's circumscribed circle plus 1 cm.
         self._pusher_clearance = self._half * math.sqrt(2.0) + cfg.pusher_radius + 0.01
@@ -398,6 +434,58 @@ class PushCubeEnv(TorchVecEnv):
         }
         return self._observe(), reward, terminated, truncated, info
 
+    # ---------------------------------------------------------------- render
+    def _render_canvas(self) -> tuple[torch.Tensor, ...]:
+        """``(xs [W], ys [H], table [H, W], table_in_region [H, W], colours [9, 3])``, built on first use.
+
+        ``xs``/``ys`` are the pixel centres, m; the two label maps are the
+        background without and with the success region's tint.
+        """
+        if self._canvas is None:
+            dev, size = self.device, RENDER_SIZE
+            view = self.cfg.table_half_extent * size / (size - 2 * RENDER_MARGIN)  # half the width shown, m
+            xs, ys = rendering.pixel_centres(size, size, (-view, view), (-view, view), dev)
+            on_table = (xs.abs() <= self.cfg.table_half_extent)[None, :] & (ys.abs() <= self.cfg.table_half_extent)[:, None]
+            table = torch.where(on_table, _TABLE, _OUTSIDE).to(torch.uint8)
+            self._pixel = 2 * view / size  # m
+            self._canvas = (xs, ys, table, table + (_TABLE_IN_REGION - _TABLE), rendering.palette(_COLOURS, dev))
+        return self._canvas
+
+    def render(self, env_ids: Sequence[int] | None = None) -> torch.Tensor:
+        """Top-down frames of the envs ``env_ids`` (every env when None) in their current state.
+
+        What is drawn is in the module docstring: table, success region and
+        goal, the cube with its +x face marked, the pusher. The table
+        ``[-table_half_extent, table_half_extent]^2`` fills the frame but for
+        a border of ``RENDER_MARGIN`` pixels; x runs to the right, y up.
+        Vectorised torch ops on ``device`` (no host sync), a few elementwise
+        ops over ``K * 256 * 256`` pixels.
+
+        Args:
+            env_ids: env indices in ``[0, num_envs)``, ``K`` of them; None: every env.
+
+        Returns:
+            uint8 RGB ``[K, RENDER_SIZE, RENDER_SIZE, 3]`` on ``device``.
+
+        Raises:
+            RuntimeError: the env was built with ``render_mode=None``.
+            IndexError: an env id outside ``[0, num_envs)``.
+        """
+        rows = self._render_rows(env_ids)
+        xs, ys, table, tinted, colours = self._render_canvas()
+        cfg, pixel = self.cfg, self._pixel
+        goal_d2 = rendering.squared_distance(xs, ys, self.goal_x[rows], self.goal_y[rows])
+        region = goal_d2 <= cfg.success_threshold**2
+        labels = torch.where(region, tinted, table)
+        labels.masked_fill_(region & (goal_d2 >= max(cfg.success_threshold - _RING_PX * pixel, 0.0) ** 2), _RING)
+        u, v = rendering.box_frame(xs, ys, self.cube_x[rows], self.cube_y[rows], self.cube_yaw[rows])
+        cube = (u.abs() <= self._half) & (v.abs() <= self._half)
+        labels.masked_fill_(cube, _CUBE)
+        labels.masked_fill_(cube & (u >= self._half * (1 - 2 * _FACE_FRACTION)), _CUBE_FACE)
+        labels.masked_fill_(goal_d2 <= (_GOAL_PX * pixel) ** 2, _GOAL)
+        labels.masked_fill_(rendering.disc(xs, ys, self.pusher_x[rows], self.pusher_y[rows], cfg.pusher_radius), _PUSHER)
+        return rendering.colour(labels, colours)
+
     def close(self, **kwargs: Any) -> None:
         """Release nothing: the env holds only tensors."""
 
@@ -407,8 +495,12 @@ class PushCubeGymEnv(SingleGymEnv):
 
     A one-env :class:`PushCubeEnv` on the CPU behind :class:`~rlchain.envs.base.SingleGymEnv`.
     Observations float32 ``(15,)``, actions float32 ``(2,)``. Keyword
-    arguments are those of :class:`PushCubeConfig`.
+    arguments are those of :class:`PushCubeConfig`, ``render_mode`` included
+    (``gymnasium.make(..., render_mode="rgb_array")``: ``render()`` returns
+    a uint8 ``(256, 256, 3)`` frame).
     """
+
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": PushCubeEnv.metadata["render_fps"]}
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.pop("num_envs", None)
