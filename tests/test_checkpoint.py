@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from rlchain.checkpoint import Checkpoints, save_checkpoint
@@ -100,3 +101,18 @@ def test_a_best_of_another_run_with_the_same_step_and_value_is_not_taken_for_the
     save_checkpoint(source, _state(1024, 1024, 1.0, "of-the-resumed-run"))
     assert run.align_best(_state(1024, 1024, 1.0, "of-the-resumed-run"), source)
     assert torch.load(run.best, weights_only=True)["best_objective_id"] == "of-the-resumed-run"
+
+
+def test_written_files_get_the_mode_open_would_give_them(tmp_path):
+    # Atomic writes go through mkstemp, whose files are 0o600: a run's checkpoints, summary and exported
+    # policies were unreadable to the rest of a team sharing the run directory.
+    from rlchain.files import write_json
+
+    save_checkpoint(tmp_path / "ckpt.pt", {"x": torch.zeros(1)})
+    write_json(tmp_path / "summary.json", {"status": "completed"})
+    with open(tmp_path / "plain.txt", "w"):
+        pass
+    plain = (tmp_path / "plain.txt").stat().st_mode & 0o777
+    if plain == 0o600:
+        pytest.skip("this process's umask (0o077) gives every file 0o600: nothing to tell apart")
+    assert {(tmp_path / name).stat().st_mode & 0o777 for name in ("ckpt.pt", "summary.json")} == {plain}
