@@ -20,7 +20,7 @@ def train_push_cube(tmp_path, policy_cls, make_algorithm, iterations: int, rollo
     policy = policy_cls(env.single_observation_space, env.single_action_space)
     trainer = Trainer(env, policy, make_algorithm(policy), eval_env=PushCubeEnv, iterations=iterations,
                       rollout_steps=rollout_steps, eval_freq=iterations, output_dir=str(tmp_path), progress=False)  # fmt: skip
-    before = evaluate(trainer.eval_env, policy, 256, seed=1)["success_rate"]
+    before = evaluate(trainer.eval_env, policy, 256, seed=1).means()["success_rate"]
     return before, trainer.train().final["eval/success_rate"]
 
 

@@ -30,7 +30,15 @@ def test_summary_tables_rank_jobs_and_group_seeds(cpu_sweep):
         assert float(row["final eval return"]) == pytest.approx(s.summary.final["eval/avg_reward"])
         assert float(row["wall_s"]) == pytest.approx(s.record.wall_s)
         assert {"seed", "algorithm.learning_rate"} <= set(row)  # the overrides that vary, one column each
+        fresh = s.summary.best_fresh["metrics"]["success_rate"]  # best.pt on fresh start states, beside the objective
+        assert float(row["best.pt on fresh starts"]) == pytest.approx(fresh["mean"])
     md = (sweep / "summary.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| job |"))
+    assert "| objective | best.pt on fresh starts |" in header
+    for job in runs.values():
+        fresh = job.summary.best_fresh["metrics"]["success_rate"]
+        line = next(line for line in md.splitlines() if line.startswith(f"| {job.num} |"))
+        assert f"{fresh['mean']:.4g} [{fresh['ci95_low']:.3g}, {fresh['ci95_high']:.3g}]" in line
     assert "## Configurations over seeds (mean ± std)" in md and "![" in md
     for lr in ("0.001", "0.0003"):
         line = next(line for line in md.splitlines() if line.startswith(f"| algorithm.learning_rate={lr} |"))

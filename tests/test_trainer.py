@@ -207,7 +207,8 @@ def test_a_best_checkpoint_that_cannot_be_written_leaves_the_recorded_best_as_it
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
     trainer = Trainer(env, policy, PPO(policy, batch_size=8), eval_env=ScoredByEvaluation(num_envs=4, max_episode_steps=3),
                       iterations=1, rollout_steps=3, eval_freq=1, num_eval_envs=4, num_eval_episodes=4,
-                      objective="eval/avg_reward", output_dir=str(tmp_path), progress=False)  # fmt: skip
+                      objective="eval/avg_reward", output_dir=str(tmp_path), progress=False,
+                      fresh_eval=False)  # its evaluation would be the env's next reset, and score 6  # fmt: skip
     trainer.train()
     first = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=True)
     (tmp_path / "checkpoints" / "best.pt").unlink()

@@ -10,7 +10,10 @@ where a launcher wrote one), and writes into the sweep directory:
 * ``summary.csv``: one row per job: job number, the overrides that vary
   across the sweep (one column each), status, device, wall seconds,
   global_step, final and best eval success rate, final eval return, the
-  objective, the error of a failed job, all overrides and the job directory;
+  objective, the objective of ``best.pt`` evaluated on fresh start states
+  when the run completed (``summary.json``'s ``best_fresh``; the Markdown
+  table adds its 95% confidence interval), the error of a failed job, all
+  overrides and the job directory;
   rows sorted by the objective (best first; jobs without one last).
 * ``summary.md``: the same jobs as a table, then a second table that groups
   jobs differing only in ``seed``: number of seeds, mean and std (sample std,
@@ -64,7 +67,10 @@ RESULTS = [
     ("best_eval_success_rate", "best eval success rate"),
     ("final/eval/avg_reward", "final eval return"),
     ("objective", "objective"),
+    ("best_fresh", "best.pt on fresh starts"),
 ]
+#: The objective's column in RESULTS, by which jobs and configurations are ranked.
+OBJECTIVE_COLUMN = [key for key, _ in RESULTS].index("objective")
 SEED_KEYS = {"seed"}
 log = logging.getLogger(__name__)
 
@@ -137,6 +143,9 @@ class JobResult:
             return None
         if key.startswith("final/"):
             value = self.summary.final.get(key[len("final/"):])
+        elif key == "best_fresh":
+            fresh = self.summary.best_fresh_objective
+            value = fresh.get("mean") if fresh else None
         else:
             value = getattr(self.summary, key, None)
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -323,7 +332,12 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
         csv_rows.append([*head, job.wall_s, step, *results, job.error or "", " ".join(job.overrides),
                          str(job.dir.relative_to(sweep_dir))])  # fmt: skip
         wall = None if job.wall_s is None else round(job.wall_s, 1)
-        md_rows.append([_fmt(v) for v in [*head, wall, step, *results]])
+        cells = [_fmt(v) for v in [*head, wall, step, *results]]
+        fresh = job.summary.best_fresh_objective if job.summary is not None else None
+        if fresh is not None:  # the fresh score with its 95% confidence interval
+            at = len(head) + 2 + [key for key, _ in RESULTS].index("best_fresh")
+            cells[at] += f" [{fresh['ci95_low']:.3g}, {fresh['ci95_high']:.3g}]"
+        md_rows.append(cells)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow([*header, "error", "overrides", "dir"])
@@ -341,7 +355,7 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
             cells.append("" if mean is None else f"{mean:.4g}" + ("" if std is None else f" ± {std:.2g}"))
         completed = sum(j.status == "completed" for j in members)
         label = " ".join(f"{k}={v}" for k, v in config) or "(all jobs)"
-        group_rows.append((stats[len(RESULTS)], [label, str(len(members)), str(completed), *cells]))  # the objective
+        group_rows.append((stats[1 + OBJECTIVE_COLUMN], [label, str(len(members)), str(completed), *cells]))
     group_rows.sort(key=lambda r: _sort_key(r[0], maximize))
 
     failed = [j for j in jobs if j.failed]

@@ -128,10 +128,22 @@ class RunSummary:
     best_eval_success_rate: float | None = None
     """The highest evaluation success rate, and its step (None for a task without success)."""
     best_eval_step: int | None = None
+    best_fresh: dict[str, Any] | None = None
+    """``best.pt`` evaluated once more when the run completed, on start states no evaluation during training used
+    (``trainer.fresh_eval``): ``{"checkpoint", "global_step", "seed", "episodes", "deterministic", "metrics":
+    {name: {"mean", "std", "ci95_low", "ci95_high", "n"}}}`` with the names of ``eval/`` (``success_rate``, ...)."""
     final: dict[str, float] = field(default_factory=dict)
     """The last logged row of training metrics and of evaluation metrics, merged."""
     checkpoints: dict[str, str] = field(default_factory=dict)
     """``{"latest": path, "best": path}`` of the checkpoints there are."""
+
+    @property
+    def best_fresh_objective(self) -> dict[str, float] | None:
+        """The objective's entry of ``best_fresh["metrics"]`` (``mean``, ``ci95_low``, ...); None without a fresh
+        score or for an objective that is no ``eval/`` metric."""
+        if not self.best_fresh or not (self.objective_name or "").startswith("eval/"):
+            return None
+        return self.best_fresh.get("metrics", {}).get(self.objective_name.removeprefix("eval/"))
 
     @property
     def exit_code(self) -> int:

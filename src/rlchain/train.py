@@ -86,6 +86,8 @@ def build(cfg: DictConfig) -> Trainer:
         check_top_level_keys(cfg)
         RunConfig(seed=cfg.seed, device=cfg.device, exp_name=cfg.exp_name)  # the ranges of the run-wide settings
         resolve_device(cfg.device, name="device")
+    if cfg.trainer.get("video") and not os.environ.get("DISPLAY"):
+        os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo renders through EGL; set before mujoco is imported
     torch.manual_seed(cfg.seed)  # the run's random stream starts here: initial weights, then action sampling
     with _component("env"):
         env = instantiate(cfg.env, _convert_="all")

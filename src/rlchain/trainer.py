@@ -6,8 +6,12 @@ iteration); ``eval_freq`` and ``save_freq`` count iterations. A run directory
 
 * ``tensorboard/`` and ``metrics.jsonl`` (one JSON row per iteration);
 * ``checkpoints/latest.pt`` and ``checkpoints/best.pt`` (:class:`~rlchain.checkpoint.Checkpoints`);
+* ``videos/step_<global_step>.mp4`` with ``video=True``: the first
+  ``video_episodes`` episodes of each evaluation;
 * ``summary.json`` (:class:`~rlchain.summary.RunSummary`) at the end, also
-  returned by :meth:`Trainer.train`, whatever ended the run.
+  returned by :meth:`Trainer.train`, whatever ended the run. A completed run
+  first evaluates ``best.pt`` once more on start states that no evaluation
+  during training used (``fresh_eval``; the summary's ``best_fresh``).
 
 What surrounds the loop is a component each: :class:`~rlchain.stopping.StopSignals`
 (Ctrl-C, SIGTERM, a cluster's requeue signal), :class:`~rlchain.objective.Objective`
@@ -28,6 +32,7 @@ generator of its reset seeds) continue as saved.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import time
 import traceback
@@ -42,7 +47,7 @@ from rlchain.checkpoint import Checkpoints, check_state_matches, load_checkpoint
 from rlchain.collector import EpisodeWindow, Rollout, SyncCollector
 from rlchain.console import Progress, notice
 from rlchain.envs.base import VecEnv
-from rlchain.evaluation import evaluate
+from rlchain.evaluation import evaluate, evaluate_checkpoint, fresh_seed
 from rlchain.objective import OBJECTIVE_DIRECTIONS, Best, Objective, ObjectiveError
 from rlchain.policies import Policy
 from rlchain.run_dir import taken
@@ -50,6 +55,7 @@ from rlchain.settings import SettingError, Settings, setting
 from rlchain.stopping import Abort, StopSignals, in_submitit_job
 from rlchain.summary import RunSummary, error_line, placement
 from rlchain.utils import MAX_SEED
+from rlchain.video import check_video_support, write_mp4
 from rlchain.writer import MetricWriter
 
 __all__ = ["WANDB_MODES", "Trainer", "TrainerConfig"]
@@ -74,6 +80,14 @@ class TrainerConfig(Settings):
     """Parallel envs of the evaluation env."""
     num_eval_episodes: int = setting(256, gt=0)
     """Episodes per evaluation (rounded up to a multiple of num_eval_envs)."""
+    video: bool = False
+    """Record the first video_episodes episodes of every evaluation as videos/step_<global_step>.mp4, also logged to
+    TensorBoard (Images tab) and W&B; needs an env that renders and the extra: pip install "rlchain[video]"."""
+    video_episodes: int = setting(2, gt=0)
+    """Episodes per video (the first episode of each of the first video_episodes evaluation envs, one after another)."""
+    fresh_eval: bool = True
+    """When the run completes, evaluate best.pt once more (num_eval_episodes episodes) on start states that no
+    evaluation during training used (rlchain.evaluation.fresh_seed), and record it as summary.json's best_fresh."""
     output_dir: str = "."
     """Run directory for logs, checkpoints and summary.json."""
     seed: int = setting(0, ge=0, le=MAX_SEED)
@@ -109,9 +123,17 @@ class TrainerConfig(Settings):
     that another process owns, as a parallel job of the devices launcher)."""
 
     def check(self) -> None:
-        """``use_wandb`` needs the wandb package."""
+        """``use_wandb`` needs the wandb package; ``video`` needs imageio and at most ``num_eval_envs`` episodes."""
         if self.use_wandb and importlib.util.find_spec("wandb") is None:
             raise SettingError("use_wandb", True, ' needs wandb, an optional extra: pip install "rlchain[wandb]"')
+        if self.video:
+            missing = check_video_support()
+            if missing is not None:
+                raise SettingError("video", True, missing)
+            if self.video_episodes > self.num_eval_envs:
+                raise SettingError("video_episodes", self.video_episodes,
+                                   f" is not allowed with num_eval_envs={self.num_eval_envs}: expected at most "
+                                   "num_eval_envs (each recorded episode is the first of one evaluation env)")  # fmt: skip
 
 
 class Trainer:
@@ -137,7 +159,8 @@ class Trainer:
             resuming, a ``resume_from`` or ``init_from`` that is not an
             rlchain checkpoint or whose policy does not match this one (naming
             the parameters and shapes; see :meth:`init_policy`), ``use_wandb``
-            without the wandb package; all before any step.
+            without the wandb package, ``video`` without an evaluation env
+            that renders (or without imageio); all before any step.
         FileNotFoundError: ``resume_from`` does not exist.
     """
 
@@ -156,8 +179,10 @@ class Trainer:
         algorithm.check_env(env)
         self.collector = SyncCollector(env, policy, cfg.rollout_steps, reset_options=algorithm.reset_options)
         if callable(eval_env) and not isinstance(eval_env, VecEnv):
-            eval_env = eval_env(num_envs=cfg.num_eval_envs, seed=cfg.seed + 1)
+            eval_env = _build_eval_env(eval_env, cfg)
         self.eval_env = eval_env
+        if cfg.video:
+            _check_renders(eval_env)
         self.output_dir = Path(cfg.output_dir)
         self.checkpoints = Checkpoints(self.output_dir / "checkpoints")
         self.objective = Objective(cfg.objective, cfg.objective_direction)
@@ -167,6 +192,7 @@ class Trainer:
         self.iteration = 0
         self.last_train: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
+        self.best_fresh: dict[str, Any] | None = None
         self.init_from: str | None = None
         self._objective_checked = False
         resume_from = self._resume_source()
@@ -237,6 +263,8 @@ class Trainer:
                 if self.iteration < cfg.iterations:  # a stop signal ended it early
                     ending = {"status": "interrupted", "signal": stop.received}
                 self.save()
+                if ending["status"] == "completed" and cfg.fresh_eval:
+                    self.best_fresh = self.fresh_score()
             except Abort:
                 ending = {"status": "aborted", "signal": stop.received}
             except Exception as err:
@@ -273,7 +301,7 @@ class Trainer:
         row = self._training_row(rollout, losses, collect_s=t1 - t0, update_s=t2 - t1, elapsed_s=t2 - start)
         evaluated = self.eval_env is not None and (self.iteration % cfg.eval_freq == 0 or self.iteration == cfg.iterations)
         if evaluated:
-            self._evaluate(row)
+            self._evaluate(row, writer)
         writer.log(row, self.global_step)
         if not self._objective_checked:
             self._objective_checked = True
@@ -300,16 +328,40 @@ class Trainer:
         self.last_train = row
         return row
 
-    def _evaluate(self, row: dict[str, float]) -> None:
-        """Evaluate the policy into ``row`` (``eval/*``, ``time/eval_s``)."""
-        t0 = time.perf_counter()
-        stats = evaluate(self.eval_env, self.policy, self.cfg.num_eval_episodes, seed=self.cfg.seed + 1)
+    def _evaluate(self, row: dict[str, float], writer: MetricWriter) -> None:
+        """Evaluate the policy into ``row`` (``eval/*``, ``time/eval_s``); with ``video``, write and log its video."""
+        cfg, t0 = self.cfg, time.perf_counter()
+        result = evaluate(self.eval_env, self.policy, cfg.num_eval_episodes, seed=cfg.seed + 1,
+                          video_episodes=cfg.video_episodes if cfg.video else 0)  # fmt: skip
+        stats = result.means()
         self.last_eval = {f"eval/{k}": v for k, v in stats.items()}
         self.last_eval["eval/global_step"] = self.global_step
         row.update(self.last_eval)
         self.best_success.offer(stats.get("success_rate"), self.global_step)
         self.objective.resolve(self.last_eval)
+        if result.frames is not None:
+            path = write_mp4(self.output_dir / "videos" / f"step_{self.global_step:012d}.mp4", result.frames, result.fps)
+            writer.log_video("eval/video", path, result.frames, result.fps, self.global_step)
         row["time/eval_s"] = time.perf_counter() - t0
+
+    def fresh_score(self) -> dict[str, Any] | None:
+        """Evaluate ``best.pt`` on fresh start states: what ``summary.json`` records as ``best_fresh``.
+
+        The same path as ``rlchain-eval`` (:func:`~rlchain.evaluation.evaluate_checkpoint`),
+        on the evaluation env, with ``num_eval_episodes`` deterministic
+        episodes from :func:`~rlchain.evaluation.fresh_seed` of the run's
+        seed, and a copy of the policy (this one is left as it is).
+
+        Returns:
+            ``{"checkpoint", "global_step", "seed", "episodes", "deterministic",
+            "metrics": {name: {"mean", "std", "ci95_low", "ci95_high", "n"}}}``,
+            or None without an evaluation env or ``best.pt``.
+        """
+        if self.eval_env is None or not self.checkpoints.best.is_file():
+            return None
+        result, state = evaluate_checkpoint(self.eval_env, copy.deepcopy(self.policy), self.checkpoints.best,
+                                            self.cfg.num_eval_episodes, seed=fresh_seed(self.cfg.seed))  # fmt: skip
+        return {"checkpoint": str(self.checkpoints.best), "global_step": state["global_step"], **result.to_json()}
 
     def _save_best(self, value: float) -> Path:
         """Take ``value`` as the objective's best and write ``best.pt`` (and ``latest.pt``) with it.
@@ -369,7 +421,8 @@ class Trainer:
             init_from=self.init_from, objective_name=self.objective.name, objective_direction=self.objective.direction,
             objective=self.objective.value(final), best_objective=self.objective.best.value,
             best_objective_step=self.objective.best.step, best_eval_success_rate=self.best_success.value,
-            best_eval_step=self.best_success.step, final=final, checkpoints=self.checkpoints.files(),
+            best_eval_step=self.best_success.step, best_fresh=self.best_fresh, final=final,
+            checkpoints=self.checkpoints.files(),
         )  # fmt: skip
 
     # ------------------------------------------------------- checkpoints
@@ -507,3 +560,40 @@ class Trainer:
         self.policy.load_state_dict(state["policy"])
         return state
 
+
+
+def _build_eval_env(factory: Callable[..., VecEnv], cfg: TrainerConfig) -> VecEnv:
+    """The evaluation env from ``factory``: ``num_eval_envs`` envs seeded ``seed + 1``, rendering for ``video``.
+
+    Raises:
+        SettingError: ``video`` with an env whose settings have no ``render_mode``.
+    """
+    if not cfg.video:
+        return factory(num_envs=cfg.num_eval_envs, seed=cfg.seed + 1)
+    try:
+        return factory(num_envs=cfg.num_eval_envs, seed=cfg.seed + 1, render_mode="rgb_array")
+    except TypeError as err:
+        if "render_mode" not in str(err):
+            raise
+        raise SettingError("video", True, f" needs an env that renders: its settings have no render_mode ({err})") from None
+
+
+def _check_renders(env: VecEnv | None) -> None:
+    """Render one frame of ``env``'s env 0 before any step, so that ``video`` fails now if it cannot.
+
+    Raises:
+        SettingError: no evaluation env, or one whose ``render`` fails (naming
+            the env and the error; for MuJoCo, what headless rendering needs).
+    """
+    if env is None:
+        raise SettingError("video", True, " needs an evaluation env: the trainer has none")
+    try:
+        frames = env.render([0])
+    except Exception as err:  # noqa: BLE001 - any failure to render is this setting's, said in one line
+        text = repr(err).lower()
+        hint = "; headless MuJoCo renders with MUJOCO_GL=egl (or osmesa)" if "mujoco" in text or "opengl" in text else ""
+        raise SettingError("video", True, f" needs an env that renders: {type(env).__name__}.render failed: "
+                                          f"{error_line(err)}{hint}") from None  # fmt: skip
+    if not (isinstance(frames, torch.Tensor) and frames.dtype == torch.uint8 and frames.ndim == 4 and frames.shape[-1] == 3):
+        got = f"{getattr(frames, 'dtype', type(frames).__name__)} {tuple(getattr(frames, 'shape', ()))}"
+        raise SettingError("video", True, f" needs frames of uint8 [K, H, W, 3]: {type(env).__name__}.render returned {got}")

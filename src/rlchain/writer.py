@@ -78,6 +78,26 @@ class MetricWriter:
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
 
+    def log_video(self, tag: str, path: str | Path, frames: Any, fps: float, step: int) -> None:
+        """Log the video at ``path`` (an MP4 of ``frames``, uint8 ``[T, H, W, 3]``) at ``step`` (global_step).
+
+        TensorBoard shows it as an animated GIF in its Images tab (what
+        ``SummaryWriter.add_video`` writes, encoded here with imageio) at half
+        the size (GIF encoding is slow); W&B gets the MP4 itself.
+        """
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        from rlchain.video import encode_gif
+
+        frames = frames[:, ::2, ::2]
+        _, height, width, channels = frames.shape
+        image = Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=encode_gif(frames, fps))
+        self.tb.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({tag: wandb.Video(str(path), format="mp4")}, step=step)
+
     def flush(self) -> None:
         """Push buffered TensorBoard events to disk."""
         self.tb.flush()
