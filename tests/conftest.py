@@ -9,7 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 import rlchain.config  # noqa: F401  (registers the schemas that every composition here needs)
-from tests.helpers.runs import MEET, SHORT, run_cli, sweep_dir_of
+from tests.helpers.runs import HELPERS, MEET, SHORT, TINY, run_cli, sweep_dir_of
 from tests.helpers.sweep_barrier import barrier_env
 
 
@@ -46,3 +46,23 @@ def cpu_sweep(tmp_path_factory):
     ], cwd, **barrier_env(2, cwd / "barrier"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return sweep_dir_of(cwd), proc
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """A finished tiny PPO run on push_cube (evaluated after each of its 2 iterations), made by ``rlchain-train``:
+    the run directory that rlchain-eval's and rlchain-export's tests read."""
+    cwd = tmp_path_factory.mktemp("trained")
+    proc = run_cli(["algorithm=ppo", "env=push_cube", *TINY, f"hydra.run.dir={cwd / 'run'}"], cwd)
+    assert proc.returncode == 0, proc.stderr
+    return cwd / "run"
+
+
+@pytest.fixture(scope="session")
+def user_run(tmp_path_factory):
+    """A finished tiny run whose env and policy are a user's own (targets under ``tests.helpers``)."""
+    cwd = tmp_path_factory.mktemp("user_run")
+    proc = run_cli(["--config-dir", str(HELPERS / "user_conf"), "env=line", "policy=wide", *TINY,
+                    f"hydra.run.dir={cwd / 'run'}"], cwd)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return cwd / "run"

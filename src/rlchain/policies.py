@@ -5,6 +5,9 @@ Every policy reads ``td["obs"]`` (float32 ``[B, obs_dim]``) and writes:
 * :meth:`Policy.get_action` -> ``action`` (``[B, act_dim]`` float32 for Box,
   ``[B]`` int64 for Discrete), ``sample_log_prob`` ``[B]``, ``value`` ``[B]``;
   the one method the step loops of collection and evaluation call;
+* :meth:`Policy.deterministic_action`: plain tensors in and out (observations
+  ``[B, obs_dim]`` -> the deterministic action), what ``rlchain-export``
+  traces into a standalone file;
 * :meth:`Policy.get_value` -> ``value`` ``[B]``;
 * :meth:`Policy.evaluate_actions` (reads ``action`` too) -> ``sample_log_prob``,
   ``entropy`` and ``value``, each ``[B]``, differentiable.
@@ -231,6 +234,16 @@ class Policy(nn.Module):
         """
         raise NotImplementedError
 
+    def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
+        """The action ``get_action(..., deterministic=True)`` takes for ``obs`` (float32 ``[B, obs_dim]``), from
+        plain tensors (traceable by ``torch.jit.trace`` and ``torch.onnx.export``): ``[B, act_dim]`` float32 (Box,
+        unclipped) or ``[B]`` int64 (Discrete).
+
+        Raises:
+            NotImplementedError: a policy that does not provide it (it cannot be exported).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no deterministic_action(obs)")
+
     def get_value(self, td: TensorDict) -> TensorDict:
         """Write ``value`` ``[B]`` for ``td["obs"]``."""
         raise NotImplementedError
@@ -318,6 +331,12 @@ class ActorCritic(Policy):
             action = dist.sample()
         td["action"], td["sample_log_prob"], td["value"] = action, self._log_prob(dist, action), self._value(x)
         return td
+
+    def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
+        """The Gaussian's mean (Box, ``[B, act_dim]``) or the most likely category (Discrete, ``[B]`` int64) for
+        ``obs`` ``[B, obs_dim]``, observation normalisation included."""
+        out = self.actor(self._features(obs))
+        return out.argmax(-1) if self.discrete else out
 
     def get_value(self, td: TensorDict) -> TensorDict:
         """Write ``value`` ``[B]`` into ``td`` and return it."""

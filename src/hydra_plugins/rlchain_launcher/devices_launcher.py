@@ -94,12 +94,11 @@ class DevicesLauncher(Launcher):
 
         import cloudpickle
         from hydra.core.singleton import Singleton
-
-        from rlchain.summary import error_line
         from hydra.core.utils import configure_log, setup_globals
 
         from hydra_plugins.rlchain_launcher._pool import DevicePool
         from hydra_plugins.rlchain_launcher._slots import make_slots
+        from rlchain.summary import error_line
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         setup_globals()

@@ -1,0 +1,147 @@
+"""rlchain-eval end to end on trained runs: the table, eval.json, overrides, the fresh score it reproduces, and
+every bad input as one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from rlchain.eval_cli import main
+from tests.helpers.runs import run_cli, summary_of
+
+EVAL = "rlchain.eval_cli"
+
+
+def _one_line_error(proc, *fragments: str) -> str:
+    """The one line of a refused ``rlchain-eval`` (a finished process, or ``(exit code, stderr)`` of ``main``)."""
+    code, stderr = (proc.returncode, proc.stderr) if hasattr(proc, "returncode") else proc
+    assert code == 1, (code, stderr)
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlchain-eval: "), stderr
+    assert "Traceback" not in stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def in_process(capsys):
+    """``rlchain-eval`` run in this process: ``(exit code, stderr)`` (its start-up is what the subprocesses test)."""
+
+    def _run(args: list[str]) -> tuple[int, str]:
+        code = main([str(a) for a in args])
+        return code, capsys.readouterr().err
+
+    return _run
+
+
+def test_defaults_reproduce_the_runs_fresh_score_of_best_pt(trained, tmp_path):
+    summary = summary_of(trained)
+    assert summary.best_fresh is not None and summary.best_fresh["checkpoint"].endswith("best.pt")
+    proc = run_cli([str(trained)], tmp_path, module=EVAL)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((trained / "checkpoints" / "eval.json").read_text())
+    assert record["seed"] == summary.best_fresh["seed"] and record["episodes"] == summary.best_fresh["episodes"] == 8
+    assert record["metrics"] == summary.best_fresh["metrics"]  # the same code path, the same numbers
+    assert record["global_step"] == torch.load(trained / "checkpoints" / "best.pt", weights_only=True)["global_step"]
+    for title in ("return", "length", "success rate", "distance_to_goal", "95% CI"):
+        assert title in proc.stdout
+    assert f"wrote {trained / 'checkpoints' / 'eval.json'}" in proc.stdout
+
+
+def test_overrides_change_the_evaluation(trained, in_process):
+    code, err = in_process([trained, "checkpoint=latest", "env.num_envs=4", "num_episodes=6", "seed=5",
+                            "env.success_threshold=0.5", "deterministic=false"])  # fmt: skip
+    assert code == 0, err
+    record = json.loads((trained / "checkpoints" / "eval.json").read_text())
+    assert record["checkpoint"].endswith("latest.pt") and record["seed"] == 5 and not record["deterministic"]
+    assert record["episodes"] == 8  # 6 rounded up to whole rounds of 4 envs
+    assert record["overrides"][-2:] == ["env.success_threshold=0.5", "deterministic=false"]
+    # a success radius of 0.5 m around the goal: most start states are already inside it
+    assert record["metrics"]["success_rate"]["mean"] > summary_of(trained).best_fresh["metrics"]["success_rate"]["mean"]
+
+
+def test_a_checkpoint_file_without_its_run_directory_evaluates_from_its_own_config(trained, tmp_path, in_process):
+    loose = tmp_path / "elsewhere" / "model.pt"
+    loose.parent.mkdir()
+    shutil.copy(trained / "checkpoints" / "best.pt", loose)
+    code, err = in_process([loose, "num_episodes=4", "env.num_envs=4"])
+    assert code == 0, err
+    assert json.loads((loose.parent / "eval.json").read_text())["episodes"] == 4
+
+
+def test_a_users_targets_need_their_module_allowed(user_run, in_process):
+    line = _one_line_error(in_process([user_run]),
+                           "env._target_='tests.helpers.toy_env.LineEnv'", "is not allowed",
+                           "--allow-target tests")  # fmt: skip
+    assert "only targets under rlchain." in line
+    code, err = in_process([user_run, "--allow-target", "tests.helpers"])
+    assert code == 0, err
+    # allowing the env's module does not allow the policy's
+    _one_line_error(in_process([user_run, "--allow-target", "tests.helpers.toy_env"]),
+                    "policy._target_='tests.helpers.user_components.WidePolicy'")  # fmt: skip
+
+
+def test_a_foreign_target_in_a_saved_config_is_refused_before_anything_is_imported(trained, tmp_path, in_process):
+    state = torch.load(trained / "checkpoints" / "best.pt", weights_only=True)
+    state["config"]["env"]["_target_"] = "os.system"
+    state["config"]["env"]["kwargs"] = {"_target_": "subprocess.run"}
+    forged = tmp_path / "forged.pt"
+    torch.save(state, forged)
+    _one_line_error(in_process([forged]), "env._target_='os.system'", "is not allowed")
+    # a gymnasium id "module:Env-v0" makes gymnasium.make import the module: a target too
+    state["config"]["env"] = {"_target_": "rlchain.envs.GymVecEnv", "id": "evil_module:Pwn-v0", "num_envs": 2}
+    torch.save(state, forged)
+    _one_line_error(in_process([forged]), "env.id='evil_module:Pwn-v0'", "is not allowed")
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["{tmp}/nowhere"], ["nowhere does not exist: expected a run directory or a checkpoint file"]),
+    (["{tmp}"], ["has no checkpoints/best.pt and no other checkpoint"]),
+    (["{run}", "checkpoint=oldest"], ["checkpoint oldest does not exist"]),
+    (["{run}", "env.succes_threshold=0.05"], ["env.succes_threshold=0.05", "has no key 'succes_threshold'",
+                                              "did you mean env.success_threshold?"]),
+    (["{run}", "policy.hidden_sizes=[8]"], ["overrides change the evaluation, not the policy"]),
+    (["{run}", "algorithm.learning_rate=1"], ["algorithm settings play no part here"]),
+    (["{run}", "episodes=3"], ["episodes: no such option: expected one of checkpoint, num_episodes"]),
+    (["{run}", "env.num_envs=0"], ["env.num_envs=0 is not allowed: expected an integer > 0"]),
+    (["{run}", "num_episodes=0"], ["num_episodes=0 is not allowed"]),
+    (["{run}", "+env.extra=1"], ["cannot add or delete"]),
+    (["{run}", "env.num_envs=["], ["no viable alternative at input"]),
+])  # fmt: skip
+def test_bad_input_is_one_line(trained, tmp_path, in_process, args, fragments):
+    _one_line_error(in_process([a.format(tmp=tmp_path, run=trained) for a in args]), *fragments)
+
+
+def test_bad_input_is_one_line_from_the_command(trained, tmp_path):
+    _one_line_error(run_cli([str(trained), "env.succes_threshold=0.05"], tmp_path, module=EVAL), "did you mean")
+
+
+def test_a_directory_without_a_config(trained, tmp_path, in_process):
+    state = torch.load(trained / "checkpoints" / "best.pt", weights_only=True)
+    state["config"] = {}  # a Trainer built from Python without run_config, and no .hydra/ beside it
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    torch.save(state, tmp_path / "run" / "checkpoints" / "best.pt")
+    _one_line_error(in_process([tmp_path / "run"]),
+                    "holds no config nor", ".hydra/config.yaml")  # fmt: skip
+
+
+def test_a_checkpoint_whose_policy_does_not_fit_its_config(trained, tmp_path, in_process):
+    state = torch.load(trained / "checkpoints" / "best.pt", weights_only=True)
+    state["config"]["policy"]["hidden_sizes"] = [16]
+    torch.save(state, tmp_path / "mismatch.pt")
+    _one_line_error(in_process([tmp_path / "mismatch.pt"]),
+                    "the checkpoint's policy does not match", "actor.0.weight is (128, 15) there, (16, 15) here")  # fmt: skip
+
+
+def test_a_file_that_is_no_checkpoint(tmp_path, in_process):
+    (tmp_path / "notes.pt").write_text("not a checkpoint")
+    _one_line_error(in_process([tmp_path / "notes.pt"]), "is not an rlchain checkpoint")
+
+
+def test_video_on_an_env_that_cannot_render(user_run, in_process):
+    _one_line_error(in_process([user_run, "--allow-target", "tests.helpers", "video=true"]),
+                    "video=True needs an env that renders")  # fmt: skip
