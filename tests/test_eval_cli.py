@@ -77,7 +77,7 @@ def test_a_users_targets_need_their_module_allowed(user_run, in_process):
     line = _one_line_error(in_process([user_run]),
                            "env._target_='tests.helpers.toy_env.LineEnv'", "is not allowed",
                            "--allow-target tests")  # fmt: skip
-    assert "only targets under rlchain." in line
+    assert "only classes under rlchain." in line
     code, err = in_process([user_run, "--allow-target", "tests.helpers"])
     assert code == 0, err
     # allowing the env's module does not allow the policy's
@@ -85,17 +85,42 @@ def test_a_users_targets_need_their_module_allowed(user_run, in_process):
                     "policy._target_='tests.helpers.user_components.WidePolicy'")  # fmt: skip
 
 
-def test_a_foreign_target_in_a_saved_config_is_refused_before_anything_is_imported(trained, tmp_path, in_process):
+def _forge(trained, tmp_path, **env) -> str:
+    """A copy of ``trained``'s best.pt whose saved env config has ``env`` merged in."""
     state = torch.load(trained / "checkpoints" / "best.pt", weights_only=True)
-    state["config"]["env"]["_target_"] = "os.system"
-    state["config"]["env"]["kwargs"] = {"_target_": "subprocess.run"}
+    state["config"]["env"].update(env)
     forged = tmp_path / "forged.pt"
     torch.save(state, forged)
-    _one_line_error(in_process([forged]), "env._target_='os.system'", "is not allowed")
-    # a gymnasium id "module:Env-v0" makes gymnasium.make import the module: a target too
-    state["config"]["env"] = {"_target_": "rlchain.envs.GymVecEnv", "id": "evil_module:Pwn-v0", "num_envs": 2}
-    torch.save(state, forged)
-    _one_line_error(in_process([forged]), "env.id='evil_module:Pwn-v0'", "is not allowed")
+    return str(forged)
+
+
+@pytest.mark.parametrize("env, fragment", [
+    ({"_target_": "os.system"}, "env._target_='os.system'"),
+    # Hydra follows attributes: a dotted name under rlchain. may lead out of it
+    ({"_target_": "rlchain.eval_cli.os.system"}, "it is no <module>.<class> that imports"),
+    # rlchain's own functions are no env either
+    ({"_target_": "rlchain.files.write_text"}, "it names a function, expected a VecEnv class"),
+    ({"_target_": "rlchain.checkpoint.Checkpoints"}, "it names rlchain.checkpoint.Checkpoints, expected a VecEnv"),
+    # nothing below the env is instantiated, whoever defines it
+    ({"seed": {"_target_": "rlchain.files.write_text", "path": "{marker}", "text": "x"}}, "env.seed._target_="),
+    ({"_args_": ["{marker}"]}, "env._args_="),
+    ({"_partial_": True}, "env._partial_=True"),
+    ({"device": "${oc.env:HOME}"}, "without ${...} interpolations"),
+    # a gymnasium id "module:Env-v0" makes gymnasium.make import the module
+    ({"_target_": "rlchain.envs.GymVecEnv", "id": "evil_module:Pwn-v0"}, "env.id='evil_module:Pwn-v0'"),
+])  # fmt: skip
+def test_a_saved_config_builds_one_allowed_env_class_and_nothing_else(trained, tmp_path, in_process, env, fragment):
+    marker = tmp_path / "written_by_the_config"
+    env = json.loads(json.dumps(env).replace("{marker}", str(marker)))
+    line = _one_line_error(in_process([_forge(trained, tmp_path, **env), "num_episodes=1"]), fragment, "is not allowed")
+    assert "in the config of" in line and not marker.exists()
+
+
+def test_a_saved_policy_must_be_an_allowed_policy_class(trained, tmp_path, in_process):
+    state = torch.load(trained / "checkpoints" / "best.pt", weights_only=True)
+    state["config"]["policy"]["_target_"] = "rlchain.envs.PushCubeEnv"
+    torch.save(state, tmp_path / "forged.pt")
+    _one_line_error(in_process([tmp_path / "forged.pt"]), "policy._target_='rlchain.envs.PushCubeEnv'", "expected a Policy")
 
 
 @pytest.mark.parametrize("args, fragments", [
@@ -127,6 +152,19 @@ def test_a_directory_without_a_config(trained, tmp_path, in_process):
     torch.save(state, tmp_path / "run" / "checkpoints" / "best.pt")
     _one_line_error(in_process([tmp_path / "run"]),
                     "holds no config nor", ".hydra/config.yaml")  # fmt: skip
+
+
+def test_a_checkpoint_without_a_config_takes_the_run_directorys_hydra_config(trained, tmp_path, in_process):
+    run = tmp_path / "run"
+    shutil.copytree(trained / ".hydra", run / ".hydra")
+    state = torch.load(trained / "checkpoints" / "best.pt", weights_only=True)
+    state["config"] = {}
+    (run / "checkpoints").mkdir()
+    torch.save(state, run / "checkpoints" / "best.pt")
+    code, err = in_process([run])
+    assert code == 0, err
+    record = json.loads((run / "checkpoints" / "eval.json").read_text())
+    assert record["metrics"] == summary_of(trained).best_fresh["metrics"]  # the same env, seed and episodes
 
 
 def test_a_checkpoint_whose_policy_does_not_fit_its_config(trained, tmp_path, in_process):

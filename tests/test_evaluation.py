@@ -56,19 +56,22 @@ def test_every_episode_matches_a_plain_reference_loop():
     assert means["episodes"] == 12.0
 
 
-def test_normal_interval_against_its_formula():
-    values = np.array([1.0, 2.0, 4.0, 7.0])
-    interval = Interval.of(values)
-    std = math.sqrt(sum((v - 3.5) ** 2 for v in values) / 3)
-    half = 1.959963984540054 * std / 2.0
-    assert (interval.mean, interval.std, interval.n) == (3.5, pytest.approx(std), 4)
-    assert (interval.ci95_low, interval.ci95_high) == (pytest.approx(3.5 - half), pytest.approx(3.5 + half))
+@pytest.mark.parametrize("values, t975", [([1.0, 2.0, 4.0, 7.0], 3.182446305284263), (list(range(30)), 2.045229642132703)])
+def test_interval_of_the_mean_is_students_t(values, t975):
+    # t(0.975, n - 1) from a table (Student 1908; n = 4 and n = 30), not from the library the code uses
+    interval = Interval.of(np.array(values))
+    mean, n = float(np.mean(values)), len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t975 * std / math.sqrt(n)
+    assert (interval.mean, interval.std, interval.n) == (pytest.approx(mean), pytest.approx(std), n)
+    assert (interval.ci95_low, interval.ci95_high) == (pytest.approx(mean - half), pytest.approx(mean + half))
 
 
-def test_identical_values_and_a_single_episode_give_a_zero_width_interval():
-    for values in (np.full(5, 2.5), np.array([2.5])):
-        interval = Interval.of(values)
-        assert (interval.mean, interval.std, interval.ci95_low, interval.ci95_high) == (2.5, 0.0, 2.5, 2.5)
+def test_identical_values_give_a_zero_width_interval_and_one_episode_none():
+    interval = Interval.of(np.full(5, 2.5))
+    assert (interval.mean, interval.std, interval.ci95_low, interval.ci95_high) == (2.5, 0.0, 2.5, 2.5)
+    single = Interval.of(np.array([2.5]))
+    assert (single.mean, single.std, single.ci95_low, single.ci95_high, single.n) == (2.5, 0.0, None, None, 1)
 
 
 @pytest.mark.parametrize("successes, n", [(0, 8), (8, 8), (3, 10), (128, 256)])

@@ -89,7 +89,8 @@ def test_metadata_names_spaces_layout_source_and_version(trained, tmp_path):
         assert meta["input"]["shape"] == ["B", 15] and meta["output"]["shape"] == ["B", 2]
         assert meta["action_space"] == {"type": "Box", "shape": [2], "dtype": "float32", "low": [-1.0, -1.0], "high": [1.0, 1.0]}
         assert meta["observation_space"]["low"][0] == "-inf"
-        assert meta["observation_layout"] is None or len(meta["observation_layout"]) == 15
+        assert meta["observation_layout"][:4] == ["pusher_x", "pusher_y", "cube_x", "cube_y"]
+        assert len(meta["observation_layout"]) == 15
         assert meta["checkpoint"].endswith("best.pt") and meta["env"] == "rlchain.envs.push_cube.PushCubeEnv"
 
 
@@ -145,3 +146,14 @@ def test_a_users_targets_need_their_module_allowed(user_run, capsys):
     assert main([str(user_run), "--format", "torchscript", "--allow-target", "tests.helpers"]) == 0
     out = torch.jit.load(str(user_run / "checkpoints" / "best.torchscript.pt"))(torch.zeros(3, 2))
     assert out.shape == (3, 1)
+
+
+def test_a_discrete_action_gets_the_start_of_the_gymnasium_envs_space(tmp_path):
+    from rlchain.export import export_policy
+    from rlchain.policies import ActorCritic
+
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3), hidden_sizes=[8])
+    out = export_policy(policy, gym.spaces.Discrete(3), 4, "torchscript", tmp_path / "p.pt", {}, action_start=-1)
+    obs = torch.randn(16, 4)
+    with torch.no_grad():
+        assert torch.equal(torch.jit.load(str(out))(obs), policy.deterministic_action(obs) - 1)

@@ -219,3 +219,23 @@ def test_a_best_checkpoint_that_cannot_be_written_leaves_the_recorded_best_as_it
     summary = RunSummary.read(tmp_path)
     assert summary.status == "failed" and summary.final["eval/avg_reward"] == 6.0  # the second evaluation's
     assert (summary.best_objective, summary.best_objective_step) == (first["best_objective"], first["global_step"]) == (3.0, 12)
+
+
+def test_a_failed_fresh_evaluation_leaves_the_run_completed_and_says_why(tmp_path, capsys):
+    from rlchain.evaluation import fresh_seed
+
+    class RefusesFreshStarts(LineEnv):
+        def reset(self, *, seed=None, options=None):
+            if seed == fresh_seed(0):
+                raise RuntimeError("no such start states")
+            return super().reset(seed=seed, options=options)
+
+    env = LineEnv(num_envs=4)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    trainer = Trainer(env, policy, PPO(policy, batch_size=8), eval_env=RefusesFreshStarts(num_envs=4), iterations=2,
+                      rollout_steps=4, eval_freq=1, num_eval_envs=4, num_eval_episodes=4, output_dir=str(tmp_path),
+                      progress=False)  # fmt: skip
+    summary = trainer.train()
+    assert summary.status == "completed" and summary.exit_code == 0
+    assert summary.best_fresh == {"error": "RuntimeError: no such start states"} == RunSummary.read(tmp_path).best_fresh
+    assert "the fresh evaluation of best.pt failed (the run is complete)" in capsys.readouterr().err

@@ -82,9 +82,9 @@ def run_eval(source: str | Path, overrides: Sequence[str] = (), allowed: Sequenc
     """
     import torch
 
-    from rlchain.evaluation import evaluate, fresh_seed
+    from rlchain.evaluation import check_renders, evaluate_checkpoint, fresh_seed
+    from rlchain.files import write_json
     from rlchain.saved_run import SavedRunError, open_run
-    from rlchain.summary import error_line
     from rlchain.video import check_video_support, write_mp4
 
     options: dict[str, Any] = {}
@@ -94,10 +94,12 @@ def run_eval(source: str | Path, overrides: Sequence[str] = (), allowed: Sequenc
         key = override.key_or_group
         if "." in key or key.startswith(("env", "policy", "algorithm", "trainer")):
             env_overrides.append(override.input_line)
-        elif key in names:
-            options[key] = override.value()
-        else:
+        elif key not in names:
             raise SavedRunError(f"{key}: no such option: expected one of {', '.join(names)} or env.<key>=<value>")
+        elif override.is_add() or override.is_force_add() or override.is_delete() or override.is_sweep_override():
+            raise SavedRunError(f"{override.input_line}: an option takes one value, as {key}=<value>")
+        else:
+            options[key] = override.value()
     try:
         cfg = EvalConfig(**options)
     except SettingError as err:
@@ -105,8 +107,7 @@ def run_eval(source: str | Path, overrides: Sequence[str] = (), allowed: Sequenc
     if cfg.video and check_video_support() is not None:
         raise SavedRunError(f"video=True{check_video_support()}")
     run = open_run(source, cfg.checkpoint, allowed)
-    trainer = run.config.get("trainer") or {}
-    settings: dict[str, Any] = {"num_envs": trainer.get("num_eval_envs", run.config.env.get("num_envs"))}
+    settings: dict[str, Any] = {"num_envs": run.trainer_setting("num_eval_envs", run.config["env"].get("num_envs"))}
     if cfg.device is not None:
         settings["device"] = cfg.device
     if cfg.video:
@@ -117,25 +118,29 @@ def run_eval(source: str | Path, overrides: Sequence[str] = (), allowed: Sequenc
         env = run.build_env(env_overrides, **settings)
     except SavedRunError as err:
         if cfg.video and "render_mode" in str(err):
-            raise SavedRunError(f"video=True needs an env that renders: {run.config.env.get('_target_')} takes no "
+            raise SavedRunError(f"video=True needs an env that renders: {run.config['env'].get('_target_')} takes no "
                                 "render_mode") from None  # fmt: skip
         raise
-    if cfg.video_episodes > env.num_envs and cfg.video:
-        raise SavedRunError(f"video_episodes={cfg.video_episodes} is not allowed with env.num_envs={env.num_envs}: "
-                            "expected at most num_envs (each recorded episode is the first of one env)")  # fmt: skip
-    if cfg.video:
-        try:
-            env.render([0])
-        except Exception as err:  # noqa: BLE001 - said in one line
-            raise SavedRunError(f"video=True needs an env that renders: {type(env).__name__}.render failed: "
-                                f"{error_line(err)}") from None  # fmt: skip
-    policy = run.build_policy(env)
-    seed = cfg.seed if cfg.seed is not None else fresh_seed(int(trainer.get("seed", run.config.env.get("seed", 0)) or 0))
-    episodes = cfg.num_episodes or int(trainer.get("num_eval_episodes", env.num_envs))
-    torch.manual_seed(seed)  # the sampled actions of deterministic=false
-    result = evaluate(env, policy, episodes, seed, deterministic=cfg.deterministic,
-                      video_episodes=cfg.video_episodes if cfg.video else 0)  # fmt: skip
-    env.close()
+    try:
+        if cfg.video:
+            if cfg.video_episodes > env.num_envs:
+                raise SavedRunError(f"video_episodes={cfg.video_episodes} is not allowed with env.num_envs={env.num_envs}: "
+                                    "expected at most num_envs (each recorded episode is the first of one env)")  # fmt: skip
+            check_renders(env)
+        policy = run.build_policy(env)
+        seed = cfg.seed if cfg.seed is not None else fresh_seed(int(run.trainer_setting("seed", 0)))
+        episodes = cfg.num_episodes or int(run.trainer_setting("num_eval_episodes", env.num_envs))
+        torch.manual_seed(seed)  # the sampled actions of deterministic=false
+        result, _ = evaluate_checkpoint(env, policy, run.checkpoint, episodes, seed, deterministic=cfg.deterministic,
+                                        video_episodes=cfg.video_episodes if cfg.video else 0)  # fmt: skip
+    except SettingError as err:
+        raise SavedRunError(str(err)) from None
+    except (RuntimeError, ValueError) as err:  # the env's own error, or episodes that never end
+        if isinstance(err, SavedRunError):
+            raise
+        raise SavedRunError(f"the evaluation failed: {type(err).__name__}: {err}") from None
+    finally:
+        env.close()
     out_dir = run.checkpoint.parent
     video = None
     try:
@@ -143,8 +148,6 @@ def run_eval(source: str | Path, overrides: Sequence[str] = (), allowed: Sequenc
             video = str(write_mp4(out_dir / "eval.mp4", result.frames, result.fps))
         record = {"source": str(source), "checkpoint": str(run.checkpoint), "global_step": run.global_step,
                   "overrides": list(overrides), **result.to_json(), "video": video}  # fmt: skip
-        from rlchain.files import write_json
-
         record["eval_json"] = str(write_json(out_dir / "eval.json", record))
     except OSError as err:
         raise SavedRunError(f"cannot write next to the checkpoint in {out_dir}: {err.strerror or err}") from None
@@ -180,8 +183,8 @@ def _table(record: dict[str, Any]) -> str:
         table.add_column(column, justify="left" if column == "metric" else "right")
     names = {"avg_reward": "return", "avg_length": "length", "success_rate": "success rate"}
     for key, stats in record["metrics"].items():
-        table.add_row(names.get(key, key), f"{stats['mean']:.4g}", f"{stats['std']:.3g}",
-                      f"[{stats['ci95_low']:.4g}, {stats['ci95_high']:.4g}]")  # fmt: skip
+        interval = "" if stats["ci95_low"] is None else f"[{stats['ci95_low']:.4g}, {stats['ci95_high']:.4g}]"
+        table.add_row(names.get(key, key), f"{stats['mean']:.4g}", f"{stats['std']:.3g}", interval)
     console = Console(file=sys.stdout, width=max(100, Console().width))
     with console.capture() as capture:
         console.print(table)

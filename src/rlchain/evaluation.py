@@ -27,9 +27,11 @@ from rlchain.checkpoint import check_state_matches, load_checkpoint
 from rlchain.collector import step_env
 from rlchain.envs.base import VecEnv
 from rlchain.policies import Policy
+from rlchain.settings import SettingError
+from rlchain.summary import error_line
 from rlchain.utils import MAX_SEED
 
-__all__ = ["FRESH_SEED_OFFSET", "Evaluation", "Interval", "evaluate", "evaluate_checkpoint", "fresh_seed"]
+__all__ = ["FRESH_SEED_OFFSET", "Evaluation", "Interval", "check_renders", "evaluate", "evaluate_checkpoint", "fresh_seed"]
 
 #: :func:`fresh_seed` adds this to a run's seed: far from ``seed + 1 .. seed + num_envs``, the reset seeds of the
 #: evaluations during training (env ``i`` of ``env=gym`` is seeded with base + i).
@@ -50,17 +52,18 @@ def fresh_seed(run_seed: int) -> int:
 @dataclass
 class Interval:
     """A metric over ``n`` episodes: ``mean``, sample ``std`` (n - 1; 0 for one episode) and a 95% confidence
-    interval ``[ci95_low, ci95_high]`` of the mean.
+    interval ``[ci95_low, ci95_high]`` of the mean (None for one episode: nothing to estimate a spread from).
 
-    The interval is the normal approximation ``mean ± 1.96 std / sqrt(n)``; for
-    a success rate (0/1 outcomes) it is the Wilson score interval, which stays
-    inside [0, 1] and keeps a width when every episode succeeded or failed.
+    The interval is Student's t, ``mean ± t(0.975, n - 1) std / sqrt(n)``; for
+    a success rate (0/1 outcomes) it is the Wilson score interval (Wilson
+    1927), which stays inside [0, 1] and keeps a width when every episode
+    succeeded or failed.
     """
 
     mean: float
     std: float
-    ci95_low: float
-    ci95_high: float
+    ci95_low: float | None
+    ci95_high: float | None
     n: int
 
     @classmethod
@@ -74,14 +77,17 @@ class Interval:
             z2 = _Z95**2
             centre = (mean + z2 / (2 * n)) / (1 + z2 / n)
             half = _Z95 * math.sqrt(mean * (1 - mean) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-            low, high = max(0.0, centre - half), min(1.0, centre + half)
-        else:
-            half = _Z95 * std / math.sqrt(n)
-            low, high = mean - half, mean + half
-        return cls(mean, std, low, high, n)
+            return cls(mean, std, max(0.0, centre - half), min(1.0, centre + half), n)
+        if n < 2:
+            return cls(mean, std, None, None, n)
+        from scipy.stats import t
+
+        half = float(t.ppf(0.975, n - 1)) * std / math.sqrt(n)
+        return cls(mean, std, mean - half, mean + half, n)
 
     def __str__(self) -> str:
-        return f"{self.mean:.4g} ± {self.std:.3g} [{self.ci95_low:.4g}, {self.ci95_high:.4g}]"
+        interval = "" if self.ci95_low is None else f" [{self.ci95_low:.4g}, {self.ci95_high:.4g}]"
+        return f"{self.mean:.4g} ± {self.std:.3g}{interval}"
 
 
 @dataclass
@@ -256,6 +262,28 @@ def evaluate_checkpoint(env: VecEnv, policy: Policy, path: str | Path, num_episo
     return evaluate(env, policy, num_episodes, seed, deterministic=deterministic, video_episodes=video_episodes), state
 
 
+def check_renders(env: VecEnv | None) -> None:
+    """Render one frame of ``env``'s env 0, so that a video (``trainer.video``, ``rlchain-eval video=true``)
+    fails before any step if it cannot: ``render`` must work and return uint8 ``[K, H, W, 3]``.
+
+    Raises:
+        SettingError: no evaluation env, or one whose ``render`` fails (naming
+            the env and the error; for MuJoCo, what headless rendering needs).
+    """
+    if env is None:
+        raise SettingError("video", True, " needs an evaluation env: the trainer has none")
+    try:
+        frames = env.render([0])
+    except Exception as err:  # noqa: BLE001 - any failure to render is this setting's, said in one line
+        text = repr(err).lower()
+        hint = "; headless MuJoCo renders with MUJOCO_GL=egl (or osmesa)" if "mujoco" in text or "opengl" in text else ""
+        raise SettingError("video", True, f" needs an env that renders: {type(env).__name__}.render failed: "
+                                          f"{error_line(err)}{hint}") from None  # fmt: skip
+    if not (isinstance(frames, torch.Tensor) and frames.dtype == torch.uint8 and frames.ndim == 4 and frames.shape[-1] == 3):
+        got = f"{getattr(frames, 'dtype', type(frames).__name__)} {tuple(getattr(frames, 'shape', ()))}"
+        raise SettingError("video", True, f" needs frames of uint8 [K, H, W, 3]: {type(env).__name__}.render returned {got}")
+
+
 def _put(target: torch.Tensor, row: torch.Tensor, mask: torch.Tensor, value: torch.Tensor) -> None:
     """``target[row[i]] = value[i]`` where ``mask[i]`` (rows of distinct envs never collide)."""
     target[row] = torch.where(mask, value, target[row])
@@ -264,9 +292,11 @@ def _put(target: torch.Tensor, row: torch.Tensor, mask: torch.Tensor, value: tor
 class _Recorder:
     """The frames of the first episode of envs ``0 .. k - 1``: rendered before each step until those episodes end.
 
-    Frames stay on the env's device until :meth:`result`. On the CPU the
-    recording stops as soon as every recorded episode has ended; elsewhere it
-    runs to ``max_episode_steps`` (reading the flags would sync every step).
+    Frames stay where ``render`` puts them until :meth:`result`. An env on the
+    CPU, or one that renders on the host (``env=gym``, which steps there too),
+    stops recording as soon as every recorded episode has ended; an env that
+    renders on a GPU records to ``max_episode_steps`` (reading its flags would
+    sync every step).
     """
 
     def __init__(self, env: VecEnv, k: int) -> None:
@@ -286,7 +316,8 @@ class _Recorder:
             return
         self.dones.append(done[: self.k].clone())
         self.seen |= done[: self.k]
-        if len(self.dones) >= self.env.max_episode_steps or (self.env.device.type == "cpu" and bool(self.seen.all())):
+        on_host = self.env.device.type == "cpu" or self.frames[-1].device.type == "cpu"  # env=gym renders on the host
+        if len(self.dones) >= self.env.max_episode_steps or (on_host and bool(self.seen.all())):
             self.active = False
 
     def result(self) -> tuple[np.ndarray | None, list[int]]:

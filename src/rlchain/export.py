@@ -58,22 +58,28 @@ class ExportedPolicy(nn.Module):
             (its observation normaliser, if any, comes with it).
         action_space: one env's action space: a ``Box`` (the output is
             clipped to its bounds) or a ``Discrete``.
+        action_start: added to a Discrete action: the start of the gymnasium
+            env's own ``Discrete(n, start)`` (``env=gym``), so the output is
+            the action that env receives.
 
     Shapes: ``obs`` float32 ``[B, obs_dim]`` -> float32 ``[B, act_dim]`` (Box)
     or int64 ``[B]`` (Discrete).
     """
 
-    def __init__(self, policy: nn.Module, action_space: gym.Space) -> None:
+    def __init__(self, policy: nn.Module, action_space: gym.Space, action_start: int = 0) -> None:
         super().__init__()
         self.policy = policy
         self.box = isinstance(action_space, gym.spaces.Box)
+        self.action_start = int(action_start)
         if self.box:
             self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
             self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         action = self.policy.deterministic_action(obs)
-        return torch.maximum(torch.minimum(action, self.high), self.low) if self.box else action
+        if self.box:
+            return torch.maximum(torch.minimum(action, self.high), self.low)
+        return action + self.action_start if self.action_start else action
 
 
 def _space(space: gym.Space) -> dict[str, Any]:
@@ -90,6 +96,9 @@ def metadata_of(env: Any, checkpoint: Path, global_step: int, fmt: str) -> dict[
     from rlchain import __version__
 
     discrete = isinstance(env.single_action_space, gym.spaces.Discrete)
+    action_space = _space(env.single_action_space)
+    if discrete:
+        action_space["start"] = int(getattr(env, "action_start", 0))
     obs_dim = int(env.single_observation_space.shape[0])
     names = getattr(env, "observation_names", None)
     return {
@@ -100,7 +109,7 @@ def metadata_of(env: Any, checkpoint: Path, global_step: int, fmt: str) -> dict[
                    "shape": ["B"] if discrete else ["B", int(env.single_action_space.shape[0])],
                    "meaning": "the likeliest category" if discrete else "the Gaussian's mean, clipped to the Box"},
         "observation_space": _space(env.single_observation_space),
-        "action_space": _space(env.single_action_space),
+        "action_space": action_space,
         "observation_layout": list(names) if names is not None else None,
         "env": getattr(getattr(env, "cfg", None), "_target_", type(env).__module__ + "." + type(env).__name__),
         "env_id": getattr(getattr(env, "cfg", None), "id", None),
@@ -110,7 +119,7 @@ def metadata_of(env: Any, checkpoint: Path, global_step: int, fmt: str) -> dict[
 
 
 def export_policy(policy: nn.Module, action_space: gym.Space, obs_dim: int, fmt: str, path: str | Path,
-                  metadata: dict[str, Any]) -> Path:  # fmt: skip
+                  metadata: dict[str, Any], action_start: int = 0) -> Path:  # fmt: skip
     """Write ``policy``'s :class:`ExportedPolicy` to ``path`` (atomically) as ``fmt``; returns the path.
 
     Args:
@@ -120,6 +129,7 @@ def export_policy(policy: nn.Module, action_space: gym.Space, obs_dim: int, fmt:
         fmt: ``torchscript`` (``torch.jit.trace``, frozen) or ``onnx``
             (``torch.onnx.export``, a dynamic batch dimension).
         metadata: JSON data stored with the file (see :func:`metadata_of`).
+        action_start: see :class:`ExportedPolicy`.
 
     Raises:
         ValueError: an unknown ``fmt``; a policy without ``deterministic_action``.
@@ -130,7 +140,7 @@ def export_policy(policy: nn.Module, action_space: gym.Space, obs_dim: int, fmt:
 
     if fmt not in FORMATS:
         raise ValueError(f"--format {fmt!r} is not allowed: expected one of {', '.join(FORMATS)}")
-    module = ExportedPolicy(copy.deepcopy(policy).cpu().eval(), action_space).eval()
+    module = ExportedPolicy(copy.deepcopy(policy).cpu().eval(), action_space, action_start).eval()
     example = torch.zeros(2, obs_dim)
     try:
         module(example)
@@ -191,10 +201,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         output = args.output or run.checkpoint.with_name(run.checkpoint.stem + FORMATS[args.format])
         metadata = metadata_of(env, run.checkpoint, run.global_step, args.format)
         obs_dim = int(env.single_observation_space.shape[0])
-        action_space = env.single_action_space
+        action_space, action_start = env.single_action_space, int(getattr(env, "action_start", 0))
         env.close()
         try:
-            path = export_policy(policy, action_space, obs_dim, args.format, output, metadata)
+            path = export_policy(policy, action_space, obs_dim, args.format, output, metadata, action_start)
         except OSError as err:
             raise SavedRunError(f"--output {output} cannot be written: {err.strerror or err}") from None
         except (ValueError, ImportError) as err:

@@ -1,9 +1,9 @@
 """Atomic writing of files (standard library only).
 
 A file is written to a temporary name in its directory (with the mode
-``open()`` would give it), flushed and fsynced, then renamed over the target (``os.replace`` is atomic on POSIX and
-Windows), so a kill at any moment leaves either the old file or the new one,
-never a torn one. A kill before the rename can leave the temporary file
+``open()`` would give it), flushed and fsynced, then renamed over the target
+(``os.replace`` is atomic on POSIX and Windows), so a kill at any moment
+leaves either the old file or the new one, never a torn one. A kill before the rename can leave the temporary file
 (``.<name>.<random>.tmp``); :func:`remove_torn` deletes those.
 """
 
@@ -11,21 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
 __all__ = ["remove_torn", "write_bytes", "write_json", "write_text"]
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-#: The mode of a file written here: what ``open()`` would give it (0o666 less the process's umask).
-_FILE_MODE = 0o666 & ~_umask()
 
 
 def write_bytes(path: str | os.PathLike, data: bytes | memoryview) -> Path:
@@ -37,9 +27,11 @@ def write_bytes(path: str | os.PathLike, data: bytes | memoryview) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    # O_EXCL: never another's file; 0o666 less the umask, as open() gives (mkstemp's 0o600 would hide a run's
+    # files from the rest of a team).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        os.fchmod(fd, _FILE_MODE)  # mkstemp's 0o600 would hide a run's files from the rest of a team
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -334,7 +334,7 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
         wall = None if job.wall_s is None else round(job.wall_s, 1)
         cells = [_fmt(v) for v in [*head, wall, step, *results]]
         fresh = job.summary.best_fresh_objective if job.summary is not None else None
-        if fresh is not None:  # the fresh score with its 95% confidence interval
+        if fresh is not None and fresh.get("ci95_low") is not None:  # the fresh score with its 95% confidence interval
             at = len(head) + 2 + [key for key, _ in RESULTS].index("best_fresh")
             cells[at] += f" [{fresh['ci95_low']:.3g}, {fresh['ci95_high']:.3g}]"
         md_rows.append(cells)

@@ -131,7 +131,8 @@ class RunSummary:
     best_fresh: dict[str, Any] | None = None
     """``best.pt`` evaluated once more when the run completed, on start states no evaluation during training used
     (``trainer.fresh_eval``): ``{"checkpoint", "global_step", "seed", "episodes", "deterministic", "metrics":
-    {name: {"mean", "std", "ci95_low", "ci95_high", "n"}}}`` with the names of ``eval/`` (``success_rate``, ...)."""
+    {name: {"mean", "std", "ci95_low", "ci95_high", "n"}}}`` with the names of ``eval/`` (``success_rate``, ...);
+    ``{"error": ...}`` when that evaluation failed (the run is still ``completed``)."""
     final: dict[str, float] = field(default_factory=dict)
     """The last logged row of training metrics and of evaluation metrics, merged."""
     checkpoints: dict[str, str] = field(default_factory=dict)

@@ -47,7 +47,7 @@ from rlchain.checkpoint import Checkpoints, check_state_matches, load_checkpoint
 from rlchain.collector import EpisodeWindow, Rollout, SyncCollector
 from rlchain.console import Progress, notice
 from rlchain.envs.base import VecEnv
-from rlchain.evaluation import evaluate, evaluate_checkpoint, fresh_seed
+from rlchain.evaluation import check_renders, evaluate, evaluate_checkpoint, fresh_seed
 from rlchain.objective import OBJECTIVE_DIRECTIONS, Best, Objective, ObjectiveError
 from rlchain.policies import Policy
 from rlchain.run_dir import taken
@@ -182,7 +182,7 @@ class Trainer:
             eval_env = _build_eval_env(eval_env, cfg)
         self.eval_env = eval_env
         if cfg.video:
-            _check_renders(eval_env)
+            check_renders(eval_env)
         self.output_dir = Path(cfg.output_dir)
         self.checkpoints = Checkpoints(self.output_dir / "checkpoints")
         self.objective = Objective(cfg.objective, cfg.objective_direction)
@@ -264,7 +264,7 @@ class Trainer:
                     ending = {"status": "interrupted", "signal": stop.received}
                 self.save()
                 if ending["status"] == "completed" and cfg.fresh_eval:
-                    self.best_fresh = self.fresh_score()
+                    self.best_fresh = self._fresh_score_or_error()
             except Abort:
                 ending = {"status": "aborted", "signal": stop.received}
             except Exception as err:
@@ -343,6 +343,14 @@ class Trainer:
             path = write_mp4(self.output_dir / "videos" / f"step_{self.global_step:012d}.mp4", result.frames, result.fps)
             writer.log_video("eval/video", path, result.frames, result.fps, self.global_step)
         row["time/eval_s"] = time.perf_counter() - t0
+
+    def _fresh_score_or_error(self) -> dict[str, Any] | None:
+        """:meth:`fresh_score`, or ``{"error": <one line>}`` when it fails: the trained run stays completed."""
+        try:
+            return self.fresh_score()
+        except Exception as err:  # noqa: BLE001 - training is done and saved; the score alone is lost, and said so
+            notice(f"the fresh evaluation of best.pt failed (the run is complete): {error_line(err)}")
+            return {"error": error_line(err)}
 
     def fresh_score(self) -> dict[str, Any] | None:
         """Evaluate ``best.pt`` on fresh start states: what ``summary.json`` records as ``best_fresh``.
@@ -576,24 +584,3 @@ def _build_eval_env(factory: Callable[..., VecEnv], cfg: TrainerConfig) -> VecEn
         if "render_mode" not in str(err):
             raise
         raise SettingError("video", True, f" needs an env that renders: its settings have no render_mode ({err})") from None
-
-
-def _check_renders(env: VecEnv | None) -> None:
-    """Render one frame of ``env``'s env 0 before any step, so that ``video`` fails now if it cannot.
-
-    Raises:
-        SettingError: no evaluation env, or one whose ``render`` fails (naming
-            the env and the error; for MuJoCo, what headless rendering needs).
-    """
-    if env is None:
-        raise SettingError("video", True, " needs an evaluation env: the trainer has none")
-    try:
-        frames = env.render([0])
-    except Exception as err:  # noqa: BLE001 - any failure to render is this setting's, said in one line
-        text = repr(err).lower()
-        hint = "; headless MuJoCo renders with MUJOCO_GL=egl (or osmesa)" if "mujoco" in text or "opengl" in text else ""
-        raise SettingError("video", True, f" needs an env that renders: {type(env).__name__}.render failed: "
-                                          f"{error_line(err)}{hint}") from None  # fmt: skip
-    if not (isinstance(frames, torch.Tensor) and frames.dtype == torch.uint8 and frames.ndim == 4 and frames.shape[-1] == 3):
-        got = f"{getattr(frames, 'dtype', type(frames).__name__)} {tuple(getattr(frames, 'shape', ()))}"
-        raise SettingError("video", True, f" needs frames of uint8 [K, H, W, 3]: {type(env).__name__}.render returned {got}")

@@ -135,6 +135,9 @@ class VecEnv(gym.vector.VectorEnv):
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
     #: ``"rgb_array"`` when :meth:`render` draws frames, None when the env was built not to render.
     render_mode: str | None = None
+    #: The name of each observation feature, in order (``obs_dim`` of them), or None when the env does not name
+    #: them; ``rlchain-export`` writes them into an exported policy's metadata.
+    observation_names: tuple[str, ...] | None = None
 
     #: Whether ``info["success"]`` is a task success signal (see the class docstring).
     reports_success: bool = True

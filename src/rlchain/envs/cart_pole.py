@@ -165,6 +165,9 @@ class CartPoleEnv(TorchVecEnv):
             setattr(self, name, torch.where(mask, u[i], getattr(self, name)))
         self.elapsed_steps = self.elapsed_steps.masked_fill(mask, 0)
 
+    #: The features of an observation, in order (m, m/s, rad, rad/s).
+    observation_names = ("x", "x_dot", "theta", "theta_dot")
+
     def _observe(self) -> torch.Tensor:
         return torch.stack((self.x, self.x_dot, self.theta, self.theta_dot), dim=-1)
 

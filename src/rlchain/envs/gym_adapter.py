@@ -334,6 +334,11 @@ class GymVecEnv(VecEnv):
         """The base seed the envs were built with (``cfg.seed``)."""
         return self.cfg.seed
 
+    @property
+    def action_start(self) -> int:
+        """What the gymnasium env's actions add to the policy's (its ``Discrete(n, start)``'s start; 0 for a Box)."""
+        return getattr(self, "_action_start", 0)
+
     def _setup_spaces(self, obs_space: gym.Space, action_space: gym.Space) -> None:
         _check_obs_space(obs_space)
         if isinstance(action_space, gym.spaces.Discrete):

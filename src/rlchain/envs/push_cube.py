@@ -371,6 +371,13 @@ class PushCubeEnv(TorchVecEnv):
         place = torch.exp(distance.square() * (-0.5 / cfg.place_sigma**2))
         return reach, place, distance
 
+    #: The features of :meth:`_observe`, in order (m, m/s, rad/s; the yaw as its cosine and sine).
+    observation_names = (
+        "pusher_x", "pusher_y", "cube_x", "cube_y", "cube_yaw_cos", "cube_yaw_sin", "cube_vx", "cube_vy",
+        "cube_omega", "goal_x", "goal_y", "cube_minus_pusher_x", "cube_minus_pusher_y", "goal_minus_cube_x",
+        "goal_minus_cube_y",
+    )  # fmt: skip
+
     def _observe(self) -> torch.Tensor:
         return torch.stack(
             (
