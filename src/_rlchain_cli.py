@@ -10,6 +10,7 @@ trainer runs, its own handler takes SIGINT (see :mod:`rlchain.stopping`).
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 #: ``rlchain.summary.signal_exit_code("SIGINT")``, which cannot be imported before the ``try``.
@@ -28,24 +29,20 @@ def train() -> None:
 
 
 def evaluate() -> None:
-    """Run ``rlchain.eval_cli.main`` (``rlchain-eval``); Ctrl-C at any moment is one line and exit status 130."""
-    try:
-        from rlchain.eval_cli import main
-
-        code = main()
-    except KeyboardInterrupt:
-        print("\nrlchain-eval: interrupted by SIGINT", file=sys.stderr, flush=True)
-        raise SystemExit(SIGINT_EXIT) from None
-    raise SystemExit(code)
+    """``rlchain-eval``: run ``rlchain.eval_cli.main``, imported inside the ``try``."""
+    _command("rlchain.eval_cli", "rlchain-eval")
 
 
 def export() -> None:
-    """Run ``rlchain.export.main`` (``rlchain-export``); Ctrl-C at any moment is one line and exit status 130."""
-    try:
-        from rlchain.export import main
+    """``rlchain-export``: run ``rlchain.export.main``, imported inside the ``try``."""
+    _command("rlchain.export", "rlchain-export")
 
-        code = main()
+
+def _command(module: str, prog: str) -> None:
+    """Import ``module`` and exit with what its ``main()`` returns; Ctrl-C at any moment is one line and 130."""
+    try:
+        code = importlib.import_module(module).main()
     except KeyboardInterrupt:
-        print("\nrlchain-export: interrupted by SIGINT", file=sys.stderr, flush=True)
+        print(f"\n{prog}: interrupted by SIGINT", file=sys.stderr, flush=True)
         raise SystemExit(SIGINT_EXIT) from None
     raise SystemExit(code)

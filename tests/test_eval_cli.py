@@ -183,3 +183,24 @@ def test_a_file_that_is_no_checkpoint(tmp_path, in_process):
 def test_video_on_an_env_that_cannot_render(user_run, in_process):
     _one_line_error(in_process([user_run, "--allow-target", "tests.helpers", "video=true"]),
                     "video=True needs an env that renders")  # fmt: skip
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from tests.helpers.runs import USER, sigint_as_in_a_terminal, subprocess_env, wait_for
+
+    made = run_cli([*USER, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert made.returncode == 0, made.stderr
+    hold = tmp_path / "hold"
+    hold.touch()  # the env's constructor waits while this file exists
+    script = "import sys; from _rlchain_cli import evaluate; sys.argv[0] = 'rlchain-eval'; evaluate()"  # the console script
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "run"), f"env.hold_build={hold}",
+                             "--allow-target", "tests.helpers"], cwd=tmp_path, env=subprocess_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=sigint_as_in_a_terminal)  # fmt: skip
+    wait_for(lambda: (tmp_path / "hold.waiting").exists(), "the env's constructor to hold", proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip().splitlines() == ["rlchain-eval: interrupted by SIGINT"], err

@@ -19,7 +19,17 @@ from rlchain.algorithms import PPO
 from rlchain.policies import ActorCritic
 from rlchain.summary import RunSummary
 from rlchain.trainer import Trainer
-from tests.helpers.runs import TINY, USER, rows, run_cli, run_dir, subprocess_env, summary_of, wait_for
+from tests.helpers.runs import (
+    TINY,
+    USER,
+    rows,
+    run_cli,
+    run_dir,
+    sigint_as_in_a_terminal,
+    subprocess_env,
+    summary_of,
+    wait_for,
+)
 from tests.helpers.toy_env import LineEnv
 
 #: A run that goes on until it is stopped.
@@ -61,17 +71,11 @@ def test_ctrl_c_saves_a_checkpoint_flushes_logs_and_exits_cleanly(tmp_path):
     assert torch.load(tmp_path / "checkpoints" / "latest.pt", weights_only=True)["global_step"] == summary.global_step
 
 
-def _sigint_as_in_a_terminal() -> None:
-    # A test suite started in the background of a script inherits SIGINT ignored, and Python then installs
-    # no KeyboardInterrupt handler in the child; a command typed at a terminal has the default.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def start(args: list[str], cwd: Path, **popen) -> tuple[subprocess.Popen, Path]:
     """Start ``python -m rlchain *args`` in ``cwd`` as from a terminal; stderr goes to a file the test can read."""
     err = cwd / "stderr.txt"
     proc = subprocess.Popen([sys.executable, "-m", "rlchain", *args], cwd=cwd, env=subprocess_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=err.open("w"), preexec_fn=_sigint_as_in_a_terminal,
+                            stdout=subprocess.PIPE, stderr=err.open("w"), preexec_fn=sigint_as_in_a_terminal,
                             **popen)  # fmt: skip
     return proc, err
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -33,6 +34,15 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env.pop("HYDRA_FULL_ERROR", None)
     env.update(extra)
     return env
+
+
+def sigint_as_in_a_terminal() -> None:
+    """``preexec_fn`` of a command started as from a terminal: SIGINT at its default action.
+
+    A test suite started in the background of a script inherits SIGINT ignored, and Python then installs
+    no KeyboardInterrupt handler in the child; a command typed at a terminal has the default.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_cli(args: list[str], cwd: Path, module: str = "rlchain", timeout: float = 300,
