@@ -9,7 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 import rlchain.config  # noqa: F401  (registers the schemas that every composition here needs)
-from tests.helpers.runs import HELPERS, MEET, SHORT, TINY, run_cli, sweep_dir_of
+from tests.helpers.runs import FRESH, HELPERS, MEET, SHORT, TINY, run_cli, sweep_dir_of
 from tests.helpers.sweep_barrier import barrier_env
 
 
@@ -42,7 +42,7 @@ def cpu_sweep(tmp_path_factory):
         "-m", "sweep=grpo_push_cube", "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2",
         # command-line values replace the preset's for the same key
         "algorithm.group_size=8", "algorithm.kl_coef=0.0", "algorithm.learning_rate=1e-3,3e-4", "seed=0,1", *SHORT,
-        "env.episode_length=8", MEET,
+        "env.episode_length=8", MEET, *FRESH,
     ], cwd, **barrier_env(2, cwd / "barrier"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return sweep_dir_of(cwd), proc
@@ -53,7 +53,7 @@ def trained(tmp_path_factory):
     """A finished tiny PPO run on push_cube (evaluated after each of its 2 iterations), made by ``rlchain-train``:
     the run directory that rlchain-eval's and rlchain-export's tests read."""
     cwd = tmp_path_factory.mktemp("trained")
-    proc = run_cli(["algorithm=ppo", "env=push_cube", *TINY, f"hydra.run.dir={cwd / 'run'}"], cwd)
+    proc = run_cli(["algorithm=ppo", "env=push_cube", *TINY, *FRESH, f"hydra.run.dir={cwd / 'run'}"], cwd)
     assert proc.returncode == 0, proc.stderr
     return cwd / "run"
 

@@ -18,7 +18,7 @@ from tests.helpers.runs import TINY, run_cli
 def cart_pole_run(tmp_path_factory):
     """A tiny PPO run on cart_pole (Discrete actions)."""
     cwd = tmp_path_factory.mktemp("cart_pole")
-    proc = run_cli(["algorithm=ppo", "env=cart_pole", *TINY, "trainer.fresh_eval=false", f"hydra.run.dir={cwd / 'run'}"], cwd)
+    proc = run_cli(["algorithm=ppo", "env=cart_pole", *TINY, f"hydra.run.dir={cwd / 'run'}"], cwd)
     assert proc.returncode == 0, proc.stderr
     return cwd / "run"
 

@@ -16,8 +16,11 @@ from rlchain.summary import RunSummary
 #: The checkout's root (its ``tests`` package is importable from there) and this folder.
 REPO = Path(__file__).resolve().parents[2]
 HELPERS = Path(__file__).resolve().parent
-#: Shrinks any run to a couple of seconds on the CPU (conf/debug/tiny.yaml).
-TINY = ["debug=tiny"]
+#: Shrinks any run to a couple of seconds on the CPU (conf/debug/tiny.yaml), without the final evaluation of
+#: best.pt on fresh start states (a tenth of a tiny run's time; FRESH turns it back on where a test reads it).
+TINY = ["debug=tiny", "trainer.fresh_eval=false"]
+#: The final evaluation of best.pt on fresh start states (summary.json's best_fresh), for a run of TINY.
+FRESH = ["trainer.fresh_eval=true"]
 #: A tiny run with eight evaluations (summary tables, learning curves).
 SHORT = [*TINY, "trainer.iterations=8"]
 #: The user's own config directory, and its toy env with marker-file switches (:mod:`tests.helpers.fault_env`).
