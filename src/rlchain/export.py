@@ -149,8 +149,10 @@ def export_policy(policy: nn.Module, action_space: gym.Space, obs_dim: int, fmt:
     with torch.no_grad():
         if fmt == "torchscript":
             buffer = io.BytesIO()
-            torch.jit.save(torch.jit.freeze(torch.jit.trace(module, example)), buffer,
-                           _extra_files={f"{METADATA_KEY}.json": json.dumps(metadata)})  # fmt: skip
+            with warnings.catch_warnings():  # torch 2.9+ deprecates TorchScript; a libtorch program still loads it
+                warnings.simplefilter("ignore", DeprecationWarning)
+                torch.jit.save(torch.jit.freeze(torch.jit.trace(module, example)), buffer,
+                               _extra_files={f"{METADATA_KEY}.json": json.dumps(metadata)})  # fmt: skip
             data = buffer.getvalue()
         else:
             data = _onnx_bytes(module, example, metadata)
