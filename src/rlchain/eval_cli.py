@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``rlchain-eval`` command: evaluate, print the table and where ``eval.json`` went; 1 on bad input."""
     from rlchain.saved_run import SavedRunError
 
-    parser = _parser("rlchain-eval", __doc__.split("\n\n")[0])
+    parser = _parser("rlchain-eval", __doc__)
     parser.add_argument("source", help="a run directory or a checkpoint file")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help=f"options ({', '.join(f.name for f in dataclasses.fields(EvalConfig))}) and "
@@ -221,8 +221,12 @@ class _OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _parser(prog: str, description: str) -> argparse.ArgumentParser:
-    return _OneLineParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """The command's parser: its module docstring's first paragraph as the description, its usage block as examples."""
+    paragraphs = doc.replace("``", "").split("\n\n")
+    examples = next((paragraphs[i + 1] for i, text in enumerate(paragraphs) if text.strip() == "Usage::"), "")
+    return _OneLineParser(prog=prog, description=paragraphs[0], epilog=f"examples:\n{examples}" if examples else None,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
 
 
 if __name__ == "__main__":

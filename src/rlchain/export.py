@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rlchain.eval_cli import _parser
     from rlchain.saved_run import CHECKPOINT_CHOICES, SavedRunError, open_run
 
-    parser = _parser("rlchain-export", __doc__.split("\n\n")[0])
+    parser = _parser("rlchain-export", __doc__)
     parser.add_argument("source", help="a run directory or a checkpoint file")
     parser.add_argument("--format", required=True, choices=list(FORMATS), help="the file format")
     parser.add_argument("--output", type=Path, help="where to write (default: next to the checkpoint, "
