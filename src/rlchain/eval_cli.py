@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +84,7 @@ def run_eval(source: str | Path, overrides: Sequence[str] = (), allowed: Sequenc
     from rlchain.evaluation import check_renders, evaluate_checkpoint, fresh_seed
     from rlchain.files import write_json
     from rlchain.saved_run import SavedRunError, open_run
-    from rlchain.video import check_video_support, write_mp4
+    from rlchain.video import check_video_support, prefer_headless_gl, write_mp4
 
     options: dict[str, Any] = {}
     env_overrides = []
@@ -112,8 +111,7 @@ def run_eval(source: str | Path, overrides: Sequence[str] = (), allowed: Sequenc
         settings["device"] = cfg.device
     if cfg.video:
         settings["render_mode"] = "rgb_array"
-        if not os.environ.get("DISPLAY"):
-            os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo; set before gymnasium imports mujoco
+        prefer_headless_gl()
     try:
         env = run.build_env(env_overrides, **settings)
     except SavedRunError as err:

@@ -85,10 +85,6 @@ class Interval:
         half = float(stdtrit(n - 1, 0.975)) * std / math.sqrt(n)
         return cls(mean, std, mean - half, mean + half, n)
 
-    def __str__(self) -> str:
-        interval = "" if self.ci95_low is None else f" [{self.ci95_low:.4g}, {self.ci95_high:.4g}]"
-        return f"{self.mean:.4g} ± {self.std:.3g}{interval}"
-
 
 @dataclass
 class Evaluation:

@@ -35,12 +35,12 @@ from typing import Any, Iterator, Sequence
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException, InstantiationException
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlchain.checkpoint import check_state_matches, load_checkpoint
-from rlchain.settings import SettingError
+from rlchain.settings import SettingError, rejection
 
 __all__ = ["CHECKPOINT_CHOICES", "SavedRun", "SavedRunError", "allowed_target", "open_run"]
 
@@ -162,11 +162,14 @@ class SavedRun:
         with _component_errors("policy"):
             policy = instantiate(OmegaConf.create(config), observation_space=env.single_observation_space,
                                  action_space=env.single_action_space, _convert_="all")  # fmt: skip
-            if not isinstance(policy, Policy):
-                raise SavedRunError(f"policy._target_={config['_target_']!r} built a {type(policy).__name__}, not a Policy")
-            policy = policy.to(env.device)
+        if not isinstance(policy, Policy):
+            raise SavedRunError(f"policy._target_={config['_target_']!r} built a {type(policy).__name__}, not a Policy")
+        policy = policy.to(env.device)
+        try:
             check_state_matches(policy, self.state["policy"], "checkpoint", self.checkpoint)
-            policy.load_state_dict(self.state["policy"])
+        except SettingError as err:
+            raise SavedRunError(str(err)) from None
+        policy.load_state_dict(self.state["policy"])
         policy.eval()
         return policy
 
@@ -242,15 +245,9 @@ def _component_errors(group: str) -> Iterator[None]:
         yield
     except SavedRunError:
         raise
-    except SettingError as err:
-        raise SavedRunError(err.qualified("" if err.name == "checkpoint" else group)) from None
-    except (InstantiationException, HydraException) as err:
-        cause = err.__cause__
-        if isinstance(cause, SettingError):
-            raise SavedRunError(cause.qualified(group)) from None
-        raise SavedRunError(f"{group}: {cause if cause is not None else err}") from None
-    except ValueError as err:
-        raise SavedRunError(f"{group}: {err}") from None
+    except (HydraException, ValueError) as err:  # Hydra's InstantiationException is a HydraException
+        message = rejection(err, group) or f"{group}: {err.__cause__ or err}"
+        raise SavedRunError(message) from None
 
 
 def open_run(source: str | Path, checkpoint: str = "best", allowed: Sequence[str] = ()) -> SavedRun:

@@ -27,7 +27,7 @@ import types
 import typing
 from typing import Any, Sequence
 
-__all__ = ["SettingError", "Settings", "setting"]
+__all__ = ["SettingError", "Settings", "rejection", "setting"]
 
 _RANGE = "rlchain_range"
 
@@ -54,6 +54,23 @@ class SettingError(ValueError):
         """The message with the name prefixed by ``group.`` (unless ``group`` is empty or the name is in full)."""
         name = f"{group}.{self.name}" if group and "." not in self.name else self.name
         return f"{name}={self.value!r}{self.rest}"
+
+
+def rejection(err: BaseException, group: str) -> str | None:
+    """The one-line message of a component of config group ``group`` that rejected a value while it was built.
+
+    ``err`` is the ``ValueError`` it raised, or the error that wraps one as
+    its ``__cause__`` (Hydra's ``InstantiationException``). A
+    :class:`SettingError` names its setting in full (``env.num_envs=0 is not
+    allowed: ...``); another ``ValueError`` is prefixed with the group
+    (``policy: ...``). None when no ``ValueError`` is behind ``err``.
+    """
+    cause = err if isinstance(err, ValueError) else err.__cause__
+    if isinstance(cause, SettingError):
+        return cause.qualified(group)
+    if isinstance(cause, ValueError):
+        return f"{group}: {cause}" if group else str(cause)
+    return None
 
 
 def setting(

@@ -35,11 +35,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rlchain.config import RunConfig, check_top_level_keys
-from rlchain.settings import SettingError
+from rlchain.settings import rejection
 from rlchain.stopping import requeue_signal
 from rlchain.summary import STOPPED, RunSummary, error_line, placement
 from rlchain.trainer import Trainer
 from rlchain.utils import resolve_device
+from rlchain.video import prefer_headless_gl
 
 __all__ = ["ConfigError", "RunFailed", "build", "main", "train"]
 
@@ -63,14 +64,10 @@ def _component(group: str) -> Iterator[None]:
     try:
         yield
     except (InstantiationException, ValueError) as err:
-        cause = err.__cause__ if isinstance(err, InstantiationException) else err
-        if isinstance(cause, SettingError):
-            message = cause.qualified(group)
-        elif isinstance(cause, ValueError):
-            message = f"{group}: {cause}" if group else str(cause)
-        else:
+        message = rejection(err, group)
+        if message is None:
             raise
-        raise ConfigError(f"Invalid config: {message}") from cause
+        raise ConfigError(f"Invalid config: {message}") from (err if isinstance(err, ValueError) else err.__cause__)
 
 
 def build(cfg: DictConfig) -> Trainer:
@@ -86,8 +83,8 @@ def build(cfg: DictConfig) -> Trainer:
         check_top_level_keys(cfg)
         RunConfig(seed=cfg.seed, device=cfg.device, exp_name=cfg.exp_name)  # the ranges of the run-wide settings
         resolve_device(cfg.device, name="device")
-    if cfg.trainer.get("video") and not os.environ.get("DISPLAY"):
-        os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo renders through EGL; set before mujoco is imported
+    if cfg.trainer.get("video"):
+        prefer_headless_gl()
     torch.manual_seed(cfg.seed)  # the run's random stream starts here: initial weights, then action sampling
     with _component("env"):
         env = instantiate(cfg.env, _convert_="all")

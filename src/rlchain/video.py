@@ -14,7 +14,7 @@ import numpy as np
 
 from rlchain.files import write_bytes
 
-__all__ = ["VIDEO_EXTRA", "check_video_support", "encode_gif", "write_mp4"]
+__all__ = ["VIDEO_EXTRA", "check_video_support", "encode_gif", "prefer_headless_gl", "write_mp4"]
 
 #: What to install for videos.
 VIDEO_EXTRA = 'pip install "rlchain[video]"'
@@ -26,6 +26,13 @@ def check_video_support() -> str | None:
     if missing:
         return f" needs {' and '.join(m.replace('_', '-') for m in missing)}, an optional extra: {VIDEO_EXTRA}"
     return None
+
+
+def prefer_headless_gl() -> None:
+    """Without a display, let MuJoCo render through EGL unless ``MUJOCO_GL`` is set: call before ``mujoco`` is
+    imported (it reads the variable then), i.e. before any env is built."""
+    if not os.environ.get("DISPLAY"):
+        os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float) -> Path:
