@@ -55,6 +55,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlchain.files import write_text
 from rlchain.summary import STOPPED, JobRecord, RunSummary, error_line
+from rlchain.tuning import TRIAL_KEY
 
 __all__ = [
     "JobResult", "SweepFailed", "SweepSummary", "failure_lines", "learning_curves", "load_jobs", "main",
@@ -120,8 +121,8 @@ class JobResult:
 
     @property
     def failed(self) -> bool:
-        """Whether the job neither completed nor was stopped on request (failed, missing or unreadable)."""
-        return self.status != "completed" and self.status not in STOPPED
+        """Whether the job neither completed, was pruned, nor was stopped on request (failed, missing or unreadable)."""
+        return self.status not in ("completed", "pruned") and self.status not in STOPPED
 
     @property
     def device(self) -> str | None:
@@ -151,11 +152,16 @@ class JobResult:
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     def params(self) -> dict[str, str]:
-        """The overrides as ``{key: value}`` (``+``/``++`` prefixes dropped, deletions kept as keys)."""
+        """The overrides as ``{key: value}`` (``+``/``++`` prefixes dropped, deletions kept as keys).
+
+        The Optuna sweeper's link to the job's trial (``trainer.trial``) is
+        left out: the job number is the trial number.
+        """
         out = {}
         for override in self.overrides:
             key, _, value = override.partition("=")
-            out[key.lstrip("+")] = value
+            if key.lstrip("+") != TRIAL_KEY:
+                out[key.lstrip("+")] = value
         return out
 
     def value_at(self, metric: str, step: float) -> float | None:
@@ -210,6 +216,10 @@ def load_jobs(sweep_dir: str | Path) -> list[JobResult]:
     if not jobs:
         raise FileNotFoundError(f"{str(sweep_dir)!r} holds no job directory (no .hydra/overrides.yaml below it)")
     return sorted(jobs, key=lambda j: j.num)
+
+
+#: How :func:`learning_curves` marks a configuration whose every job was pruned.
+PRUNED_LABEL = " (pruned)"
 
 
 def varying_keys(jobs: Sequence[JobResult]) -> list[str]:
@@ -364,7 +374,8 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
         f"# Sweep summary: {sweep_dir}",
         "",
         f"{len(jobs)} jobs: {sum(j.status == 'completed' for j in jobs)} completed, "
-        f"{sum(j.status == 'interrupted' for j in jobs)} interrupted, "
+        + (f"{sum(j.status == 'pruned' for j in jobs)} pruned, " if any(j.status == "pruned" for j in jobs) else "")
+        + f"{sum(j.status == 'interrupted' for j in jobs)} interrupted, "
         f"{sum(j.status == 'aborted' for j in jobs)} aborted, {len(failed)} failed or missing. "
         f"Objective: `{objective_name}` ({order} first).",
         "",
@@ -409,8 +420,10 @@ def learning_curves(jobs: Sequence[JobResult], metric: str = "eval/success_rate"
 
     Returns:
         ``{label: (steps, mean, std, n_seeds)}`` in configuration order;
-        ``std`` is the sample std (n - 1), None for a single seed.
-        Configurations without a logged ``metric`` are left out.
+        ``std`` is the sample std (n - 1), None for a single seed. The label
+        of a configuration whose every job was pruned (by the Optuna
+        sweeper's pruner) ends with `` (pruned)``. Configurations without a
+        logged ``metric`` are left out.
     """
     import numpy as np
 
@@ -423,7 +436,8 @@ def learning_curves(jobs: Sequence[JobResult], metric: str = "eval/success_rate"
         grid = np.array(sorted({s for steps, _ in curves for s in steps if s <= end}))
         values = np.stack([np.interp(grid, steps, vals) for steps, vals in curves])
         std = values.std(axis=0, ddof=1).tolist() if len(curves) > 1 else None
-        out[_label(config) or "all jobs"] = (grid.tolist(), values.mean(axis=0).tolist(), std, len(curves))
+        label = (_label(config) or "all jobs") + (PRUNED_LABEL if all(j.status == "pruned" for j in members) else "")
+        out[label] = (grid.tolist(), values.mean(axis=0).tolist(), std, len(curves))
     return out
 
 
@@ -432,8 +446,10 @@ def plot_learning_curves(sweep_dir: str | Path, jobs: Sequence[JobResult] | None
                          name: str = "learning_curves.png") -> Path | None:  # fmt: skip
     """Draw :func:`learning_curves` (mean line, band of one std) into ``<sweep_dir>/<name>``.
 
-    With more than ``max_curves`` configurations, the ``max_curves`` with the
-    highest mean final value are drawn (the title says so).
+    With more than ``max_curves`` configurations that ran to their end, the
+    ``max_curves`` with the highest mean final value are drawn (the title says
+    so). Pruned configurations are drawn as thin dashed grey lines that end
+    where the pruner stopped them, under one legend entry.
 
     Returns:
         The PNG path, or None when no job logged ``metric``.
@@ -444,9 +460,14 @@ def plot_learning_curves(sweep_dir: str | Path, jobs: Sequence[JobResult] | None
     curves = learning_curves(load_jobs(sweep_dir) if jobs is None else jobs, metric)
     if not curves:
         return None
-    shown = sorted(curves.items(), key=lambda kv: -kv[1][1][-1])[:max_curves]
+    pruned = {label: curve for label, curve in curves.items() if label.endswith(PRUNED_LABEL)}
+    ran = {label: curve for label, curve in curves.items() if label not in pruned}
+    shown = sorted(ran.items(), key=lambda kv: -kv[1][1][-1])[:max_curves]
     fig = Figure(figsize=(8, 4.8), layout="constrained")
     ax = fig.add_subplot()
+    for i, (steps, mean, _, _) in enumerate(pruned.values()):
+        ax.plot(steps, mean, color="0.55", linestyle="--", linewidth=0.9,
+                label=f"pruned ({len(pruned)} configurations)" if i == 0 else None)  # fmt: skip
     for label, (steps, mean, std, n) in shown:
         (line,) = ax.plot(steps, mean, label=f"{label} (n={n})")
         if std is not None:
@@ -458,8 +479,8 @@ def plot_learning_curves(sweep_dir: str | Path, jobs: Sequence[JobResult] | None
     ax.set_xlabel("env steps (global_step)")
     ax.set_ylabel(metric)
     title = f"{metric}: mean ± std over seeds"
-    if len(curves) > len(shown):
-        title += f" (best {len(shown)} of {len(curves)} configurations)"
+    if len(ran) > len(shown):
+        title += f" (best {len(shown)} of {len(ran)} configurations that ran to the end)"
     ax.set_title(title, fontsize="medium")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="x-small", loc="best")

@@ -93,7 +93,8 @@ class RunSummary:
     """
 
     status: str
-    """``completed``, ``interrupted`` (a stop signal: the iteration ended and ``latest.pt`` was saved),
+    """``completed``, ``pruned`` (its Optuna trial was pruned: it stopped after that iteration and saved ``latest.pt``;
+    see ``trainer.trial``), ``interrupted`` (a stop signal: the iteration ended and ``latest.pt`` was saved),
     ``aborted`` (a second stop signal: the last checkpoint stands), ``failed``, or ``unreadable`` (from :meth:`read`)."""
     error: str | None = None
     """What went wrong, on one line (``failed``)."""
@@ -148,10 +149,11 @@ class RunSummary:
 
     @property
     def exit_code(self) -> int:
-        """The process exit status for this run: 0 completed, 128 + the signal's number when stopped by one, else 1."""
+        """The process exit status for this run: 0 completed or pruned, 128 + the signal's number when stopped by
+        one, else 1."""
         if self.status in STOPPED and self.signal:
             return signal_exit_code(self.signal)
-        return 0 if self.status == "completed" else 1
+        return 0 if self.status in ("completed", "pruned") else 1
 
     def write(self, run_dir: str | os.PathLike) -> Path:
         """Write ``<run_dir>/summary.json`` atomically and return its path.

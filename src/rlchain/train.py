@@ -149,8 +149,8 @@ def train(cfg: DictConfig) -> RunSummary:
 def _result_line(summary: RunSummary, trainer: Trainer) -> str:
     """The one line a run ends with: what happened, how far it got, its results and where it is."""
     steps = f"{summary.global_step:,} env steps in {summary.elapsed_s:.0f} s"
-    if summary.status == "completed":
-        parts = [f"rlchain: completed {steps}"]
+    if summary.status in ("completed", "pruned"):
+        parts = [f"rlchain: {summary.status} {steps}"]
     else:  # stopped by a signal: interrupted or aborted
         parts = [f"rlchain: {summary.status} by {summary.signal} at {steps}"]
     success = summary.final.get("eval/success_rate")  # absent for a task without success

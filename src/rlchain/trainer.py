@@ -118,6 +118,11 @@ class TrainerConfig(Settings):
     stats_min_episodes: int = setting(100, gt=0)
     """charts/episodic_return, charts/episodic_length and charts/success_rate average every episode that ended in
     the latest rollout and, when fewer ended, the latest episodes before it, up to this many."""
+    trial: dict[str, Any] = setting({})
+    """The Optuna trial this run reports to ({}: none), set by rlchain's Optuna sweeper (hydra/sweeper=rlchain_optuna)
+    for each of its jobs: {storage, study_name, number, pruner, pruner_options} (rlchain.tuning.TrialLink). The run
+    reports its objective at every evaluation (step: the iteration) and, when the study's pruner prunes the trial,
+    stops after that iteration with status 'pruned' (latest.pt saved, no fresh evaluation)."""
     progress: bool = True
     """Show the progress of the iterations: a bar on a terminal, plain lines otherwise (nothing on a terminal
     that another process owns, as a parallel job of the devices launcher)."""
@@ -195,6 +200,8 @@ class Trainer:
         self.best_fresh: dict[str, Any] | None = None
         self.init_from: str | None = None
         self._objective_checked = False
+        self.trial = _open_trial(cfg.trial)
+        self.pruned = False
         resume_from = self._resume_source()
         if resume_from is not None:
             exact = self.load(resume_from)
@@ -257,10 +264,13 @@ class Trainer:
                 progress = Progress(cfg.iterations, self.iteration, cfg.progress)
                 if self.iteration >= cfg.iterations:
                     notice(f"the run has already reached trainer.iterations={cfg.iterations}: nothing to train")
-                while self.iteration < cfg.iterations and stop.received is None:
+                while self.iteration < cfg.iterations and stop.received is None and not self.pruned:
                     row = self._iteration(writer, start)
                     progress.update(self.iteration, self.global_step, row)
-                if self.iteration < cfg.iterations:  # a stop signal ended it early
+                if self.pruned:
+                    ending = {"status": "pruned"}
+                    notice(f"pruned by the study's pruner after iteration {self.iteration} (trial {cfg.trial['number']})")
+                elif self.iteration < cfg.iterations:  # a stop signal ended it early
                     ending = {"status": "interrupted", "signal": stop.received}
                 self.save()
                 if ending["status"] == "completed" and cfg.fresh_eval:
@@ -307,8 +317,10 @@ class Trainer:
             self._objective_checked = True
             self._check_objective(row)
         value = self.objective.value(row) if evaluated else None
+        if self.trial is not None and evaluated:
+            self.pruned = self.trial.report(value, self.iteration) and self.iteration < cfg.iterations
         new_best = self.objective.best.improves(value)
-        if new_best or (self.iteration % cfg.save_freq == 0 and self.iteration < cfg.iterations):
+        if new_best or (self.iteration % cfg.save_freq == 0 and self.iteration < cfg.iterations and not self.pruned):
             writer.flush()
             if new_best:
                 self._save_best(value)
@@ -568,6 +580,27 @@ class Trainer:
         self.policy.load_state_dict(state["policy"])
         return state
 
+
+
+def _open_trial(trial: dict[str, Any]) -> Any:
+    """The connected :class:`~rlchain.tuning.TrialLink` of ``trial`` (the ``trial`` setting), or None for ``{}``.
+
+    Raises:
+        SettingError: ``trial`` is no trial link (naming what one holds), or its study cannot be opened.
+    """
+    if not trial:
+        return None
+    from rlchain.tuning import StudyError, TrialLink
+
+    try:
+        return TrialLink(**trial).open()
+    except TypeError:
+        raise SettingError("trial", trial, " is not allowed: expected {storage, study_name, number, pruner, "
+                                           "pruner_options} (set by the rlchain_optuna sweeper)") from None
+    except StudyError as err:
+        raise SettingError("trial", trial["number"], f": {err}") from None
+    except ImportError:
+        raise SettingError("trial", trial["number"], ' needs optuna, an optional extra: pip install "rlchain[sweep]"') from None
 
 
 def _build_eval_env(factory: Callable[..., VecEnv], cfg: TrainerConfig) -> VecEnv:

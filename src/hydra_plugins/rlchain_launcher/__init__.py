@@ -5,7 +5,7 @@ rlchain's, :mod:`rlchain.summary` (stop signals, exit codes and the job
 record it writes). Modules, in the order a sweep meets them:
 
 - :mod:`.config`: the settings (``hydra.launcher.*``), their defaults and checks.
-- :mod:`.devices_launcher`: the plugin class Hydra instantiates; one batch of jobs.
+- :mod:`.devices_launcher`: the plugin class Hydra instantiates; a batch of jobs, or jobs as a sweeper offers them.
 - :mod:`._slots`: device slots: which devices, how many threads.
 - :mod:`._pool`: the scheduling loop, one worker process per slot.
 - :mod:`._worker`: what runs inside a worker process (start, job, exit when orphaned).

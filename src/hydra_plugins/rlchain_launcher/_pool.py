@@ -7,7 +7,9 @@ replaced for the next one. :class:`DevicePool` hands the pending jobs of a
 batch to idle slots as soon as one frees, relays the launcher's stop signals
 to the running jobs (:mod:`._signals`), and as each job ends logs it, writes
 the launcher's record of it (:class:`~rlchain.summary.JobRecord`, in the
-sweep directory) and returns its ``JobReturn`` in job order.
+sweep directory) and returns its ``JobReturn``: a batch's in job order
+(:meth:`DevicePool.run`), or each as it ends to a sweeper that chooses the
+next job from the results so far (:meth:`DevicePool.stream`).
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
 import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf, open_dict, read_write
 
 from hydra_plugins.rlchain_launcher._signals import StopSignals
 from hydra_plugins.rlchain_launcher._slots import Slot
@@ -159,38 +162,55 @@ class DevicePool:
                 worker.kill(reason)
 
     def run(self, jobs: list[Job], context: bytes, sweep_dir: Path) -> Batch:
-        """Run ``jobs``, each as soon as a slot is free.
+        """Run ``jobs``, each as soon as a slot is free, and return their results in job order.
 
         Args:
-            context: the batch's cloudpickled ``(task_function, hydra_context, singleton_state)``.
+            context: the cloudpickled ``(task_function, hydra_context, singleton_state)``.
             sweep_dir: where the launcher's job records go.
 
         The stop signals are acted on only under ``self.signals.handling()``.
         """
-        pending = deque(jobs)
-        running: dict[Future, Worker] = {}
-        results: dict[int, JobReturn] = {}
+        queue = deque(jobs)
         batch = Batch([])
-        while pending or running:
+        results = {job.idx: ret for job, ret in self.stream(lambda: queue.popleft() if queue else None, context,
+                                                             sweep_dir, batch)}  # fmt: skip
+        batch.results = [results[job.idx] for job in jobs if job.idx in results]
+        batch.stopped = self.signals.first is not None
+        return batch
+
+    def stream(self, next_job: Callable[[], Job | None], context: bytes, sweep_dir: Path,
+               batch: Batch) -> Iterator[tuple[Job, JobReturn]]:  # fmt: skip
+        """Start a job from ``next_job()`` whenever a slot is free; yield each job with its result as it ends.
+
+        ``next_job()`` is called only when a slot is free, and again after
+        every job that ends, so it can choose the next job from the results
+        so far; it returns None when it has no job to start now. The stream
+        ends when no job runs and ``next_job()`` offers none, or, after a stop
+        signal, when the running jobs have ended (no job starts after one).
+        Failed jobs are also added to ``batch.failed``.
+        """
+        waiting: deque[Job] = deque()  # a job whose worker died before it started: it goes to a fresh worker
+        running: dict[Future, Worker] = {}
+        while True:
             self._relay_signals()
-            while pending and self.signals.first is None:
-                worker = self._idle_worker()
-                if worker is None:
-                    break
+            while self.signals.first is None and len(self._busy()) < len(self.slots):
                 if self.stagger_s > 0:
                     time.sleep(max(0.0, self._last_start + self.stagger_s - time.time()))
                     if self.signals.first is not None:
                         break
-                job = pending.popleft()
+                job = waiting.popleft() if waiting else next_job()
+                if job is None:
+                    break
+                worker = self._idle_worker()
                 try:
                     future = worker.executor.submit(execute, cloudpickle.dumps(job), context)
                 except BrokenProcessPool:  # its process died while it was idle: a fresh worker takes the job
                     worker.broken = True
-                    pending.appendleft(job)
+                    waiting.appendleft(job)
                     continue
                 worker.job, worker.signals_sent, worker.killed = job, 0, None
                 worker.started = self._last_start = time.time()
-                log.info(f"job {job.idx} started on {worker.slot.label} (slot {worker.slot.index}): {' '.join(job.overrides)}")
+                log.info(f"job {job.idx} started on {worker.slot.label} (slot {worker.slot.index}): {_shown_overrides(job.overrides)}")
                 running[future] = worker
             if not running:
                 break
@@ -198,12 +218,11 @@ class DevicePool:
             self._relay_signals()
             for future in done:
                 worker = running.pop(future)
-                results[worker.job.idx] = self._finish(future, worker, sweep_dir, batch)
+                job = worker.job
+                result = self._finish(future, worker, sweep_dir, batch)
                 worker.job = None
+                yield job, result
         self._relay_signals()
-        batch.results = [results[job.idx] for job in jobs if job.idx in results]
-        batch.stopped = self.signals.first is not None
-        return batch
 
     def _finish(self, future: Future, worker: Worker, sweep_dir: Path, batch: Batch) -> JobReturn:
         """The ``JobReturn`` of a finished job; logs it, adds it to ``batch.failed`` if it failed and writes
@@ -227,6 +246,8 @@ class DevicePool:
                               worker.pid, None)  # fmt: skip
         ret = cloudpickle.loads(outcome.job_return)
         ret.hydra_cfg = OmegaConf.masked_copy(job.config, "hydra")
+        with read_write(ret.hydra_cfg.hydra.runtime):
+            ret.hydra_cfg.hydra.runtime.output_dir = str(job.output_dir)  # as Hydra's run_job sets it in the job
         ret.cfg = copy.deepcopy(job.config)
         with open_dict(ret.cfg):
             del ret.cfg["hydra"]
@@ -263,6 +284,15 @@ class DevicePool:
         for worker in self.workers:
             if worker is not None:
                 worker.close()
+
+
+def _shown_overrides(overrides: list[str], width: int = 60) -> str:
+    """The overrides on one line, each value longer than ``width`` characters cut short with ``...``."""
+    shown = []
+    for override in overrides:
+        key, eq, value = override.partition("=")
+        shown.append(f"{key}{eq}{value[:width - 3]}..." if len(value) > width else override)
+    return " ".join(shown)
 
 
 def _shown_path(path: str) -> str:

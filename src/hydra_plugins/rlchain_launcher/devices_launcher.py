@@ -21,6 +21,11 @@ recorded as failed (its traceback in its Hydra job log and its record) while
 the others go on; at the end of the batch each failed job is listed in one
 line, and Hydra's sweeper then stops the multirun with a non-zero exit status.
 
+A sweeper that chooses each job from the results so far (rlchain's Optuna
+sweeper) calls :meth:`DevicesLauncher.launch_as_completed` instead of
+:meth:`~DevicesLauncher.launch`: it is asked for the next job whenever a slot
+frees, and gets each result as its job ends.
+
 Ctrl-C or SIGTERM stops the sweep: running jobs save and stop after their
 iteration, no new job starts, the multirun-end callbacks run (rlchain's
 summary tables), and the multirun exits with 130 (Ctrl-C) or 143 (SIGTERM); a
@@ -40,7 +45,7 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn
@@ -90,13 +95,37 @@ class DevicesLauncher(Launcher):
                 callbacks have run: only the launcher saw the signal, and
                 Hydra runs no callback after a launcher that ends the multirun.
         """
+        from hydra_plugins.rlchain_launcher._pool import Batch
+
+        jobs = [(initial_job_idx + i, overrides) for i, overrides in enumerate(job_overrides)]
+        queue = iter(jobs)
+        batch = Batch([])
+        results = dict(self.launch_as_completed(lambda: next(queue, None), batch))
+        _log_failures(jobs, batch.failed)
+        return [results[idx] for idx, _ in jobs if idx in results]
+
+    def launch_as_completed(self, next_job: Callable[[], tuple[int, Sequence[str]] | None],
+                            batch: Any = None) -> Iterator[tuple[int, JobReturn]]:  # fmt: skip
+        """Start a job whenever a slot frees; yield ``(job number, JobReturn)`` as each job ends.
+
+        ``next_job()`` returns the next job's number and overrides, or None
+        when it has none to start now; it is called only when a slot is free
+        and again after each job that ends (after the consumer has seen its
+        result), so a sweeper can choose the next job from every result so
+        far (rlchain's Optuna sweeper does). The iteration ends when no job
+        runs and ``next_job()`` offers none.
+
+        Raises:
+            SystemExit: as :meth:`launch`, after the results of the jobs that
+                were running when the stop signal came have been yielded.
+        """
         import weakref
 
         import cloudpickle
         from hydra.core.singleton import Singleton
         from hydra.core.utils import configure_log, setup_globals
 
-        from hydra_plugins.rlchain_launcher._pool import DevicePool
+        from hydra_plugins.rlchain_launcher._pool import Batch, DevicePool
         from hydra_plugins.rlchain_launcher._slots import make_slots
         from rlchain.summary import error_line
 
@@ -111,24 +140,30 @@ class DevicesLauncher(Launcher):
                                    cfg.stagger_s, cfg.kill_after_s)  # fmt: skip
             weakref.finalize(self, self.pool.shutdown)  # also runs at exit; atexit alone kept them to the end
         pool = self.pool
+        batch = batch if batch is not None else Batch([])
         devices = sorted({s.label for s in pool.slots})
-        log.info(f"devices launcher: {len(job_overrides)} job(s) on {len(pool.slots)} slot(s) "
-                 f"({', '.join(devices)}; {pool.slots[0].num_threads} thread(s) each); sweep dir {sweep_dir}")  # fmt: skip
+        log.info(f"devices launcher: {len(pool.slots)} slot(s) ({', '.join(devices)}; "
+                 f"{pool.slots[0].num_threads} thread(s) each); sweep dir {sweep_dir}")  # fmt: skip
+        ran = 0
         with pool.signals.handling():
             context = cloudpickle.dumps((self.task_function, self.hydra_context, Singleton.get_state()))
-            jobs = [self._prepare(initial_job_idx + i, overrides) for i, overrides in enumerate(job_overrides)]
-            batch = pool.run(jobs, context, sweep_dir)
-            _log_failures(jobs, batch.failed)
-            if batch.stopped:
-                log.warning(f"sweep stopped by {signal.Signals(pool.signals.first).name}: {len(batch.results)} of "
-                            f"{len(jobs)} job(s) ran in this batch; finished jobs and checkpoints are in {sweep_dir}")
+
+            def prepared() -> Any:
+                offered = next_job()
+                return None if offered is None else self._prepare(*offered)
+
+            for job, ret in pool.stream(prepared, context, sweep_dir, batch):
+                ran += 1
+                yield job.idx, ret
+            if pool.signals.first is not None:
+                log.warning(f"sweep stopped by {signal.Signals(pool.signals.first).name} after {ran} job(s); "
+                            f"finished jobs and checkpoints are in {sweep_dir}")  # fmt: skip
                 pool.shutdown()
                 try:
                     self.hydra_context.callbacks.on_multirun_end(config=self.config)
                 except Exception as err:  # a stopped sweep exits with its signal's code whatever a callback says
                     log.warning(f"a multirun-end callback failed: {error_line(err)}")
                 raise SystemExit(pool.signals.exit_code)
-        return batch.results
 
     def _prepare(self, idx: int, overrides: Sequence[str]) -> Any:
         """Compose job ``idx``'s config in the launcher process and resolve its output directory."""
@@ -143,11 +178,12 @@ class DevicesLauncher(Launcher):
         return Job(idx, list(overrides), sweep_config, Path(os.path.abspath(os.path.join(str(sweep.dir), str(sweep.subdir)))))
 
 
-def _log_failures(jobs: Sequence[Any], failed: Sequence[tuple[Any, str]]) -> None:
-    """One line per failed job of the batch: its number, the overrides that vary within the batch, its error."""
+def _log_failures(jobs: Sequence[tuple[int, Sequence[str]]], failed: Sequence[tuple[Any, str]]) -> None:
+    """One line per failed job of the batch (``jobs``: number and overrides of each): its number, the overrides
+    that vary within the batch, its error."""
     if not failed:
         return
-    values = {job.idx: dict(o.lstrip("+").partition("=")[::2] for o in job.overrides) for job in jobs}
+    values = {idx: dict(o.lstrip("+").partition("=")[::2] for o in overrides) for idx, overrides in jobs}
     keys = dict.fromkeys(k for v in values.values() for k in v)
     varying = [k for k in keys if len({v.get(k) for v in values.values()}) > 1]
     log.error(f"{len(failed)} job(s) failed (each traceback is in the job's log and the sweep's launcher.jsonl):")

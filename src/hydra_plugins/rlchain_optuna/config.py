@@ -1,0 +1,56 @@
+"""Settings of rlchain's Optuna sweeper, registered as ``hydra/sweeper=rlchain_optuna``: their one home.
+
+No ``from __future__ import annotations`` here: Hydra's plugin scan executes
+this module outside ``sys.modules``, where dataclasses cannot resolve string
+annotations.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class OptunaSweeperConf:
+    """Settings of :class:`~hydra_plugins.rlchain_optuna.optuna_sweeper.OptunaSweeper` (``hydra.sweeper.*``).
+
+    The sweeper checks them when the sweep starts, before any trial, and
+    names the field, the value and what is allowed.
+    """
+
+    _target_: str = "hydra_plugins.rlchain_optuna.optuna_sweeper.OptunaSweeper"
+    params: Dict[str, Any] = field(default_factory=dict)
+    """The search space, in the syntax of Hydra's Optuna plugin: ``interval(a, b)`` (float; ``int(interval(a, b))``
+    for integers), ``tag(log, interval(a, b))`` (log scale), ``range(a, b[, step])`` (b included; float steps when
+    any is a float), ``choice(...)`` and ``shuffle(range(...))`` (categorical), or a fixed value. Sweep overrides
+    on the command line (``key=choice(...)``) are added to it."""
+    n_trials: int = 20
+    """Trials the study should end with, counting those that finished or were pruned (failed ones do not count);
+    a study that already has some (a rerun of the same command) runs only the rest."""
+    direction: Optional[str] = None
+    """``maximize`` or ``minimize``; null: the task's ``trainer.objective_direction`` (rlchain-train), else minimize."""
+    study_name: Optional[str] = None
+    """The study's name in its storage; null: the task's job name (``train`` for rlchain-train)."""
+    storage: Optional[str] = None
+    """Where the study lives: an SQLAlchemy URL (``sqlite:///study.db``) or the path of an Optuna journal file
+    (``study.log``; safe on a shared file system, for SLURM); rerunning the command resumes the study stored there.
+    null: ``optuna_journal.log`` in the sweep directory."""
+    seed: Optional[int] = None
+    """The sampler's seed (null: random)."""
+    sampler: str = "tpe"
+    """``tpe``, ``random``, ``cmaes`` or ``grid`` (every combination of ``choice``/``range`` values, at most once each)."""
+    sampler_options: Dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the sampler's Optuna class (``n_startup_trials``, ``multivariate``, ...)."""
+    pruner: str = "median"
+    """``median``, ``successive_halving``, ``hyperband`` or ``none``. Each trial's run reports its objective at every
+    evaluation, at step = its iteration, and stops after that iteration when pruned (``status: pruned``)."""
+    pruner_options: Dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the pruner's Optuna class (``n_startup_trials``, ``n_warmup_steps``, ``min_resource``, ...;
+    steps are trainer iterations)."""
+    n_jobs: int = 1
+    """Trials per batch with a launcher that runs whole batches (basic, submitit); the devices launcher starts a trial
+    whenever one of its slots frees instead."""
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="rlchain_optuna", node=OptunaSweeperConf, provider="rlchain")
