@@ -108,7 +108,8 @@ def test_presets_fill_their_slots(tmp_path, compose_cfg):
         job = OmegaConf.create(proc.stdout)
         tiny = "debug=tiny" in args
         assert (job.env.num_envs, job.trainer.iterations) == ((16, 2) if tiny else (512, 400)), args
-    assert compose_cfg(["hparams_search=ppo_push_cube_optuna"]).trainer.iterations == 400
+    search = compose_cfg(["hparams_search=ppo_push_cube_optuna"])  # push_cube_ppo, each trial 150 iterations long
+    assert (search.env.num_envs, search.trainer.iterations) == (512, 150)
     # `+experiment=x`, the spelling from before the slots, is Hydra's error: the group is in the defaults list
     proc = run_cli(["--cfg", "job", "+experiment=push_cube_ppo"], tmp_path)
     assert proc.returncode == 1 and "Multiple values for experiment" in proc.stderr

@@ -391,6 +391,8 @@ def test_optuna_search_runs_trials_in_parallel_and_reports_the_best(tmp_path):
                                         "algorithm.n_epochs"}  # fmt: skip
     assert results.best_value == max(s.summary.objective for s in runs.values())
     assert results.trials == {"complete": 4} and results.study_name == "ppo_push_cube"
+    # each job's return names its directory (hydra.runtime.output_dir), as Hydra's own launchers' do
+    assert results.best_job_dir == str(sweep.resolve() / str(results.best_trial))
     assert "optimization_results.yaml: 4 complete; best" in proc.stdout + proc.stderr
     a, b = (runs[n].record for n in (0, 1))
     assert a.slot != b.slot
