@@ -162,6 +162,39 @@ def test_a_search_whose_trials_all_fail_gives_up(tmp_path):
     assert "Traceback" not in crash.stderr
 
 
+def test_a_grid_search_runs_each_point_once_and_ends_cleanly(tmp_path):
+    """Optuna's grid sampler stops its study once the grid is covered, which raises outside Study.optimize;
+    the sweeper ends the search itself, at the grid's size."""
+    done = app(tmp_path, "hydra/launcher=basic", "hydra.sweeper.sampler=grid", "x=choice(0.1, 0.5)", "y=range(0, 1)",
+               "hydra.sweeper.n_trials=10")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    study = load(str(tmp_path / "sweep" / "optuna_journal.log"))
+    assert sorted((t.params["x"], t.params["y"]) for t in study.trials) == [(0.1, 0), (0.1, 1), (0.5, 0), (0.5, 1)]
+    assert {t.state for t in study.trials} == {TrialState.COMPLETE}
+    assert "n_trials: 4" in (tmp_path / "sweep" / "optimization_results.yaml").read_text()
+
+
+def test_a_key_the_config_does_not_have_is_one_line(tmp_path):
+    done = app(tmp_path, "hydra/launcher=devices", "hydra.launcher.devices=[cpu]", "nothere=interval(0, 1)")
+    assert done.returncode == 1 and "Could not override 'nothere'" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_direction_has_one_home_in_a_run_config(tmp_path):
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.rlchain_optuna._study import Search
+    from hydra_plugins.rlchain_optuna.config import OptunaSweeperConf
+
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}, "job": {"name": "train"}},
+                               "trainer": {"objective_direction": "maximize"}})  # fmt: skip
+    space = {"params": {"x": "interval(0, 1)"}}
+    assert Search(OptunaSweeperConf(**space), config, []).direction == "maximize"
+    with pytest.raises(SweeperError, match="hydra.sweeper.direction='minimize' is not allowed with "
+                                           "trainer.objective_direction='maximize'"):  # fmt: skip
+        Search(OptunaSweeperConf(direction="minimize", **space), config, [])
+
+
 def _direction_mismatch(tmp_path: Path) -> list[str]:
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     optuna.create_study(study_name="optuna_app", storage=storage, direction="minimize")

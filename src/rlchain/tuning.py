@@ -151,10 +151,27 @@ def make_sampler(sampler: str, options: Mapping[str, Any] | None, seed: int | No
 
         if importlib.util.find_spec("cmaes") is None:
             raise StudyError(f'{name}=cmaes needs the cmaes package: pip install "rlchain[sweep]"')
+    if sampler == "tpe":
+        kwargs.setdefault("constant_liar", True)  # running trials count as bad ones: parallel trials spread out
     try:
-        return cls(grid, seed=seed, **kwargs) if sampler == "grid" else cls(seed=seed, **kwargs)
+        return _grid_class()(grid, seed=seed, **kwargs) if sampler == "grid" else cls(seed=seed, **kwargs)
     except (TypeError, ValueError) as err:
         raise StudyError(f"{name}_options={dict(kwargs)!r} is not allowed for {sampler}: {err}") from None
+
+
+def _grid_class() -> type:
+    """Optuna's ``GridSampler`` that leaves the end of the search to the sweeper (built on first use: Optuna is
+    optional)."""
+    import optuna
+
+    class Grid(optuna.samplers.GridSampler):
+        """Optuna's grid sampler without its ``study.stop()`` once the grid is covered: ``stop`` works only inside
+        ``Study.optimize``, and the sweeper caps ``n_trials`` at the grid's size itself."""
+
+        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+            return None
+
+    return Grid
 
 
 @dataclass
@@ -207,11 +224,22 @@ class _OpenTrial:
         """Report the objective ``value`` at trainer iteration ``step``; True when the pruner prunes the trial.
 
         A None or non-finite value is not reported (Optuna would store NaN);
-        the trial is then not pruned at this step.
+        the trial is then not pruned at this step. When the study cannot be
+        reached (a locked database, a full disk, a trial another sweep has
+        ended), the run says so once and trains on without reporting: the
+        sweeper tells the study how it ended.
         """
         import math
 
-        if value is None or not math.isfinite(value):
+        if self.trial is None or value is None or not math.isfinite(value):
             return False
-        self.trial.report(float(value), step)
-        return bool(self.trial.should_prune())
+        try:
+            self.trial.report(float(value), step)
+            return bool(self.trial.should_prune())
+        except Exception as err:  # noqa: BLE001 - the run matters more than its intermediate values
+            from rlchain.console import notice
+
+            notice(f"trainer.trial: reporting to trial {self.trial.number} failed, the run goes on without it: "
+                   f"{' '.join(str(err).split()) or type(err).__name__}")  # fmt: skip
+            self.trial = None
+            return False

@@ -7,9 +7,9 @@ replaced for the next one. :class:`DevicePool` hands the pending jobs of a
 batch to idle slots as soon as one frees, relays the launcher's stop signals
 to the running jobs (:mod:`._signals`), and as each job ends logs it, writes
 the launcher's record of it (:class:`~rlchain.summary.JobRecord`, in the
-sweep directory) and returns its ``JobReturn``: a batch's in job order
-(:meth:`DevicePool.run`), or each as it ends to a sweeper that chooses the
-next job from the results so far (:meth:`DevicePool.stream`).
+sweep directory) and yields its ``JobReturn`` as it ends
+(:meth:`DevicePool.stream`), so that a sweeper can choose the next job from
+the results so far.
 """
 
 from __future__ import annotations
@@ -62,14 +62,10 @@ class RemoteTraceback(Exception):
 
 @dataclass
 class Batch:
-    """What :meth:`DevicePool.run` returns: the jobs' results in job order, and how the batch went."""
+    """What the launcher keeps of a stream of jobs besides their results: the jobs that failed."""
 
-    results: list[JobReturn]
-    """Jobs that never started (a stop signal came first) are left out."""
     failed: list[tuple[Job, str]] = field(default_factory=list)
     """The jobs that failed, each with its error on one line."""
-    stopped: bool = False
-    """Whether SIGINT or SIGTERM ended the batch early."""
 
 
 class Worker:
@@ -161,23 +157,6 @@ class DevicePool:
             if reason is not None and worker.killed is None:
                 worker.kill(reason)
 
-    def run(self, jobs: list[Job], context: bytes, sweep_dir: Path) -> Batch:
-        """Run ``jobs``, each as soon as a slot is free, and return their results in job order.
-
-        Args:
-            context: the cloudpickled ``(task_function, hydra_context, singleton_state)``.
-            sweep_dir: where the launcher's job records go.
-
-        The stop signals are acted on only under ``self.signals.handling()``.
-        """
-        queue = deque(jobs)
-        batch = Batch([])
-        results = {job.idx: ret for job, ret in self.stream(lambda: queue.popleft() if queue else None, context,
-                                                             sweep_dir, batch)}  # fmt: skip
-        batch.results = [results[job.idx] for job in jobs if job.idx in results]
-        batch.stopped = self.signals.first is not None
-        return batch
-
     def stream(self, next_job: Callable[[], Job | None], context: bytes, sweep_dir: Path,
                batch: Batch) -> Iterator[tuple[Job, JobReturn]]:  # fmt: skip
         """Start a job from ``next_job()`` whenever a slot is free; yield each job with its result as it ends.
@@ -188,17 +167,29 @@ class DevicePool:
         ends when no job runs and ``next_job()`` offers none, or, after a stop
         signal, when the running jobs have ended (no job starts after one).
         Failed jobs are also added to ``batch.failed``.
+
+        The stop signals are acted on only under ``self.signals.handling()``.
+
+        Raises:
+            Exception: what ``next_job()`` raised, once the jobs that were
+                running have ended (their results are yielded first); no job
+                starts after it.
         """
         waiting: deque[Job] = deque()  # a job whose worker died before it started: it goes to a fresh worker
         running: dict[Future, Worker] = {}
+        offering: BaseException | None = None  # what next_job() raised: no job starts after it
         while True:
             self._relay_signals()
-            while self.signals.first is None and len(self._busy()) < len(self.slots):
+            while self.signals.first is None and offering is None and len(self._busy()) < len(self.slots):
                 if self.stagger_s > 0:
                     time.sleep(max(0.0, self._last_start + self.stagger_s - time.time()))
                     if self.signals.first is not None:
                         break
-                job = waiting.popleft() if waiting else next_job()
+                try:
+                    job = waiting.popleft() if waiting else next_job()
+                except Exception as err:
+                    offering = err
+                    break
                 if job is None:
                     break
                 worker = self._idle_worker()
@@ -223,6 +214,8 @@ class DevicePool:
                 worker.job = None
                 yield job, result
         self._relay_signals()
+        if offering is not None:
+            raise offering
 
     def _finish(self, future: Future, worker: Worker, sweep_dir: Path, batch: Batch) -> JobReturn:
         """The ``JobReturn`` of a finished job; logs it, adds it to ``batch.failed`` if it failed and writes

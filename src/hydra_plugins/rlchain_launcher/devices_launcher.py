@@ -97,15 +97,18 @@ class DevicesLauncher(Launcher):
         """
         from hydra_plugins.rlchain_launcher._pool import Batch
 
+        self._start()
         jobs = [(initial_job_idx + i, overrides) for i, overrides in enumerate(job_overrides)]
-        queue = iter(jobs)
-        batch = Batch([])
-        results = dict(self.launch_as_completed(lambda: next(queue, None), batch))
-        _log_failures(jobs, batch.failed)
+        prepared = iter([self._prepare(idx, overrides) for idx, overrides in jobs])  # every config, before any job
+        batch = Batch()
+        try:
+            results = dict(self._run(lambda: next(prepared, None), batch))
+        finally:
+            _log_failures(jobs, batch.failed)
         return [results[idx] for idx, _ in jobs if idx in results]
 
-    def launch_as_completed(self, next_job: Callable[[], tuple[int, Sequence[str]] | None],
-                            batch: Any = None) -> Iterator[tuple[int, JobReturn]]:  # fmt: skip
+    def launch_as_completed(self, next_job: Callable[[], tuple[int, Sequence[str]] | None]
+                            ) -> Iterator[tuple[int, JobReturn]]:  # fmt: skip
         """Start a job whenever a slot frees; yield ``(job number, JobReturn)`` as each job ends.
 
         ``next_job()`` returns the next job's number and overrides, or None
@@ -118,41 +121,51 @@ class DevicesLauncher(Launcher):
         Raises:
             SystemExit: as :meth:`launch`, after the results of the jobs that
                 were running when the stop signal came have been yielded.
+            Exception: what ``next_job()`` (or composing the job's config)
+                raised, once the jobs that were running have ended and their
+                results have been yielded.
         """
+        from hydra_plugins.rlchain_launcher._pool import Batch
+
+        self._start()
+        return self._run(lambda: (lambda offered: None if offered is None else self._prepare(*offered))(next_job()),
+                         Batch())  # fmt: skip
+
+    def _start(self) -> None:
+        """Set up Hydra's logging and globals in this process, the sweep directory and (once) the slots' pool."""
         import weakref
 
-        import cloudpickle
-        from hydra.core.singleton import Singleton
         from hydra.core.utils import configure_log, setup_globals
 
-        from hydra_plugins.rlchain_launcher._pool import Batch, DevicePool
+        from hydra_plugins.rlchain_launcher._pool import DevicePool
         from hydra_plugins.rlchain_launcher._slots import make_slots
-        from rlchain.summary import error_line
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         if self.pool is None:
             cfg = self.settings
             self.pool = DevicePool(make_slots(cfg.devices, cfg.jobs_per_device, cfg.threads_per_job),
                                    cfg.stagger_s, cfg.kill_after_s)  # fmt: skip
             weakref.finalize(self, self.pool.shutdown)  # also runs at exit; atexit alone kept them to the end
+
+    def _run(self, next_job: Callable[[], Any], batch: Any) -> Iterator[tuple[int, JobReturn]]:
+        """Stream prepared jobs from ``next_job()`` through the pool; on a stop signal, end the multirun."""
+        import cloudpickle
+        from hydra.core.singleton import Singleton
+
+        from rlchain.summary import error_line
+
         pool = self.pool
-        batch = batch if batch is not None else Batch([])
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
         devices = sorted({s.label for s in pool.slots})
         log.info(f"devices launcher: {len(pool.slots)} slot(s) ({', '.join(devices)}; "
                  f"{pool.slots[0].num_threads} thread(s) each); sweep dir {sweep_dir}")  # fmt: skip
         ran = 0
         with pool.signals.handling():
             context = cloudpickle.dumps((self.task_function, self.hydra_context, Singleton.get_state()))
-
-            def prepared() -> Any:
-                offered = next_job()
-                return None if offered is None else self._prepare(*offered)
-
-            for job, ret in pool.stream(prepared, context, sweep_dir, batch):
+            for job, ret in pool.stream(next_job, context, sweep_dir, batch):
                 ran += 1
                 yield job.idx, ret
             if pool.signals.first is not None:

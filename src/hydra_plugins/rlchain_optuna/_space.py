@@ -42,8 +42,7 @@ def _distribution(override: Override, name: str) -> Any:
         choices = list(override.sweep_iterator(transformer=Transformer.encode))
         for choice in choices:
             if not isinstance(choice, (str, int, float, bool, type(None))):
-                raise SweeperError(f"{name}={override.input_line or value} is not allowed: a choice is a str, int, "
-                                   f"float, bool or null, got {choice!r}")  # fmt: skip
+                raise SweeperError(f"{name} is not allowed: a choice is a str, int, float, bool or null, got {choice!r}")
         if not choices:
             raise SweeperError(f"{name} is not allowed: an empty choice")
         return CategoricalDistribution(choices)
@@ -58,7 +57,7 @@ def _distribution(override: Override, name: str) -> Any:
         if isinstance(value.start, int) and isinstance(value.end, int):
             return IntDistribution(int(value.start), int(value.end), log=log)
         return FloatDistribution(value.start, value.end, log=log)
-    raise SweeperError(f"{name}: {override.input_line} is not allowed: expected interval, range, choice or a value")
+    raise SweeperError(f"{name} is not allowed: expected interval, range, choice or a value")
 
 
 def search_space(params: Mapping[str, Any] | None, arguments: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
-from hydra.core.utils import JobReturn
+from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.rlchain_optuna._space import SweeperError, grid_of, search_space
@@ -84,9 +85,7 @@ class Search:
         if not self.distributions:
             raise SweeperError("hydra.sweeper.params is empty: nothing to search (give a key=interval(...), "
                                "range(...) or choice(...) there or on the command line)")  # fmt: skip
-        self.direction = s.direction or OmegaConf.select(config, "trainer.objective_direction") or DEFAULT_DIRECTION
-        if self.direction not in ("maximize", "minimize"):
-            raise SweeperError(f"hydra.sweeper.direction={self.direction!r} is not allowed: expected maximize or minimize")
+        self.direction = _direction(s.direction, OmegaConf.select(config, "trainer.objective_direction", default=None))
         self.study_name = s.study_name or str(config.hydra.job.name)
         self.storage = _absolute(s.storage if s.storage is not None else str(self.sweep_dir / DEFAULT_JOURNAL))
         grid = grid_of(self.distributions) if s.sampler == "grid" else None
@@ -109,6 +108,7 @@ class Search:
         self.finished = self._count("COMPLETE", "PRUNED")
         self.failures = 0
         self.running: dict[int, Any] = {}
+        self.asked: dict[int, float] = {}  # when each running trial was asked for (Unix seconds)
         resumed = f", resuming {len(self.study.trials)} trial(s), {self.finished} finished or pruned" if self.study.trials else ""
         log.info(f"Optuna study {self.study_name!r} in {self.storage}: {s.sampler} sampler, {s.pruner} pruner, "
                  f"{self.direction} the objective, {self.n_trials} trial(s){resumed}")  # fmt: skip
@@ -144,6 +144,7 @@ class Search:
         for key, value in self.fixed.items():
             trial.set_user_attr(key, value)
         self.running[trial.number] = trial
+        self.asked[trial.number] = time.time()
         link = {"storage": self.storage, "study_name": self.study_name, "number": trial.number,
                 "pruner": self.settings.pruner, "pruner_options": self.settings.pruner_options}  # fmt: skip
         overrides = [f"{k}={v}" for k, v in trial.params.items()] + [f"{k}={v}" for k, v in self.fixed.items()]
@@ -154,13 +155,18 @@ class Search:
         from optuna.trial import TrialState
 
         trial = self.running.pop(number)
+        asked = self.asked.pop(number)
         where = job_dir(ret)
         summary = RunSummary.read(where) if where is not None else None
+        if summary is not None and (summary.start_time or 0.0) < asked:
+            summary = None  # a run from before this trial (its job refused the directory it holds)
         if where is not None:
             trial.set_user_attr("job_dir", str(where))
         value = returned_value(ret)
         status = summary.status if summary is not None else ("completed" if value is not None else "failed")
         error = summary.error if summary is not None else None
+        if ret.status is JobStatus.FAILED and status in ("completed", "pruned"):  # the job raised after its run ended
+            status, error = "failed", None
         if status == "completed" and value is None:
             status, error = "failed", f"the job returned no objective ({ret._return_value!r})"
         if status == "pruned":
@@ -246,6 +252,22 @@ class Search:
                 plt.close(figure)
             except Exception as err:  # noqa: BLE001 - a plot is a courtesy; the study and the YAML are the results
                 log.warning(f"{name} could not be drawn: {error_line(err)}")
+
+
+def _direction(sweeper: str | None, trainer: str | None) -> str:
+    """The study's direction: the run's ``trainer.objective_direction`` (its one home in rlchain-train), else
+    ``hydra.sweeper.direction``, else minimize.
+
+    Raises:
+        SweeperError: a direction that is neither maximize nor minimize, or one that differs from the run's.
+    """
+    if sweeper is not None and sweeper not in ("maximize", "minimize"):
+        raise SweeperError(f"hydra.sweeper.direction={sweeper!r} is not allowed: expected maximize or minimize")
+    if sweeper is not None and trainer is not None and sweeper != trainer:
+        raise SweeperError(f"hydra.sweeper.direction={sweeper!r} is not allowed with "
+                           f"trainer.objective_direction={trainer!r}: the study optimises the run's objective; "
+                           "set trainer.objective_direction alone")  # fmt: skip
+    return trainer or sweeper or DEFAULT_DIRECTION
 
 
 def _check(s: OptunaSweeperConf) -> None:

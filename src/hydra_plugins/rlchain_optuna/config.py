@@ -29,7 +29,8 @@ class OptunaSweeperConf:
     """Trials the study should end with, counting those that finished or were pruned (failed ones do not count);
     a study that already has some (a rerun of the same command) runs only the rest."""
     direction: Optional[str] = None
-    """``maximize`` or ``minimize``; null: the task's ``trainer.objective_direction`` (rlchain-train), else minimize."""
+    """``maximize`` or ``minimize``. A task whose config has ``trainer.objective_direction`` (rlchain-train) sets the
+    study's direction there, and a different value here is refused; null elsewhere: minimize."""
     study_name: Optional[str] = None
     """The study's name in its storage; null: the task's job name (``train`` for rlchain-train)."""
     storage: Optional[str] = None
