@@ -19,7 +19,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.rlchain_optuna._space import SweeperError, grid_of, search_space
 from hydra_plugins.rlchain_optuna.config import OptunaSweeperConf
-from hydra_plugins.rlchain_optuna.optuna_sweeper import job_dir, returned_value
 from rlchain.files import write_text
 from rlchain.summary import RunSummary, error_line
 from rlchain.tuning import TRIAL_KEY, StudyError, make_pruner, make_sampler, open_storage, quiet_optuna
@@ -299,3 +298,24 @@ def _summary_line(results: dict[str, Any]) -> str:
     best = (f"best {results['best_value']:.4g} (trial {results['best_trial']}): {_params(results['best_params'])}"
             if "best_value" in results else "no trial finished yet")  # fmt: skip
     return f"{counts}; {best}"
+
+
+def job_dir(ret: JobReturn) -> Path | None:
+    """The output directory of a job (``hydra.runtime.output_dir``), or None when its return does not say."""
+    hydra_cfg = ret.hydra_cfg
+    if hydra_cfg is None:
+        return None
+    node = hydra_cfg.get("hydra", hydra_cfg)
+    output_dir = OmegaConf.select(node, "runtime.output_dir", default=None)
+    return Path(str(output_dir)) if output_dir else None
+
+
+def returned_value(ret: JobReturn) -> float | None:
+    """The job's return value as a finite float, or None (a failed job, a non-number, NaN)."""
+    if ret.status is not JobStatus.COMPLETED:
+        return None
+    value = ret._return_value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+

@@ -29,19 +29,16 @@ the sweep directory gets ``optimization_results.yaml`` and Optuna's plots.
 from __future__ import annotations
 
 import logging
-import math
-from pathlib import Path
 from typing import Any
 
 from hydra.core.plugins import Plugins
-from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.rlchain_optuna.config import OptunaSweeperConf
 
-__all__ = ["OptunaSweeper", "job_dir", "returned_value"]
+__all__ = ["OptunaSweeper"]
 
 log = logging.getLogger(__name__)
 
@@ -104,24 +101,3 @@ class OptunaSweeper(Sweeper):
             returns = self.launcher.launch([overrides for _, overrides in batch], initial_job_idx=batch[0][0])
             for (number, _), ret in zip(batch, returns):
                 search.tell(number, ret)
-
-
-def job_dir(ret: JobReturn) -> Path | None:
-    """The output directory of a job (``hydra.runtime.output_dir``), or None when its return does not say."""
-    hydra_cfg = ret.hydra_cfg
-    if hydra_cfg is None:
-        return None
-    node = hydra_cfg.get("hydra", hydra_cfg)
-    output_dir = OmegaConf.select(node, "runtime.output_dir", default=None)
-    return Path(str(output_dir)) if output_dir else None
-
-
-def returned_value(ret: JobReturn) -> float | None:
-    """The job's return value as a finite float, or None (a failed job, a non-number, NaN)."""
-    if ret.status is not JobStatus.COMPLETED:
-        return None
-    value = ret._return_value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
