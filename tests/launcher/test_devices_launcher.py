@@ -410,3 +410,29 @@ def test_submitit_local_runs_a_two_job_sweep(tmp_path):
     assert list((sweep / ".submitit").iterdir())
     with open(sweep / "summary.csv") as f:
         assert len(list(csv.DictReader(f))) == 2
+
+
+def test_ctrl_c_stops_an_optuna_search_and_the_same_command_resumes_it(tmp_path):
+    """Ctrl-C while two trials train: both stop after their iteration and are failed in the study as interrupted
+    (not counted), the results are written, the sweep exits 130; the same command then runs the whole budget."""
+    import optuna
+    from optuna.trial import TrialState
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    search = ["hparams_search=ppo_push_cube_optuna", f"hydra.sweeper.storage={storage}", "hydra.sweeper.n_trials=2",
+              "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2"]  # fmt: skip
+    with running_sweep([*search, *ENDLESS], tmp_path) as proc:
+        wait_for(lambda: jobs_with_metrics(tmp_path) == 2, "two trials logged an iteration", proc)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, stderr_of(tmp_path)
+    study = optuna.load_study(study_name="ppo_push_cube", storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]
+    assert {t.user_attrs["status"] for t in study.trials} == {"interrupted"}
+    sweep = sweep_dir_of(tmp_path)
+    assert "fail: 2" in (sweep / "optimization_results.yaml").read_text()
+    assert {n: r.status for n, r in summaries(sweep).items()} == {0: "interrupted", 1: "interrupted"}
+
+    again = run_cli(["-m", *search, *TINY, "hydra.sweep.dir=resumed"], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    study = optuna.load_study(study_name="ppo_push_cube", storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.FAIL] * 2 + [TrialState.COMPLETE] * 2
