@@ -42,6 +42,16 @@ def load(storage: str, name: str = "optuna_app") -> optuna.Study:
     return optuna.load_study(study_name=name, storage=storage)
 
 
+def _trials(storage: str, where: Path) -> list | None:
+    """The study's trials, or None while the sweep is still creating its storage or the study in it."""
+    if not ((where / "study.db").exists() or (where / "study.log").exists()):
+        return None  # nothing is opened (and so created) before the sweep has created its file
+    try:
+        return load(storage).trials
+    except Exception:  # noqa: BLE001 - the study not there yet (KeyError), its tables half made (SQLAlchemy's errors)
+        return None
+
+
 # ------------------------------------------------------------------ search space
 # The expressions of the Hydra Optuna sweeper plugin's documentation (its "Search space configuration"
 # section and the 1.1 -> 1.2 migration page), with the distribution that plugin builds for each (on Optuna's
@@ -102,15 +112,15 @@ def test_a_killed_sweep_resumes_its_study(tmp_path, kind):
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and first.poll() is None:  # until trial 2 runs (and waits)
-            if (tmp_path / "study.db").exists() or (tmp_path / "study.log").exists():
-                trials = load(storage).trials
-                if len(trials) == 3 and trials[2].state == TrialState.RUNNING:
-                    break
+            trials = _trials(storage, tmp_path)
+            if trials is not None and len(trials) == 3 and trials[2].state == TrialState.RUNNING:
+                break
             time.sleep(0.2)
         else:
             pytest.fail(f"the first sweep did not reach trial 2: {first.stderr.read() if first.poll() is not None else ''}")
-        os.killpg(first.pid, signal.SIGKILL)
     finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)  # also when the test fails: no sweep is left waiting
         first.wait(timeout=30)
     before = load(storage).trials
     assert [t.state for t in before] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.RUNNING]
