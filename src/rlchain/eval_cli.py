@@ -162,11 +162,12 @@ def _parse(overrides: Sequence[str]) -> list[Any]:
     from hydra.errors import OverrideParseException
 
     from rlchain.saved_run import SavedRunError
+    from rlchain.summary import error_line
 
     try:
         return OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException as err:
-        raise SavedRunError(" ".join(str(err).split())) from None
+        raise SavedRunError(error_line(str(err))) from None
 
 
 def _table(record: dict[str, Any]) -> str:

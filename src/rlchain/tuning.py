@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from rlchain.summary import error_line
+
 __all__ = ["PRUNERS", "SAMPLERS", "TRIAL_KEY", "StudyError", "TrialLink", "make_pruner", "open_storage", "quiet_optuna"]
 
 #: The run setting that takes a job's trial link (:class:`TrialLink`); the sweeper adds it to each job's overrides.
@@ -81,13 +83,13 @@ def open_storage(storage: str, name: str = "storage") -> Any:
         path.parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(str(path)))
     except (optuna.exceptions.OptunaError, ImportError, OSError, ValueError) as err:
-        raise StudyError(f"{name}={storage!r} cannot be opened: {' '.join(str(err).split()) or type(err).__name__}; "
+        raise StudyError(f"{name}={storage!r} cannot be opened: {error_line(str(err)) or type(err).__name__}; "
                          "expected an SQLAlchemy URL (sqlite:///study.db) or the path of a journal file "
                          "(study.log)") from None  # fmt: skip
     except Exception as err:  # SQLAlchemy's errors (a server that does not answer, a bad URL) are not Optuna's
         if type(err).__module__.split(".")[0] != "sqlalchemy":
             raise
-        raise StudyError(f"{name}={storage!r} cannot be opened: {' '.join(str(err).split())}") from None
+        raise StudyError(f"{name}={storage!r} cannot be opened: {error_line(str(err))}") from None
 
 
 def _options(cls: type, options: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -240,6 +242,6 @@ class _OpenTrial:
             from rlchain.console import notice
 
             notice(f"trainer.trial: reporting to trial {self.trial.number} failed, the run goes on without it: "
-                   f"{' '.join(str(err).split()) or type(err).__name__}")  # fmt: skip
+                   f"{error_line(str(err)) or type(err).__name__}")  # fmt: skip
             self.trial = None
             return False

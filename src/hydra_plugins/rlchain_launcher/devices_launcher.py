@@ -127,9 +127,12 @@ class DevicesLauncher(Launcher):
         """
         from hydra_plugins.rlchain_launcher._pool import Batch
 
+        def prepared() -> Any:
+            offered = next_job()
+            return None if offered is None else self._prepare(*offered)
+
         self._start()
-        return self._run(lambda: (lambda offered: None if offered is None else self._prepare(*offered))(next_job()),
-                         Batch())  # fmt: skip
+        return self._run(prepared, Batch())
 
     def _start(self) -> None:
         """Set up Hydra's logging and globals in this process, the sweep directory and (once) the slots' pool."""

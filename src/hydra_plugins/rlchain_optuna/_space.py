@@ -24,6 +24,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep, Transformer
 from hydra.errors import CompactHydraException, OverrideParseException
 
+from rlchain.summary import error_line
+
 __all__ = ["SweeperError", "grid_of", "search_space"]
 
 
@@ -87,7 +89,7 @@ def search_space(params: Mapping[str, Any] | None, arguments: Sequence[str]) -> 
         except SweeperError:
             raise
         except (OverrideParseException, ValueError, TypeError) as err:
-            raise SweeperError(f"{name}={line.partition('=')[2]!r} is not allowed: {' '.join(str(err).split())}; "
+            raise SweeperError(f"{name}={line.partition('=')[2]!r} is not allowed: {error_line(str(err))}; "
                                "expected interval(a, b), tag(log, interval(a, b)), range(a, b[, step]), "
                                "choice(...) or a value") from None  # fmt: skip
         distributions.pop(key, None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -107,7 +106,6 @@ class Search:
         self.finished = self._count("COMPLETE", "PRUNED")
         self.failures = 0
         self.running: dict[int, Any] = {}
-        self.asked: dict[int, float] = {}  # when each running trial was asked for (Unix seconds)
         resumed = f", resuming {len(self.study.trials)} trial(s), {self.finished} finished or pruned" if self.study.trials else ""
         log.info(f"Optuna study {self.study_name!r} in {self.storage}: {s.sampler} sampler, {s.pruner} pruner, "
                  f"{self.direction} the objective, {self.n_trials} trial(s){resumed}")  # fmt: skip
@@ -128,11 +126,17 @@ class Search:
         from optuna.trial import TrialState
 
         for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            trial = optuna.trial.Trial(self.study, frozen._trial_id)
-            trial.set_user_attr("status", "abandoned")
-            trial.set_user_attr("error", "left running by a sweep that ended before it")
-            self.study.tell(frozen.number, state=TrialState.FAIL, skip_if_finished=True)
+            self._fail(optuna.trial.Trial(self.study, frozen._trial_id), "abandoned",
+                       "left running by a sweep that ended before it")  # fmt: skip
             log.warning(f"trial {frozen.number} was left running by a sweep that ended before it: marked failed")
+
+    def _fail(self, trial: Any, status: str, error: str) -> None:
+        """Tell the study that ``trial`` failed; its user attributes ``status`` and ``error`` say how."""
+        from optuna.trial import TrialState
+
+        trial.set_user_attr("status", status)
+        trial.set_user_attr("error", error)
+        self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
 
     def next_trial(self) -> tuple[int, list[str]] | None:
         """Ask the study for the next trial: ``(its number, its job's overrides)``, or None when the budget is
@@ -143,7 +147,6 @@ class Search:
         for key, value in self.fixed.items():
             trial.set_user_attr(key, value)
         self.running[trial.number] = trial
-        self.asked[trial.number] = time.time()
         link = {"storage": self.storage, "study_name": self.study_name, "number": trial.number,
                 "pruner": self.settings.pruner, "pruner_options": self.settings.pruner_options}  # fmt: skip
         overrides = [f"{k}={v}" for k, v in trial.params.items()] + [f"{k}={v}" for k, v in self.fixed.items()]
@@ -154,10 +157,9 @@ class Search:
         from optuna.trial import TrialState
 
         trial = self.running.pop(number)
-        asked = self.asked.pop(number)
         where = job_dir(ret)
         summary = RunSummary.read(where) if where is not None else None
-        if summary is not None and (summary.start_time or 0.0) < asked:
+        if summary is not None and (summary.start_time or 0.0) < trial.datetime_start.timestamp():
             summary = None  # a run from before this trial (its job refused the directory it holds)
         if where is not None:
             trial.set_user_attr("job_dir", str(where))
@@ -180,9 +182,7 @@ class Search:
         else:
             if error is None and ret._return_value is not None and not isinstance(ret._return_value, (int, float)):
                 error = error_line(ret._return_value)
-            trial.set_user_attr("status", status)
-            trial.set_user_attr("error", error or status)
-            self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            self._fail(trial, status, error or status)
             if status not in ("interrupted", "aborted"):
                 self.failures += 1
             log.warning(f"trial {number} {status}: {error or status} (it does not count toward n_trials)")
@@ -196,13 +196,9 @@ class Search:
         Raises:
             SweeperError: ``n_trials`` trials of this sweep failed.
         """
-        from optuna.trial import TrialState
-
-        for number, trial in list(self.running.items()):
-            trial.set_user_attr("status", "interrupted")
-            trial.set_user_attr("error", "the sweep was stopped while it ran")
-            self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
-            del self.running[number]
+        for trial in self.running.values():
+            self._fail(trial, "interrupted", "the sweep was stopped while it ran")
+        self.running.clear()
         try:
             self._write_results()
         except OSError as err:
@@ -270,6 +266,8 @@ def _direction(sweeper: str | None, trainer: str | None) -> str:
 
 
 def _check(s: OptunaSweeperConf) -> None:
+    """The numbers' ranges, checked when the sweep starts: a setting the sweeper's constructor rejected would reach
+    the user wrapped in Hydra's instantiation error."""
     for name in ("n_trials", "n_jobs"):
         value = getattr(s, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -302,11 +300,7 @@ def _summary_line(results: dict[str, Any]) -> str:
 
 def job_dir(ret: JobReturn) -> Path | None:
     """The output directory of a job (``hydra.runtime.output_dir``), or None when its return does not say."""
-    hydra_cfg = ret.hydra_cfg
-    if hydra_cfg is None:
-        return None
-    node = hydra_cfg.get("hydra", hydra_cfg)
-    output_dir = OmegaConf.select(node, "runtime.output_dir", default=None)
+    output_dir = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir", default=None) if ret.hydra_cfg else None
     return Path(str(output_dir)) if output_dir else None
 
 
