@@ -10,7 +10,12 @@ __all__ = ["Progress", "notice"]
 
 
 def notice(text: str) -> None:
-    """Print ``rlchain: <text>`` as one line on stderr (flushed): what a user must know, that is no failure."""
+    """Print ``rlchain: <text>`` as one line on stderr (flushed): what a user must know, that is no failure.
+
+    Rank 0 alone speaks for a multi-process run (torchrun's ``RANK``).
+    """
+    if os.environ.get("RANK", "0") != "0":
+        return
     print(f"rlchain: {text}", file=sys.stderr, flush=True)
 
 

@@ -34,6 +34,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from rlchain.distributed import moments
 from rlchain.settings import SettingError, Settings, setting
 
 if TYPE_CHECKING:
@@ -195,11 +196,9 @@ class RunningMeanStd(nn.Module):
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
-        """Fold a batch ``x`` of shape ``[..., dim]`` into the statistics."""
+        """Fold a batch ``x`` of shape ``[..., dim]`` into the statistics (every rank's batch, in a multi-process run)."""
         x = x.reshape(-1, x.shape[-1]).float()
-        batch_count = x.shape[0]
-        batch_mean = x.mean(0)
-        batch_var = x.var(0, unbiased=False)
+        batch_mean, batch_var, batch_count = moments(x, "the all-reduce of the observation statistics", unbiased=False)
         total = self.count + batch_count
         w = (batch_count / total).float()
         delta = batch_mean - self.mean

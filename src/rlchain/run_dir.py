@@ -25,7 +25,9 @@ from typing import Any
 
 from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from rlchain.distributed import from_environment
 
 __all__ = ["RUN_MARKERS", "RunDirCallback", "RunDirError", "existing_run", "register_resolver", "taken"]
 
@@ -93,7 +95,20 @@ class RunDirCallback(Callback):
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Check ``hydra.run.dir`` (resolved once: the same name Hydra then uses); one line and exit 1 if unusable."""
+        """Check ``hydra.run.dir`` (resolved once: the same name Hydra then uses); one line and exit 1 if unusable.
+
+        On a rank other than 0 of a multi-process run (torchrun) Hydra is
+        made to write nothing: rank 0 alone writes files. The rank runs in
+        the working directory, with no ``.hydra/`` and no log file, and
+        learns rank 0's run directory when the ranks join.
+        """
+        rank, world_size, _ = from_environment()
+        if world_size > 1 and rank > 0:
+            with read_write(config.hydra), open_dict(config.hydra):
+                config.hydra.run.dir = os.getcwd()
+                config.hydra.output_subdir = None
+                config.hydra.job_logging = {"version": 1, "root": None}
+            return
         try:
             _check(Path(str(config.hydra.run.dir)), config, "run")
         except RunDirError as err:
@@ -103,5 +118,13 @@ class RunDirCallback(Callback):
             raise SystemExit(1) from None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Check ``hydra.sweep.dir``: no job directory in it may hold a run, unless resuming."""
+        """Check ``hydra.sweep.dir``: no job directory in it may hold a run, unless resuming.
+
+        Refused under torchrun, which runs one run over its processes.
+        """
+        if from_environment()[1] > 1:
+            print("rlchain: a multirun (-m) cannot run under torchrun, whose processes train one run together: drop -m, "
+                  "or sweep multi-process runs with the devices launcher (hydra.launcher.devices_per_job)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            raise SystemExit(1)
         _check(Path(str(config.hydra.sweep.dir)), config, "sweep")

@@ -50,12 +50,16 @@ class StopSignals:
     """Catches the stop signals while a run trains (``with StopSignals() as stop:``).
 
     The first sets :attr:`received` (the run ends after its iteration) and
-    says so in one line; a second raises :class:`Abort`. Signals are caught
-    only in the main thread (elsewhere this is a no-op); leaving the block
-    restores the previous handlers.
+    says so in one line; a second raises :class:`Abort`, unless
+    ``abort_on_repeat`` is False: a rank of a multi-process run, whose
+    signal may come twice (from SLURM and from torchrun, which forwards
+    what it gets and kills its ranks 30 s later), stops after the iteration
+    whatever follows. Signals are caught only in the main thread (elsewhere
+    this is a no-op); leaving the block restores the previous handlers.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, abort_on_repeat: bool = True) -> None:
+        self.abort_on_repeat = abort_on_repeat
         requeue = requeue_signal()
         self.signals = STOP_SIGNALS if requeue is None else (*STOP_SIGNALS, requeue)
         self.received: str | None = None
@@ -87,6 +91,8 @@ class StopSignals:
     def _on_signal(self, signum: int, frame: Any) -> None:  # pragma: no cover - exercised via subprocess
         name = signal.Signals(signum).name
         if self.received is not None:
+            if not self.abort_on_repeat:
+                return
             raise Abort(name)
         self.received = name
         print(file=sys.stderr)  # off the line a progress bar may be drawing

@@ -108,6 +108,8 @@ class RunSummary:
     pid: int | None = None
     cuda_visible_devices: str | None = None
     slurm_job_id: str | None = None
+    world_size: int = 1
+    """Processes that trained the run together (torchrun's ranks; device, host and pid are rank 0's)."""
     global_step: int = 0
     """Env transitions trained, over every resume."""
     iteration: int = 0

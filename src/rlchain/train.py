@@ -34,11 +34,13 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rlchain import distributed
 from rlchain.config import RunConfig, check_top_level_keys
+from rlchain.distributed import rank_seed
 from rlchain.settings import rejection
 from rlchain.stopping import requeue_signal
 from rlchain.summary import STOPPED, RunSummary, error_line, placement
-from rlchain.trainer import Trainer
+from rlchain.trainer import Trainer, TrainerConfig
 from rlchain.utils import resolve_device
 from rlchain.video import prefer_headless_gl
 
@@ -73,6 +75,12 @@ def _component(group: str) -> Iterator[None]:
 def build(cfg: DictConfig) -> Trainer:
     """Seed torch's global RNG with ``cfg.seed``, then instantiate env, policy, algorithm and trainer.
 
+    In a process that torchrun started, first join the run's other processes
+    (:func:`rlchain.distributed.setup`): ``device`` becomes this rank's, its
+    env is seeded with :func:`~rlchain.distributed.rank_seed` of the env's
+    seed and, once the policy is built (the same weights on every rank), its
+    action noise with that of ``seed``; rank 0 alone builds the evaluation env.
+
     Raises:
         ConfigError: a top-level key no schema field or selected config group
             accounts for (see :func:`rlchain.config.check_top_level_keys`); a
@@ -83,17 +91,25 @@ def build(cfg: DictConfig) -> Trainer:
         check_top_level_keys(cfg)
         RunConfig(seed=cfg.seed, device=cfg.device, exp_name=cfg.exp_name)  # the ranges of the run-wide settings
         resolve_device(cfg.device, name="device")
+    with _component("trainer"):
+        TrainerConfig(dist_timeout_s=cfg.trainer.dist_timeout_s)  # its range, before the processes join
+    world, device = distributed.setup(cfg.device, cfg.trainer.dist_timeout_s)
+    if world.distributed:
+        cfg.device = device
     if cfg.trainer.get("video"):
         prefer_headless_gl()
     torch.manual_seed(cfg.seed)  # the run's random stream starts here: initial weights, then action sampling
+    own_seed = {"seed": rank_seed(cfg.env.seed, world.rank)} if world.rank > 0 and "seed" in cfg.env else {}
     with _component("env"):
-        env = instantiate(cfg.env, _convert_="all")
-    eval_env = instantiate(cfg.env, _partial_=True, _convert_="all")
+        env = instantiate(cfg.env, **own_seed, _convert_="all")
+    eval_env = instantiate(cfg.env, _partial_=True, _convert_="all") if world.main else None
     with _component("policy"):
         policy = instantiate(cfg.policy, observation_space=env.single_observation_space,
                              action_space=env.single_action_space, _convert_="all").to(env.device)  # fmt: skip
     with _component("algorithm"):
         algorithm = instantiate(cfg.algorithm, policy=policy, _convert_="all")
+    if world.rank > 0:
+        torch.manual_seed(rank_seed(cfg.seed, world.rank))
     config = OmegaConf.to_container(cfg, resolve=True)
     with _component("trainer"):
         return instantiate(
@@ -119,10 +135,24 @@ def train(cfg: DictConfig) -> RunSummary:
             raised instead.
         Exception: other errors of the components while they are built, as raised.
     """
+    try:
+        summary = _train(cfg)
+    except BaseException:
+        distributed.shutdown()
+        raise
+    distributed.shutdown(together=True)
+    return summary
+
+
+def _train(cfg: DictConfig) -> RunSummary:
     start_time = time.time()
     try:
         trainer = build(cfg)
     except Exception as err:
+        world = distributed.world()
+        world.report_failure(error_line(str(err) if isinstance(err, ConfigError) else err))
+        if not world.main:
+            raise
         refused = RunSummary(
             status="failed", error=error_line(str(err) if isinstance(err, ConfigError) else err),
             traceback=traceback.format_exc(), exp_name=cfg.get("exp_name"), **placement(cfg.device),
@@ -138,11 +168,14 @@ def train(cfg: DictConfig) -> RunSummary:
     except Exception as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
+        if not trainer.world.main:  # rank 0 says what ended the run, and writes it down
+            raise RunFailed(f"rlchain: rank {trainer.world.rank} stopped: {error_line(str(err))}") from err
         ended = RunSummary.read(trainer.output_dir)
         error = ended.error if ended is not None and ended.status == "failed" else error_line(err)
         where = "the traceback is in its summary.json" if ended is not None else "no summary.json could be written"
         raise RunFailed(f"rlchain: failed: {error} | {trainer.output_dir} ({where})") from err
-    print(_result_line(summary, trainer), flush=True)
+    if trainer.world.main:
+        print(_result_line(summary, trainer), flush=True)
     return summary
 
 

@@ -44,8 +44,9 @@ import torch
 
 from rlchain.algorithms.base import Algorithm, NonFiniteError, first_non_finite
 from rlchain.checkpoint import Checkpoints, check_state_matches, load_checkpoint
-from rlchain.collector import EpisodeWindow, Rollout, SyncCollector
+from rlchain.collector import Episodes, EpisodeWindow, SyncCollector
 from rlchain.console import Progress, notice
+from rlchain.distributed import CollectiveError, World, world
 from rlchain.envs.base import VecEnv
 from rlchain.evaluation import check_renders, evaluate, evaluate_checkpoint, fresh_seed
 from rlchain.objective import OBJECTIVE_DIRECTIONS, Best, Objective, ObjectiveError
@@ -123,6 +124,10 @@ class TrainerConfig(Settings):
     for each of its jobs: {storage, study_name, number, pruner, pruner_options} (rlchain.tuning.TrialLink). The run
     reports its objective at every evaluation (step: the iteration) and, when the study's pruner prunes the trial,
     stops after that iteration with status 'pruned' (latest.pt saved, no fresh evaluation)."""
+    dist_timeout_s: float = setting(600.0, gt=0)
+    """A multi-process run (torchrun): seconds a collective waits for the other ranks before the run ends with a
+    message naming the collective and the rank that did not join it. It must cover what rank 0 does alone while the
+    others wait: an evaluation, a checkpoint."""
     progress: bool = True
     """Show the progress of the iterations: a bar on a terminal, plain lines otherwise (nothing on a terminal
     that another process owns, as a parallel job of the devices launcher)."""
@@ -181,8 +186,11 @@ class Trainer:
         self.cfg = cfg = TrainerConfig(**settings)
         self.env, self.policy, self.algorithm = env, policy, algorithm
         self.config = run_config or {}
+        self.world: World = world()
         algorithm.check_env(env)
         self.collector = SyncCollector(env, policy, cfg.rollout_steps, reset_options=algorithm.reset_options)
+        if not self.world.main:  # rank 0 alone evaluates
+            eval_env = None
         if callable(eval_env) and not isinstance(eval_env, VecEnv):
             eval_env = _build_eval_env(eval_env, cfg)
         self.eval_env = eval_env
@@ -200,18 +208,43 @@ class Trainer:
         self.best_fresh: dict[str, Any] | None = None
         self.init_from: str | None = None
         self._objective_checked = False
-        self.trial = _open_trial(cfg.trial)
+        self.trial = _open_trial(cfg.trial) if self.world.main else None
         self.pruned = False
-        resume_from = self._resume_source()
-        if resume_from is not None:
-            exact = self.load(resume_from)
-            restart = "" if exact else (
+        self._start()
+
+    def _start(self) -> None:
+        """Resume, start the policy from another run (``init_from``), or start afresh.
+
+        In a multi-process run rank 0 alone reads the files and sends what it
+        read to every rank; a fresh start sends rank 0's initial policy.
+        """
+        world, cfg = self.world, self.cfg
+        start = None
+        if world.main:
+            resume_from = self._resume_source()
+            if resume_from is not None:
+                start = ("resume_from", str(resume_from), self._read(resume_from, "resume_from"))
+            elif cfg.init_from is not None:
+                path = self._init_source(cfg.init_from)
+                start = ("init_from", str(path), self._read(path, "init_from"))
+        if world.distributed:
+            start = world.share((str(self.output_dir), start), "the broadcast of the run's start")
+            self.output_dir, start = Path(start[0]), start[1]
+            if start is not None:
+                start = (start[0], start[1], _to_device(start[2], self.env.device))
+        if start is None:
+            if world.distributed:
+                world.broadcast_(self.policy.state_dict().values(), "the broadcast of the initial policy")
+                self.algorithm.reset_reference()
+        elif start[0] == "resume_from":
+            exact = self._restore(start[2], start[1])
+            restart = "" if exact or start[2].get("world_size", 1) != world.world_size else (
                 f"; {type(self.env).__name__} cannot restore its state: every env reset "
                 "(episodes in progress at the checkpoint are dropped)"
             )  # fmt: skip
-            notice(f"resumed from {resume_from} at iteration {self.iteration} (global_step {self.global_step:,}){restart}")
-        elif cfg.init_from is not None:
-            self.init_from = str(self.init_policy(cfg.init_from))
+            notice(f"resumed from {start[1]} at iteration {self.iteration} (global_step {self.global_step:,}){restart}")
+        else:
+            self._init_policy(start[2], start[1])
 
     def _resume_source(self) -> Path | None:
         """The checkpoint this run resumes from, or None for a fresh start (refused in a directory that holds a run).
@@ -255,23 +288,25 @@ class Trainer:
         ending: dict[str, Any] = {"status": "completed"}
         failure: BaseException | None = None
         writer = progress = None
-        with StopSignals() as stop:
+        with StopSignals(abort_on_repeat=not self.world.distributed) as stop:
             try:
-                writer = MetricWriter(self.output_dir, config=self.config, run_name=cfg.exp_name,
-                                      purge_step=self.global_step or None, use_wandb=cfg.use_wandb,
-                                      wandb_project=cfg.wandb_project, wandb_entity=cfg.wandb_entity,
-                                      wandb_mode=cfg.wandb_mode)  # fmt: skip
-                progress = Progress(cfg.iterations, self.iteration, cfg.progress)
+                if self.world.main:  # rank 0 alone logs
+                    writer = MetricWriter(self.output_dir, config=self.config, run_name=cfg.exp_name,
+                                          purge_step=self.global_step or None, use_wandb=cfg.use_wandb,
+                                          wandb_project=cfg.wandb_project, wandb_entity=cfg.wandb_entity,
+                                          wandb_mode=cfg.wandb_mode)  # fmt: skip
+                progress = Progress(cfg.iterations, self.iteration, cfg.progress and self.world.main)
                 if self.iteration >= cfg.iterations:
                     notice(f"the run has already reached trainer.iterations={cfg.iterations}: nothing to train")
-                while self.iteration < cfg.iterations and stop.received is None and not self.pruned:
-                    row = self._iteration(writer, start)
+                stopped = None  # the stop signal every rank agreed on
+                while self.iteration < cfg.iterations and stopped is None and not self.pruned:
+                    row, stopped = self._iteration(writer, start, stop)
                     progress.update(self.iteration, self.global_step, row)
                 if self.pruned:
                     ending = {"status": "pruned"}
                     notice(f"pruned by the study's pruner after iteration {self.iteration} (trial {cfg.trial['number']})")
                 elif self.iteration < cfg.iterations:  # a stop signal ended it early
-                    ending = {"status": "interrupted", "signal": stop.received}
+                    ending = {"status": "interrupted", "signal": stopped}
                 self.save()
                 if ending["status"] == "completed" and cfg.fresh_eval:
                     self.best_fresh = self._fresh_score_or_error()
@@ -279,12 +314,14 @@ class Trainer:
                 ending = {"status": "aborted", "signal": stop.received}
             except Exception as err:
                 ending, failure = self._failure(err)
+                self.world.report_failure(ending["error"])
             with stop.held():  # the summary and the logs are written whatever arrives now
                 if progress is not None:
                     progress.close()
                 summary = self._summary(ending, start_time, time.perf_counter() - start, self.global_step - start_step)
                 try:
-                    summary.write(self.output_dir)
+                    if self.world.main:
+                        summary.write(self.output_dir)
                 finally:
                     if writer is not None:
                         writer.close()
@@ -292,23 +329,56 @@ class Trainer:
             raise failure
         return summary
 
-    def _iteration(self, writer: MetricWriter, start: float) -> dict[str, float]:
-        """One iteration: collect -> update -> log -> evaluate -> save; returns the logged row.
+    def _iteration(self, writer: MetricWriter | None, start: float, stop: StopSignals) -> tuple[dict[str, float], str | None]:
+        """One iteration: collect -> update -> log -> evaluate -> save; returns the logged row and the stop signal.
 
-        A checkpoint is written after its row is logged and flushed, so that a
-        resume from it (which drops the rows logged after its step) never
-        leaves a hole in the logs.
+        In a multi-process run every rank collects and updates; rank 0 gathers
+        the ranks' episodes and reward terms (and the stop signals each got),
+        logs, evaluates and decides, and every rank then takes its decision:
+        stop (after the same iteration), pruned, and which checkpoint to write
+        (every rank's state goes into it). A checkpoint is written after its
+        row is logged and flushed, so that a resume from it (which drops the
+        rows logged after its step) never leaves a hole in the logs.
         """
-        cfg, clock = self.cfg, time.perf_counter
+        cfg, world, clock = self.cfg, self.world, time.perf_counter
         t0 = clock()
+        world.at(self.iteration + 1, "collect")
         rollout = self.collector.collect()
         t1 = clock()
+        world.at(self.iteration + 1, "update")
         losses = self.algorithm.update(rollout.data)
         t2 = clock()
         self.iteration += 1
-        self.global_step += rollout.data.numel()
-        self.episodes.add(rollout.episodes)
-        row = self._training_row(rollout, losses, collect_s=t1 - t0, update_s=t2 - t1, elapsed_s=t2 - start)
+        samples = rollout.data.numel() * world.world_size
+        self.global_step += samples
+        world.at(self.iteration, "report")
+        reports = world.gather((rollout.episodes, rollout.term_means, stop.received), "the gather of the iteration's episodes")
+        row: dict[str, float] = {}
+        decision = None
+        if world.main:
+            episodes = Episodes(*([x for report in reports for x in getattr(report[0], name)]
+                                  for name in ("returns", "lengths", "successes")))  # fmt: skip
+            terms = {key: sum(report[1][key] for report in reports) / len(reports) for key in reports[0][1]}
+            signal = next((report[2] for report in reports if report[2] is not None), None)
+            self.episodes.add(episodes)
+            row = self._training_row(terms, losses, samples, collect_s=t1 - t0, update_s=t2 - t1, elapsed_s=t2 - start)
+            decision = (signal, *self._log_and_evaluate(row, writer))
+        world.at(self.iteration, "decision")
+        signal, self.pruned, save, value = world.share(decision, "the broadcast of the iteration's decision")
+        if save is not None:
+            world.at(self.iteration, "checkpoint")
+            if writer is not None:
+                writer.flush()
+            if save == "best":
+                self._save_best(value)
+            else:
+                self.save()
+        return row, signal
+
+    def _log_and_evaluate(self, row: dict[str, float], writer: MetricWriter) -> tuple[bool, str | None, float | None]:
+        """Rank 0's part of an iteration: evaluate (when due), log, report to the trial; return
+        ``(pruned, checkpoint to write: "best", "latest" or None, the objective's value)``."""
+        cfg = self.cfg
         evaluated = self.eval_env is not None and (self.iteration % cfg.eval_freq == 0 or self.iteration == cfg.iterations)
         if evaluated:
             self._evaluate(row, writer)
@@ -317,24 +387,25 @@ class Trainer:
             self._objective_checked = True
             self._check_objective(row)
         value = self.objective.value(row) if evaluated else None
+        pruned = False
         if self.trial is not None and evaluated:
-            self.pruned = self.trial.report(value, self.iteration) and self.iteration < cfg.iterations
-        new_best = self.objective.best.improves(value)
-        if new_best or (self.iteration % cfg.save_freq == 0 and self.iteration < cfg.iterations and not self.pruned):
-            writer.flush()
-            if new_best:
-                self._save_best(value)
-            else:
-                self.save()
-        return row
+            pruned = self.trial.report(value, self.iteration) and self.iteration < cfg.iterations
+        if self.objective.best.improves(value):
+            return pruned, "best", value
+        periodic = self.iteration % cfg.save_freq == 0 and self.iteration < cfg.iterations and not pruned
+        return pruned, "latest" if periodic else None, value
 
-    def _training_row(self, rollout: Rollout, losses: dict[str, float], **times: float) -> dict[str, float]:
+    def _training_row(self, terms: dict[str, float], losses: dict[str, float], samples: int,
+                      **times: float) -> dict[str, float]:  # fmt: skip
         """What an iteration logs, with CleanRL's names: the update's terms under ``losses/``, the rate, the
-        episodes and SPS under ``charts/``, the env's terms (``rewards/``, ``metrics/``) and ``time/``."""
+        episodes and SPS under ``charts/``, the env's terms (``rewards/``, ``metrics/``) and ``time/``.
+
+        ``terms``: the rollout's reward terms and metrics (the ranks' mean); ``samples``: env steps of every rank.
+        """
         row = {("charts/" if k == "learning_rate" else "losses/") + k: v for k, v in losses.items()}
         row.update(self.episodes.means(success=self.env.reports_success))
-        row.update(rollout.term_means)
-        row["charts/SPS"] = rollout.data.numel() / (times["collect_s"] + times["update_s"])
+        row.update(terms)
+        row["charts/SPS"] = samples / (times["collect_s"] + times["update_s"])
         row["charts/iteration"] = self.iteration
         row.update({f"time/{name}": value for name, value in times.items()})
         self.last_train = row
@@ -388,8 +459,12 @@ class Trainer:
 
         The best stays as it was when the checkpoints cannot be written (a
         full disk, a second stop signal), so that ``summary.json`` never names a
-        best that no ``best.pt`` holds.
+        best that no ``best.pt`` holds. In a multi-process run every rank
+        calls it (each sends its state); rank 0 alone keeps the best and writes.
         """
+        if not self.world.main:
+            self._checked_state()
+            return None
         best = self.objective.best
         previous = best.state_dict()
         best.take(value, self.global_step)
@@ -428,14 +503,14 @@ class Trainer:
             failure = RuntimeError(error)
             failure.__cause__ = err
         else:
-            error = error_line(str(err) if isinstance(err, ObjectiveError) else err)
+            error = error_line(str(err) if isinstance(err, (ObjectiveError, CollectiveError)) else err)
             failure = err
         return {"status": "failed", "error": error, "traceback": trace}, failure
 
     def _summary(self, ending: dict[str, Any], start_time: float, elapsed: float, steps: int) -> RunSummary:
         final = {**self.last_train, **self.last_eval}
         return RunSummary(
-            **ending, exp_name=self.cfg.exp_name, **placement(self.env.device),
+            **ending, exp_name=self.cfg.exp_name, **placement(self.env.device), world_size=self.world.world_size,
             global_step=self.global_step, iteration=self.iteration, elapsed_s=elapsed,
             SPS=steps / elapsed if elapsed > 0 else 0.0, start_time=start_time, end_time=time.time(),
             init_from=self.init_from, objective_name=self.objective.name, objective_direction=self.objective.direction,
@@ -446,14 +521,23 @@ class Trainer:
         )  # fmt: skip
 
     # ------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs (see the module docstring)."""
+    def state_dict(self) -> dict[str, Any] | None:
+        """Everything a resumed run needs (see the module docstring); None on a rank other than 0.
+
+        What each rank has of its own (its env, collector and random streams)
+        is rank 0's at the top level and every other rank's in ``ranks``
+        (rank 1 first), with ``world_size``; every rank calls this (a gather).
+        """
+        own = self._rank_state()
+        if self.world.distributed:
+            others = self.world.gather(_to_device(own, "cpu"), "the gather of the ranks' states for the checkpoint")
+            if not self.world.main:
+                return None
         state = {
             "policy": self.policy.state_dict(),
             "algorithm": self.algorithm.state_dict(),
-            "collector": self.collector.state_dict(),
+            **own,
             "episodes": self.episodes.state_dict(),
-            "env": self.env.state_dict(),
             "global_step": self.global_step,
             "iteration": self.iteration,
             "best_success": self.best_success.value,
@@ -463,34 +547,47 @@ class Trainer:
             "best_objective_id": self.objective.best.id,
             "last_train": self.last_train,
             "last_eval": self.last_eval,
-            "torch_rng": torch.get_rng_state(),
             "config": self.config,
+        }
+        if self.world.distributed:
+            state.update(world_size=self.world.world_size, ranks=others[1:])
+        return state
+
+    def _rank_state(self) -> dict[str, Any]:
+        """This rank's own part of a checkpoint: its collector, its env and its random streams."""
+        state = {
+            "collector": self.collector.state_dict(),
+            "env": self.env.state_dict(),
+            "torch_rng": torch.get_rng_state(),
         }
         if torch.cuda.is_available():
             state["cuda_rng"] = torch.cuda.get_rng_state_all()
         return state
 
-    def _checked_state(self) -> dict[str, Any]:
-        """:meth:`state_dict`, refused when a policy parameter or buffer is not finite.
+    def _checked_state(self) -> dict[str, Any] | None:
+        """:meth:`state_dict`, refused when a policy parameter or buffer is not finite (None on ranks but 0).
 
         Raises:
             NonFiniteError: a policy parameter or buffer (e.g. the observation
                 normaliser's statistics) is NaN or infinite.
         """
         state = self.state_dict()
-        bad = first_non_finite(state["policy"])
+        bad = first_non_finite(dict(self.policy.state_dict()))
         if bad is not None:
             raise NonFiniteError(f"policy {bad[0]}", bad[1], self.iteration)
         return state
 
-    def save(self) -> Path:
+    def save(self) -> Path | None:
         """Write the state atomically to ``checkpoints/latest.pt`` and return the path.
+
+        In a multi-process run every rank calls it and rank 0 writes (None elsewhere).
 
         Raises:
             NonFiniteError: see :meth:`_checked_state`; nothing is written.
             OSError: the file cannot be written (the previous one stays).
         """
-        return self.checkpoints.save(self._checked_state())
+        state = self._checked_state()
+        return self.checkpoints.save(state) if state is not None else None
 
     def load(self, path: str | Path) -> bool:
         """Restore a checkpoint written by :meth:`save`; training continues its step count.
@@ -499,7 +596,9 @@ class Trainer:
         (:attr:`~rlchain.envs.base.VecEnv.resumes_episodes`), or a checkpoint
         without env state, the collector starts afresh instead of acting on
         the saved observation: every env is reset before the next rollout and
-        no episode is carried over. ``best.pt`` is made the checkpoint of the
+        no episode is carried over. The same happens for a checkpoint of a run
+        with another number of processes (``world_size``), whose envs were
+        not these. ``best.pt`` is made the checkpoint of the
         best evaluation the state records (:meth:`Checkpoints.align_best`).
 
         Returns:
@@ -512,28 +611,43 @@ class Trainer:
             ValueError: env state of another env (see the env's ``load_state_dict``).
             OSError: ``best.pt`` cannot be written or removed.
         """
-        state = self._load_policy(path, "resume_from")
+        return self._restore(self._read(path, "resume_from"), path)
+
+    def _restore(self, state: dict[str, Any], path: str | Path) -> bool:
+        """Take ``state`` (read from ``path`` by :meth:`_read`) as this run's; see :meth:`load`."""
+        self.policy.load_state_dict(state["policy"])
         self.algorithm.load_state_dict(state["algorithm"])
-        self.collector.load_state_dict(state["collector"])
-        self.episodes.load_state_dict(state["episodes"])
-        if "env" in state:
-            self.env.load_state_dict(state["env"])
-        exact = "env" in state and self.env.resumes_episodes
+        saved_world = state.get("world_size", 1)
+        own = None
+        if saved_world == self.world.world_size:
+            own = state if self.world.rank == 0 else state["ranks"][self.world.rank - 1]
+        else:
+            notice(f"{path} was saved by a run of {saved_world} process(es) and this one has {self.world.world_size}: "
+                   "policy, optimiser, observation statistics and step count go on; every env is reset "
+                   "(episodes in progress at the checkpoint are dropped) and each rank's random stream starts "
+                   "from its seed")  # fmt: skip
+        exact = False
+        if own is not None:
+            self.collector.load_state_dict(own["collector"])
+            if "env" in own:
+                self.env.load_state_dict(own["env"])
+            exact = "env" in own and self.env.resumes_episodes
+            torch.set_rng_state(own["torch_rng"].cpu())
+            if "cuda_rng" in own and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all([s.cpu() for s in own["cuda_rng"]])
         if not exact:
             self.collector.restart()
+        self.episodes.load_state_dict(state["episodes"])
         self.global_step, self.iteration = state["global_step"], state["iteration"]
         self.best_success.load_state_dict({"value": state["best_success"], "step": state["best_step"]})
         self.objective.best.load_state_dict({"value": state.get("best_objective"), "step": state.get("best_objective_step"),
                                              "id": state.get("best_objective_id")})  # fmt: skip
         self.last_train, self.last_eval = state.get("last_train", {}), state.get("last_eval", {})
         self.objective.resolve(self.last_eval)
-        if not self.checkpoints.align_best(state, path):
+        if self.world.main and not self.checkpoints.align_best(state, path):
             notice(f"the best evaluation of {path} (global_step {self.objective.best.step:,}) has no checkpoint "
                    "there or here: best.pt starts afresh")  # fmt: skip
             self.objective.best.load_state_dict({})
-        torch.set_rng_state(state["torch_rng"].cpu())
-        if "cuda_rng" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
         return exact
 
     def init_policy(self, source: str | Path) -> Path:
@@ -554,6 +668,12 @@ class Trainer:
                 checkpoint, or holds a policy whose parameter names or shapes
                 differ from this run's (naming them).
         """
+        path = self._init_source(source)
+        self._init_policy(self._read(path, "init_from"), path)
+        return path
+
+    def _init_source(self, source: str | Path) -> Path:
+        """The checkpoint file ``init_from=source`` names (see :meth:`init_policy`)."""
         path = Path(source)
         if path.is_dir():
             path = path / "checkpoints" / "latest.pt"
@@ -562,24 +682,28 @@ class Trainer:
                                                              "expected an rlchain run directory or a checkpoint file")
         elif not path.exists():
             raise SettingError("init_from", str(source), " does not exist: expected an rlchain checkpoint file or run directory")
-        state = self._load_policy(path, "init_from")
-        self.algorithm.reset_reference()
-        notice(f"policy initialised from {path} (trained for {state['global_step']:,} env steps there)")
         return path
 
-    def _load_policy(self, path: str | Path, name: str) -> dict[str, Any]:
-        """Read the checkpoint at ``path``, load its policy into this run's and return the whole state.
+    def _init_policy(self, state: dict[str, Any], path: str | Path) -> None:
+        """Take the policy of ``state`` (read from ``path``) as this run's start (see :meth:`init_policy`)."""
+        self.policy.load_state_dict(state["policy"])
+        self.algorithm.reset_reference()
+        self.init_from = str(path)
+        notice(f"policy initialised from {path} (trained for {state['global_step']:,} env steps there)")
+
+    def _read(self, path: str | Path, name: str) -> dict[str, Any]:
+        """Read the checkpoint at ``path`` and check that its policy fits this run's (on the CPU in a multi-process
+        run, whose rank 0 sends it to the others).
 
         Raises:
             FileNotFoundError: ``path`` does not exist.
             SettingError: ``<name>=...``: not an rlchain checkpoint, or a policy
                 whose names or shapes differ from this run's (naming them).
         """
-        state = load_checkpoint(path, map_location=self.env.device, name=name)
+        device = "cpu" if self.world.distributed else self.env.device
+        state = load_checkpoint(path, map_location=device, name=name)
         check_state_matches(self.policy, state["policy"], name, path)
-        self.policy.load_state_dict(state["policy"])
         return state
-
 
 
 def _open_trial(trial: dict[str, Any]) -> Any:
@@ -617,3 +741,14 @@ def _build_eval_env(factory: Callable[..., VecEnv], cfg: TrainerConfig) -> VecEn
         if "render_mode" not in str(err):
             raise
         raise SettingError("video", True, f" needs an env that renders: its settings have no render_mode ({err})") from None
+
+
+def _to_device(state: Any, device: torch.device | str) -> Any:
+    """``state`` (nested dicts, lists and tuples) with every tensor moved to ``device``."""
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return {key: _to_device(value, device) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_to_device(value, device) for value in state)
+    return state

@@ -8,10 +8,13 @@
   cannot end until the test says so); it writes ``<hold_step>.waiting`` first.
 * ``fail_at_step``: ``step`` number N (counted from construction) raises, as
   a simulator that crashes would.
+* ``fault_rank``: the switches act only in the process of this rank of a
+  multi-process run (torchrun's ``RANK``); None: in every process.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -27,7 +30,9 @@ def _hold(path: str | None) -> None:
 
 class FaultLineEnv(LineEnv):
     def __init__(self, hold_build: str | None = None, hold_step: str | None = None,
-                 fail_at_step: int | None = None, **kwargs):  # fmt: skip
+                 fail_at_step: int | None = None, fault_rank: int | None = None, **kwargs):  # fmt: skip
+        if fault_rank is not None and int(os.environ.get("RANK", 0)) != fault_rank:
+            hold_build = hold_step = fail_at_step = None
         _hold(hold_build)
         super().__init__(**kwargs)
         self.hold_step, self.fail_at_step, self.steps = hold_step, fail_at_step, 0

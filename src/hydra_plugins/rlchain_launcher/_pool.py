@@ -75,7 +75,7 @@ class Worker:
         self.slot = slot
         self.executor = ProcessPoolExecutor(
             max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-            initializer=init_worker, initargs=(slot.environ(), slot.num_threads, os.getpid()),
+            initializer=init_worker, initargs=(slot.environ(), slot.num_threads, os.getpid(), slot.ranks),
         )  # fmt: skip
         self._pid: Future = self.executor.submit(os.getpid)
         self.job: Job | None = None

@@ -26,14 +26,16 @@ class Slot:
     """One place a job can run: a device and a thread budget.
 
     Attributes:
-        index: slot number, 0 .. devices * jobs_per_device - 1.
-        device: ``"cpu"``, or the CUDA id written to ``CUDA_VISIBLE_DEVICES``.
-        num_threads: torch intra-op / OpenMP / MKL threads of the job.
+        index: slot number, 0 .. devices // devices_per_job * jobs_per_device - 1.
+        device: ``"cpu"``, or the CUDA id(s) written to ``CUDA_VISIBLE_DEVICES`` (``"0,1"`` for a job of two).
+        num_threads: torch intra-op / OpenMP / MKL threads of each of the job's processes.
+        ranks: processes of each job (``devices_per_job``): one multi-process run.
     """
 
     index: int
     device: str
     num_threads: int
+    ranks: int = 1
 
     @property
     def label(self) -> str:
@@ -134,19 +136,30 @@ def resolve_devices(devices: Any, visible: Sequence[str] | None = None) -> list[
     return ids
 
 
-def make_slots(devices: Any, jobs_per_device: int, threads_per_job: Any,
+def make_slots(devices: Any, jobs_per_device: int, threads_per_job: Any, devices_per_job: int = 1,
                visible: Sequence[str] | None = None) -> list[Slot]:  # fmt: skip
     """Slots for ``devices`` x ``jobs_per_device``, ordered round-robin over the devices.
 
     The round-robin order makes the first jobs of a sweep land on distinct
-    devices. ``threads_per_job="auto"`` shares the usable cores evenly
-    (at least one thread per job). The other settings are checked already
+    devices. With ``devices_per_job`` > 1 the CUDA devices go to jobs in
+    consecutive groups of that many (``[0,1,2,3]`` by 2: ``0,1`` and
+    ``2,3``), and a CPU slot runs that many processes. ``threads_per_job="auto"``
+    shares the usable cores evenly over every process (at least one thread
+    each). The other settings are checked already
     (:class:`~.config.DevicesLauncherConf`). ``visible``: see :func:`resolve_devices`.
 
     Raises:
-        LauncherConfigError: see :func:`resolve_devices`.
+        LauncherConfigError: see :func:`resolve_devices`; fewer CUDA devices
+            than ``devices_per_job``, or a count it does not divide.
     """
     ids = resolve_devices(devices, visible)
+    if devices_per_job > 1 and ids != ["cpu"]:
+        if "cpu" in ids or len(ids) % devices_per_job:
+            raise LauncherConfigError(
+                f"hydra.launcher.devices_per_job={devices_per_job} is not allowed with devices {ids}: expected a "
+                "number of CUDA devices that it divides (or devices=[cpu])"
+            )
+        ids = [",".join(ids[i : i + devices_per_job]) for i in range(0, len(ids), devices_per_job)]
     n_slots = len(ids) * jobs_per_device
-    threads = max(1, usable_cpus() // n_slots) if threads_per_job == "auto" else threads_per_job
-    return [Slot(i, ids[i % len(ids)], threads) for i in range(n_slots)]
+    threads = max(1, usable_cpus() // (n_slots * devices_per_job)) if threads_per_job == "auto" else threads_per_job
+    return [Slot(i, ids[i % len(ids)], threads, devices_per_job) for i in range(n_slots)]

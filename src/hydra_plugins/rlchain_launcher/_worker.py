@@ -12,6 +12,16 @@ resolver registered only in the launching process, reaches the worker too.
 After each job the worker returns the CUDA memory torch cached for it to the
 device, for the slot's next job and the jobs that share the device.
 
+A job of ``devices_per_job`` > 1 is one multi-process run: the worker
+starts the job's other ranks (:func:`run_rank`, ``spawn``) with the
+variables torchrun would set (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``), runs rank 0 itself, and waits for them
+when rank 0's job has ended (killing those still running
+:data:`RANK_GRACE_S` later). Only rank 0 runs Hydra's ``run_job``, so only
+it writes the job's files; the stop signals the launcher forwards reach it,
+and the ranks agree to stop after the same iteration. A rank whose worker is
+gone exits.
+
 Orphans. A worker watches its parent: when the launcher is gone (``kill -9``,
 the OOM killer, a crash) the worker sends itself SIGTERM, so a running job
 stops after its iteration and records ``interrupted``, and then exits; an idle
@@ -20,23 +30,28 @@ worker exits at once.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
+import multiprocessing
 import os
 import pickle
 import signal
+import socket
 import sys
 import threading
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import cloudpickle
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.errors import CompactHydraException
+from omegaconf import open_dict, read_write
 
 from rlchain.summary import STOP_SIGNALS, STOPPED, RunSummary, error_line, signal_exit_code
 
@@ -46,6 +61,9 @@ log = logging.getLogger(__name__)
 WATCH_INTERVAL_S = 0.5
 #: Exit status of a worker that leaves because its launcher is gone.
 ORPHAN_EXIT = signal_exit_code(signal.SIGTERM)
+#: Seconds the other ranks of a multi-process job get to end after rank 0's job ended before they are killed
+#: (as torchrun gives its ranks).
+RANK_GRACE_S = 30.0
 
 # A worker's own state (one job at a time, in its main thread).
 _worker_lock = threading.Lock()
@@ -53,6 +71,7 @@ _job_running = False  # execute() is between its start and its result
 _launcher_gone = False  # the parent-watch thread saw the launcher go
 _armed = False  # a stop signal raises JobInterrupted (set while a job runs)
 _pending_signal: int | None = None  # a stop signal that came while no job was armed
+_ranks = 1  # processes of each job (devices_per_job)
 
 
 class JobInterrupted(KeyboardInterrupt):
@@ -105,7 +124,7 @@ def _on_stop_signal(signum: int, frame: Any) -> None:
     _pending_signal = signum
 
 
-def init_worker(environ: dict[str, str], num_threads: int, launcher_pid: int) -> None:
+def init_worker(environ: dict[str, str], num_threads: int, launcher_pid: int, ranks: int = 1) -> None:
     """Worker initializer: take the slot's environment before any job imports CUDA; watch the launcher.
 
     ``spawn`` may have imported torch already (it re-imports the launching
@@ -115,6 +134,8 @@ def init_worker(environ: dict[str, str], num_threads: int, launcher_pid: int) ->
     launcher only; it forwards to busy workers) and starts a daemon thread
     that stops it when the launcher is gone (:func:`_watch_launcher`).
     """
+    global _ranks
+    _ranks = ranks
     os.environ.update(environ)
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -169,7 +190,8 @@ def execute(job: bytes, context: bytes) -> Outcome:
             _exit_orphan()
         _job_running = True
     try:
-        return _execute(cloudpickle.loads(job), *cloudpickle.loads(context))
+        with _other_ranks(job, context):
+            return _execute(cloudpickle.loads(job), *cloudpickle.loads(context))
     finally:
         with _worker_lock:
             _job_running = False
@@ -257,3 +279,77 @@ def _release_cuda_memory() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def _other_ranks(job: bytes, context: bytes) -> Iterator[None]:
+    """Run the block as rank 0 of a job of ``_ranks`` processes, the others started here (nothing for one)."""
+    if _ranks == 1:
+        yield
+        return
+    with socket.socket() as s:  # a free port for the ranks' rendezvous, as torchrun --standalone picks one
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    world = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(_ranks),
+             "LOCAL_WORLD_SIZE": str(_ranks)}  # fmt: skip
+    spawn = multiprocessing.get_context("spawn")
+    ranks = [spawn.Process(target=run_rank, args=(job, context, {**world, "RANK": str(r), "LOCAL_RANK": str(r)}, os.getpid()),
+                           name=f"rlchain-rank-{r}") for r in range(1, _ranks)]  # fmt: skip
+    for rank in ranks:
+        rank.start()
+    saved = {key: os.environ.get(key) for key in (*world, "RANK", "LOCAL_RANK")}
+    os.environ.update(world, RANK="0", LOCAL_RANK="0")
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        deadline = time.monotonic() + RANK_GRACE_S
+        for rank in ranks:
+            rank.join(max(0.0, deadline - time.monotonic()))
+            if rank.is_alive():
+                log.warning(f"{rank.name} (pid {rank.pid}) had not ended {RANK_GRACE_S:g} s after rank 0: killed")
+                rank.kill()
+                rank.join()
+
+
+def run_rank(job: bytes, context: bytes, environ: dict[str, str], worker_pid: int) -> None:
+    """A rank other than 0 of a multi-process job: the job's task function on its config, with no file written.
+
+    Hydra's ``run_job`` is not run (rank 0 writes the job's files); the
+    config's ``hydra.runtime.output_dir`` is the job's directory. The rank
+    exits when its worker is gone; a stop signal reaches it only through
+    rank 0 (the ranks agree to stop).
+    """
+    os.environ.update(environ)
+    os.setpgrp()  # out of the launcher's way: signals reach rank 0, which tells the others
+    threading.Thread(target=_watch_worker, args=(worker_pid,), name="rlchain-watch-worker", daemon=True).start()
+    job_ = cloudpickle.loads(job)
+    task_function, _, singleton_state = cloudpickle.loads(context)
+    setup_globals()
+    Singleton.set_state(singleton_state)
+    config = copy.deepcopy(job_.config)
+    with read_write(config.hydra.runtime):
+        config.hydra.runtime.output_dir = str(job_.output_dir)
+    HydraConfig.instance().set_config(config)
+    task_cfg = copy.deepcopy(config)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]
+    try:
+        task_function(task_cfg)
+    except BaseException as err:  # noqa: BLE001 - rank 0 reports the run; this rank's one line goes to the console
+        code = err.code if isinstance(err, SystemExit) and isinstance(err.code, int) else 1
+        if not isinstance(err, SystemExit):
+            print(describe_error(err), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(code)
+
+
+def _watch_worker(worker_pid: int) -> None:
+    """End this rank when its worker (rank 0's process) is gone."""
+    while os.getppid() == worker_pid:
+        time.sleep(WATCH_INTERVAL_S)
+    os._exit(ORPHAN_EXIT)

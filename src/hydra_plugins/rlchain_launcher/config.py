@@ -36,9 +36,13 @@ class DevicesLauncherConf:
     and MIG ids are written through), or ``[cpu]``."""
     jobs_per_device: int = 1
     """Jobs that may run at once on one device (an integer >= 1); slots = devices x jobs_per_device."""
+    devices_per_job: int = 1
+    """Processes of each job (an integer >= 1): a job with more than one trains one run over that many ranks, as
+    ``torchrun --nproc_per_node`` would start them, each on a device of its own (CUDA: consecutive groups of
+    ``devices``, slots = devices // devices_per_job x jobs_per_device) or, on the CPU, sharing the slot."""
     threads_per_job: Any = "auto"
-    """Torch/OpenMP CPU threads of each job: ``auto`` = usable cores // slots (at
-    least 1), or an integer >= 1."""
+    """Torch/OpenMP CPU threads of each job's process(es): ``auto`` = usable cores // (slots x devices_per_job)
+    (at least 1), or an integer >= 1."""
     stagger_s: float = 0.0
     """Seconds to wait between two job starts (>= 0; spreads start-up load)."""
     kill_after_s: float = 30.0
@@ -49,8 +53,9 @@ class DevicesLauncherConf:
         def integer(value: Any) -> bool:
             return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
-        if not integer(self.jobs_per_device):
-            raise _not_allowed("jobs_per_device", self.jobs_per_device, "an integer >= 1")
+        for name in ("jobs_per_device", "devices_per_job"):
+            if not integer(getattr(self, name)):
+                raise _not_allowed(name, getattr(self, name), "an integer >= 1")
         if self.threads_per_job != "auto" and not integer(self.threads_per_job):
             raise _not_allowed("threads_per_job", self.threads_per_job, "'auto' or an integer >= 1")
         for name in ("stagger_s", "kill_after_s"):

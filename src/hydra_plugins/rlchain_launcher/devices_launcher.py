@@ -149,7 +149,7 @@ class DevicesLauncher(Launcher):
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         if self.pool is None:
             cfg = self.settings
-            self.pool = DevicePool(make_slots(cfg.devices, cfg.jobs_per_device, cfg.threads_per_job),
+            self.pool = DevicePool(make_slots(cfg.devices, cfg.jobs_per_device, cfg.threads_per_job, cfg.devices_per_job),
                                    cfg.stagger_s, cfg.kill_after_s)  # fmt: skip
             weakref.finalize(self, self.pool.shutdown)  # also runs at exit; atexit alone kept them to the end
 
@@ -163,8 +163,9 @@ class DevicesLauncher(Launcher):
         pool = self.pool
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         devices = sorted({s.label for s in pool.slots})
-        log.info(f"devices launcher: {len(pool.slots)} slot(s) ({', '.join(devices)}; "
-                 f"{pool.slots[0].num_threads} thread(s) each); sweep dir {sweep_dir}")  # fmt: skip
+        slot = pool.slots[0]
+        each = f"{slot.ranks} processes of {slot.num_threads} thread(s)" if slot.ranks > 1 else f"{slot.num_threads} thread(s)"
+        log.info(f"devices launcher: {len(pool.slots)} slot(s) ({', '.join(devices)}; {each} each); sweep dir {sweep_dir}")
         ran = 0
         with pool.signals.handling():
             context = cloudpickle.dumps((self.task_function, self.hydra_context, Singleton.get_state()))

@@ -10,6 +10,7 @@ import torch
 
 from rlchain.buffer import minibatches
 from rlchain.console import notice
+from rlchain.distributed import world
 from rlchain.policies import Policy
 from rlchain.settings import SettingError, Settings, setting
 from rlchain.utils import MAX_SEED
@@ -199,7 +200,7 @@ class Algorithm:
             chunk = flat[start : start + self.cfg.batch_size]
             log_ratio = self.policy.evaluate_actions(chunk)["sample_log_prob"] - chunk["sample_log_prob"]
             total += ((torch.expm1(log_ratio) - log_ratio) * weights[start : start + self.cfg.batch_size]).sum()
-        count = weights.sum()
+        total, count = world().sum(torch.stack([total, weights.sum()]), "the all-reduce of update_kl")
         return float(total / count) if float(count) > 0 else 0.0
 
     def _step(self, loss: torch.Tensor) -> torch.Tensor:
@@ -213,6 +214,14 @@ class Algorithm:
             raise NonFiniteError("loss", loss.item(), self.iteration + 1)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if world().distributed:  # every rank steps with the mean of the ranks' gradients
+            grads = []
+            for p in self.policy.parameters():
+                if p.requires_grad:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    grads.append(p.grad)
+            world().average_(grads, "the all-reduce of the gradients")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
         if not torch.isfinite(grad_norm):
             raise NonFiniteError("grad_norm", grad_norm.item(), self.iteration + 1)
@@ -271,10 +280,11 @@ class Algorithm:
                     totals[key] = totals.get(key, 0.0) + value.detach()
                 count += 1
             epochs += 1
-            if stop_kl is not None and terms["approx_kl"].item() > stop_kl:
+            if stop_kl is not None and world().mean(terms["approx_kl"], "the all-reduce of the KL stop").item() > stop_kl:
                 break
         self.iteration += 1
-        stats = {key: (value / count).item() for key, value in totals.items()}
+        means = world().mean(torch.stack(list(totals.values())) / count, "the all-reduce of the update's terms")
+        stats = dict(zip(totals, means.tolist()))
         self._check_finite(stats)
         if self.cfg.lr_schedule == "adaptive":
             stats["update_kl"] = self._update_kl(data, weight)

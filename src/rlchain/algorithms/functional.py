@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from rlchain.distributed import world
+
 __all__ = ["ADVANTAGE_NORMS", "clipped_surrogate", "compute_gae", "discounted_returns", "first_done_mask", "group_relative_advantages"]
 
 
@@ -87,7 +89,8 @@ def group_relative_advantages(
       R1-Zero-Like Training"), which removes the std's bias towards groups
       whose returns barely differ;
     * ``"rollout_std"``: divided by one standard deviation of every live
-      centred return of the rollout plus ``eps``, so all groups share a scale.
+      centred return of the rollout (of every rank's, in a multi-process run)
+      plus ``eps``, so all groups share a scale.
 
     A group whose live members' returns are all equal (a single live member,
     or identical returns) carries no signal: its advantages are exactly 0,
@@ -120,9 +123,10 @@ def group_relative_advantages(
         std = ((r - mean).square() * m).sum(-1, keepdim=True).div(count).sqrt()
         centred = torch.where(signal, centred / (std + eps), 0.0)  # no 0 / 0 where a group carries no signal
     elif norm == "rollout_std":
-        live_count = signal.sum()
+        sum_sq, live_count = world().sum(torch.stack([centred.square().sum(), signal.sum().to(centred.dtype)]),
+                                         "the all-reduce of the rollout's std")  # fmt: skip
         if int(live_count) > 1:
-            centred = centred / (centred.square().sum().div(live_count).sqrt() + eps)
+            centred = centred / (sum_sq.div(live_count).sqrt() + eps)
     return centred.view(t, n)
 
 

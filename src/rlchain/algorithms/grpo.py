@@ -38,6 +38,7 @@ from rlchain.algorithms.functional import (
     first_done_mask,
     group_relative_advantages,
 )
+from rlchain.distributed import world
 from rlchain.envs.base import check_group_size
 from rlchain.policies import Policy
 from rlchain.settings import setting
@@ -131,7 +132,7 @@ class GRPO(Algorithm):
         data.set("mask", mask.float())
         stats, _ = self._optimise(data, self._minibatch_loss, weight=data["mask"])
         self.policy.update_obs_normalizer(rollout["obs"])
-        stats.update(learning_rate=self.current_lr, live_fraction=float(mask.float().mean()))
+        stats.update(learning_rate=self.current_lr, live_fraction=float(world().mean(mask.float().mean(), "the all-reduce of live_fraction")))
         return stats
 
     def _minibatch_loss(self, batch: TensorDict) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ import torch
 
 from rlchain.algorithms.base import Algorithm, AlgorithmConfig
 from rlchain.algorithms.functional import clipped_surrogate, compute_gae
+from rlchain.distributed import moments, world
 from rlchain.policies import Policy
 from rlchain.settings import SettingError, setting
 
@@ -31,7 +32,7 @@ class PPOConfig(AlgorithmConfig):
     vf_coef: float = setting(0.5, ge=0)
     """Weight of the value loss."""
     norm_adv: bool = True
-    """Normalise advantages over the rollout to zero mean and unit std."""
+    """Normalise advantages over the rollout (every rank's, in a multi-process run) to zero mean and unit std."""
     stop_at_target_kl: bool = False
     """Stop the epochs of an update after one whose last minibatch's approx_kl exceeds target_kl (CleanRL's rule)."""
 
@@ -123,11 +124,14 @@ class PPO(Algorithm):
         )  # fmt: skip
         # As CleanRL: undefined (NaN) for returns that do not vary, here up to
         # float32 rounding (returns = advantages + values can leave a residue).
-        var_returns = float(returns.var())
-        constant = var_returns <= (1e-6 * float(returns.abs().max())) ** 2
-        explained_variance = math.nan if constant else 1 - float((returns - rollout["value"]).var()) / var_returns
-        if cfg.norm_adv:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        _, variances, _ = moments(torch.stack([returns, returns - rollout["value"]], -1).reshape(-1, 2),
+                                  "the all-reduce of the explained variance")  # fmt: skip
+        var_returns, var_residual = variances.tolist()
+        constant = var_returns <= (1e-6 * float(world().max(returns.abs().max(), "the all-reduce of max |return|"))) ** 2
+        explained_variance = math.nan if constant else 1 - var_residual / var_returns
+        if cfg.norm_adv:  # over every rank's rollout
+            mean, var, _ = moments(advantages.reshape(-1), "the all-reduce of the advantages' mean and std")
+            advantages = (advantages - mean) / (var.sqrt() + 1e-8)
         data = rollout.select("obs", "action", "sample_log_prob", "value").clone(False)
         data.set("advantages", advantages)
         data.set("returns", returns)

@@ -1,0 +1,208 @@
+"""One run over two processes (gloo on the CPU): the update's maths, torchrun, stop signals and faults.
+
+The rank processes are real: ``torchrun`` itself for the whole run, and for
+the fault tests two ``python -m rlchain.train`` processes started with the
+variables torchrun sets (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...), so
+that the test holds each rank's pid and exit status. Nothing waits on a
+clock: a held step (a marker file, :mod:`tests.helpers.fault_env`) puts a
+rank where the test wants it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlchain import distributed
+from rlchain.algorithms import PPO
+from rlchain.checkpoint import load_checkpoint
+from rlchain.collector import SyncCollector
+from rlchain.envs import PushCubeEnv
+from rlchain.policies import ActorCritic
+from tests.helpers.runs import TINY, USER, rows, subprocess_env, summary_of, wait_for
+
+NUM_ENVS, STEPS, UPDATES = 16, 8, 3
+#: One minibatch per epoch on each rank (and of the whole rollout in one process): the ranks' mean gradient is then
+#: the full-batch gradient.
+PPO_SETTINGS = dict(n_epochs=2, learning_rate=1e-3, ent_coef=0.01)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rollout_and_policy():
+    """The same push_cube rollout ``[STEPS, NUM_ENVS]`` and initial policy in every process (fixed seeds, one thread)."""
+    torch.manual_seed(0)
+    env = PushCubeEnv(num_envs=NUM_ENVS, seed=0)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space)
+    return SyncCollector(env, policy, STEPS).collect().data.clone(), policy
+
+
+def _updates(policy, data, batch_size: int) -> list[dict]:
+    """``UPDATES`` PPO updates on ``data``; the parameters and buffers after each, and the update's terms."""
+    ppo = PPO(policy, batch_size=batch_size, **PPO_SETTINGS)
+    after = []
+    for _ in range(UPDATES):
+        stats = ppo.update(data)
+        after.append({"state": {k: v.clone() for k, v in policy.state_dict().items()}, "stats": stats})
+    return after
+
+
+def _rank(rank: int, port: int, out: str) -> None:
+    """Rank ``rank`` of 2: its half of the envs (columns), the per-rank minibatch of half the samples."""
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    distributed.setup("cpu", timeout_s=60)
+    data, policy = _rollout_and_policy()
+    half = NUM_ENVS // 2
+    mine = data[:, rank * half : (rank + 1) * half].clone()
+    torch.save(_updates(policy, mine, batch_size=STEPS * half), Path(out) / f"rank{rank}.pt")
+    distributed.shutdown()
+
+
+def test_two_ranks_keep_one_policy_and_update_as_one_process_on_all_the_envs(tmp_path):
+    """2 ranks x 8 envs give the update of 1 process x 16 envs, and the same parameters on both ranks after each.
+
+    Exact equality between the ranks: they step with the same averaged gradient. Against one process the
+    maths is the same (the advantages normalised over both halves, the observation statistics merged, the
+    mean of two half-batch gradients) but the float32 sums run in another order: a few ulp per sum, which
+    three Adam steps of lr 1e-3 carry into the parameters as differences below 1e-6 (measured: ~1e-7).
+    """
+    ctx = multiprocessing.get_context("spawn")
+    port = _free_port()
+    ranks = [ctx.Process(target=_rank, args=(r, port, str(tmp_path))) for r in range(2)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(120)
+        assert p.exitcode == 0
+    torch.set_num_threads(1)
+    data, policy = _rollout_and_policy()
+    reference = _updates(policy, data, batch_size=STEPS * NUM_ENVS)
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2))
+    for update, (a, b, ref) in enumerate(zip(rank0, rank1, reference)):
+        for name, value in ref["state"].items():
+            assert torch.equal(a["state"][name], b["state"][name]), (update, name)
+            torch.testing.assert_close(a["state"][name], value, rtol=0, atol=1e-6, msg=f"update {update}: {name}")
+        assert a["stats"] == b["stats"]
+        for key in ("policy_loss", "value_loss", "approx_kl", "clipfrac", "explained_variance"):
+            assert a["stats"][key] == pytest.approx(ref["stats"][key], rel=1e-4, abs=1e-6), (update, key)
+    first, last = rank0[0]["state"], rank0[-1]["state"]
+    assert all(not torch.equal(first[name], last[name]) for name in first if name.endswith("weight"))  # it learnt
+
+
+def test_torchrun_trains_one_run_whose_files_rank_0_alone_writes(tmp_path):
+    """``torchrun --nproc_per_node=2 -m rlchain.train``: one run directory, global_step over both ranks, and
+    every rank's envs in the checkpoint, from which a second torchrun run goes on."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "rlchain.train"]
+    args = [*TINY, "device=cpu", "hydra.run.dir=run"]
+    done = subprocess.run([*torchrun, *args], cwd=tmp_path, env=subprocess_env(OMP_NUM_THREADS="1"),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # rank 1 wrote nothing, not even Hydra's files
+    run = tmp_path / "run"
+    summary = summary_of(run)
+    assert (summary.status, summary.world_size, summary.global_step) == ("completed", 2, 2 * 2 * 8 * 16)
+    assert done.stdout.count("rlchain: completed") == 1
+    state = load_checkpoint(run / "checkpoints" / "latest.pt")
+    assert state["world_size"] == 2 and len(state["ranks"]) == 1
+    assert not torch.equal(state["collector"]["obs"], state["ranks"][0]["collector"]["obs"])  # distinct envs
+
+    more = subprocess.run([*torchrun, *args, "trainer.resume_from=auto", "trainer.iterations=3"], cwd=tmp_path,
+                          env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert more.returncode == 0, more.stderr
+    assert "resumed from" in more.stderr and "cannot restore" not in more.stderr and "process(es)" not in more.stderr
+    assert summary_of(run).global_step == 3 * 8 * 16 * 2
+
+
+def _start_ranks(tmp_path: Path, args: list[str], port: int | None = None) -> list[subprocess.Popen]:
+    """Both ranks of a run, as torchrun would start them, in ``tmp_path`` (rank 0's run directory: ``run``)."""
+    port = port or _free_port()
+    procs = []
+    for rank in range(2):
+        env = subprocess_env(OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                             LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, "-m", "rlchain.train", *args, "hydra.run.dir=run"], cwd=tmp_path,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+    return procs
+
+
+def _ended(procs: list[subprocess.Popen], timeout: float = 120) -> list[tuple[int, str]]:
+    """Each rank's exit status and stderr (a guard against a hang, not a timed assertion)."""
+    return [(p.wait(timeout), p.communicate()[1]) for p in procs]
+
+
+def test_sigterm_to_every_rank_stops_both_after_one_iteration_saves_once_and_resumes(tmp_path):
+    """SIGTERM to both ranks (as SLURM sends it) while rank 1 is inside iteration 2 and rank 0 waits for it: both
+    stop after iteration 2, one latest.pt holds it, and the same command goes on to the end."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    args = [*USER, "device=cpu", "trainer.iterations=6", "trainer.save_freq=100", "trainer.eval_freq=100",
+            "env.fault_rank=1", f"env.hold_step={hold}"]  # fmt: skip
+    first = [*args, "trainer.rollout_steps=8"]
+    procs = _start_ranks(tmp_path, first)
+    # Rank 1 holds at its first step: the run is inside iteration 1 on both ranks.
+    wait_for(lambda: Path(f"{hold}.waiting").exists(), "rank 1 to hold its step", procs[1])
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    hold.unlink()
+    (code0, err0), (code1, err1) = _ended(procs)
+    assert (code0, code1) == (143, 143), (err0, err1)
+    run = tmp_path / "run"
+    summary = summary_of(run)
+    assert (summary.status, summary.signal, summary.iteration, summary.world_size) == ("interrupted", "SIGTERM", 1, 2)
+    state = load_checkpoint(run / "checkpoints" / "latest.pt")
+    assert state["iteration"] == 1 and state["global_step"] == summary.global_step == 8 * 16 * 2
+    assert [row["charts/iteration"] for row in rows(run)] == [1]
+    assert err0.count("SIGTERM: stopping after this iteration") == 1 and "SIGTERM" not in err1  # rank 0 speaks
+
+    procs = _start_ranks(tmp_path, [*first, "trainer.resume_from=auto"])
+    (code0, err0), (code1, err1) = _ended(procs)
+    assert (code0, code1) == (0, 0), (err0, err1)
+    assert "resumed from" in err0 and "cannot restore" not in err0
+    summary = summary_of(run)
+    assert (summary.status, summary.iteration, summary.global_step) == ("completed", 6, 6 * 8 * 16 * 2)
+    assert [row["charts/iteration"] for row in rows(run)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_rank_that_raises_ends_the_run_with_its_error(tmp_path):
+    """Rank 1's env raises at its 10th step (iteration 2): rank 0, waiting for it in a collective, ends the run
+    with rank 1's error in its one line and in summary.json; both exit 1."""
+    procs = _start_ranks(tmp_path, [*USER, "device=cpu", "trainer.iterations=4", "env.fault_rank=1",
+                                    "env.fail_at_step=10", "trainer.dist_timeout_s=300"])  # fmt: skip
+    (code0, err0), (code1, err1) = _ended(procs)
+    assert (code0, code1) == (1, 1)
+    summary = summary_of(tmp_path / "run")
+    assert summary.status == "failed" and summary.error == "rank 1 failed: RuntimeError: the simulator exploded"
+    assert summary.iteration == 1
+    assert err0.strip().splitlines()[-1].startswith("rlchain: failed: rank 1 failed: RuntimeError: the simulator exploded")
+    assert "Traceback" not in err0 and "the simulator exploded" in err1
+
+
+def test_a_rank_that_hangs_ends_the_run_within_dist_timeout_s_naming_it_and_the_collective(tmp_path):
+    """Rank 1 never ends its first step: rank 0 waits trainer.dist_timeout_s in its first collective, then ends
+    the run with a line that names the collective, rank 1 and where rank 1 was."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    procs = _start_ranks(tmp_path, [*USER, "device=cpu", "env.fault_rank=1", f"env.hold_step={hold}",
+                                    "trainer.dist_timeout_s=3"])  # fmt: skip
+    code0, err0 = _ended(procs[:1])[0]
+    procs[1].kill()
+    procs[1].communicate()
+    assert code0 == 1
+    line = err0.strip().splitlines()[-1]
+    assert "the all-reduce of the" in line and "did not complete within trainer.dist_timeout_s=3 on rank 0" in line
+    assert "rank 1 did not join it (rank 1 was last at iteration 1, collect)" in line
+    summary = summary_of(tmp_path / "run")
+    assert summary.status == "failed" and "rank 1 did not join it" in summary.error
