@@ -20,8 +20,10 @@ install:
 train: install
 	rlchain-train algorithm=grpo env=push_cube
 
+# Two pytest workers, one per core of the 2-core CI machine: most tests wait on
+# the processes they start.
 test: install
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest -n 2
 
 bench: install
 	$(PYTHON) benchmarks/env_throughput.py

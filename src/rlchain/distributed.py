@@ -1,7 +1,8 @@
 """One run over several processes (``torchrun``): its ranks, their collectives and their faults.
 
 ``torchrun --nproc_per_node=N -m rlchain.train ...`` (or the devices
-launcher's ``hydra.launcher.devices_per_job``) starts one process per rank
+launcher's ``hydra.launcher.devices_per_job``, or a submitit job of several
+tasks, :func:`from_environment`) starts one process per rank
 with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
 ``MASTER_PORT`` set. :func:`setup` joins them into one process group: NCCL
 with ``cuda:<LOCAL_RANK>`` on CUDA, gloo on the CPU (or when ranks share one
@@ -58,7 +59,19 @@ def rank_seed(seed: int, rank: int) -> int:
 
 
 def from_environment() -> tuple[int, int, int]:
-    """``(rank, world_size, local_rank)`` from torchrun's variables; ``(0, 1, 0)`` in a process it did not start."""
+    """``(rank, world_size, local_rank)`` from torchrun's variables; ``(0, 1, 0)`` in a process it did not start.
+
+    A task of a submitit job of several tasks (``hydra/launcher=slurm`` with
+    ``tasks_per_node`` or ``nodes`` > 1) first sets them, as torchrun would,
+    with submitit's ``TorchDistributedEnvironment`` (rank 0's node is the
+    rendezvous host; every task sees its node's GPUs).
+    """
+    if "RANK" not in os.environ and "SUBMITIT_EXECUTOR" in os.environ:
+        from submitit import JobEnvironment
+        from submitit.helpers import TorchDistributedEnvironment
+
+        if JobEnvironment().num_tasks > 1:
+            TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
 
 

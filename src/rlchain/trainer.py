@@ -13,6 +13,11 @@ iteration); ``eval_freq`` and ``save_freq`` count iterations. A run directory
   first evaluates ``best.pt`` once more on start states that no evaluation
   during training used (``fresh_eval``; the summary's ``best_fresh``).
 
+In a multi-process run (``torchrun``; :mod:`rlchain.distributed`) every rank
+runs this loop on its own envs with the same policy; rank 0 alone evaluates,
+logs and writes the run directory, and every rank's envs go into its
+checkpoints.
+
 What surrounds the loop is a component each: :class:`~rlchain.stopping.StopSignals`
 (Ctrl-C, SIGTERM, a cluster's requeue signal), :class:`~rlchain.objective.Objective`
 (the objective and the best evaluation), :class:`~rlchain.checkpoint.Checkpoints`
@@ -194,7 +199,7 @@ class Trainer:
         if callable(eval_env) and not isinstance(eval_env, VecEnv):
             eval_env = _build_eval_env(eval_env, cfg)
         self.eval_env = eval_env
-        if cfg.video:
+        if cfg.video and self.world.main:
             check_renders(eval_env)
         self.output_dir = Path(cfg.output_dir)
         self.checkpoints = Checkpoints(self.output_dir / "checkpoints")
@@ -280,8 +285,15 @@ class Trainer:
                 checkpoint (kept; no non-finite checkpoint is written).
             Exception: any other error of an iteration (e.g. CUDA out of
                 memory, an env error, a full disk) as raised.
-            In both cases ``summary.json`` first records ``status="failed"``,
+            CollectiveError: a multi-process run whose other rank failed (its
+                error), ended, or did not join a collective within
+                ``dist_timeout_s`` (see :mod:`rlchain.distributed`).
+            In every case ``summary.json`` first records ``status="failed"``,
             the one-line ``error`` and the ``traceback``, and the logs are flushed.
+
+        In a multi-process run (torchrun) every rank calls this; the ranks
+        stop after the same iteration, and rank 0 alone logs and writes
+        ``summary.json`` (every rank returns its summary).
         """
         cfg = self.cfg
         start_time, start, start_step = time.time(), time.perf_counter(), self.global_step
@@ -340,7 +352,7 @@ class Trainer:
         row is logged and flushed, so that a resume from it (which drops the
         rows logged after its step) never leaves a hole in the logs.
         """
-        cfg, world, clock = self.cfg, self.world, time.perf_counter
+        world, clock = self.world, time.perf_counter
         t0 = clock()
         world.at(self.iteration + 1, "collect")
         rollout = self.collector.collect()

@@ -47,6 +47,33 @@ def test_slots_spread_over_devices_and_share_the_cores():
     assert make_slots("auto", 1, "auto")[0].device == ("0" if _cuda_count() else "cpu")
 
 
+def test_devices_per_job_gives_each_job_a_group_of_devices_and_shares_the_cores_over_its_processes():
+    slots = make_slots([0, 1, 2, 3], 2, "auto", devices_per_job=2, visible=["0", "1", "2", "3"])
+    assert [s.environ()["CUDA_VISIBLE_DEVICES"] for s in slots] == ["0,1", "2,3", "0,1", "2,3"]
+    assert [s.label for s in slots] == ["cuda:0,1", "cuda:2,3", "cuda:0,1", "cuda:2,3"] and {s.ranks for s in slots} == {2}
+    assert {s.num_threads for s in slots} == {max(1, len(os.sched_getaffinity(0)) // 8)}
+    assert [(s.device, s.ranks) for s in make_slots(["cpu"], 1, 1, devices_per_job=2)] == [("cpu", 2)]
+    with pytest.raises(LauncherConfigError, match=r"devices_per_job=2 is not allowed with devices \['0', '1', '2'\]"):
+        make_slots([0, 1, 2], 1, "auto", devices_per_job=2, visible=["0", "1", "2"])
+    with pytest.raises(LauncherConfigError, match="devices_per_job=0 is not allowed: expected an integer >= 1"):
+        DevicesLauncherConf(devices_per_job=0)
+
+
+def test_a_sweep_of_two_jobs_of_two_processes_each(tmp_path):
+    """devices_per_job=2 on the CPU: each job is one run trained by two ranks; only rank 0 wrote its files."""
+    proc = run_cli(["-m", "seed=0,1", "hydra.launcher.devices=[cpu]", "hydra.launcher.devices_per_job=2",
+                    "hydra.launcher.threads_per_job=1", *TINY, "device=cpu"], tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "1 slot(s) (cpu; 2 processes of 1 thread(s) each)" in proc.stdout
+    sweep = sweep_dir_of(tmp_path)
+    runs = summaries(sweep)
+    assert sorted(runs) == [0, 1]
+    for job in runs.values():
+        assert (job.status, job.summary.world_size, job.summary.global_step) == ("completed", 2, 2 * 2 * 8 * 16)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["multirun"]
+    assert proc.stdout.count("rlchain: completed") == 2
+
+
 def _cuda_count() -> int:
     import torch
 
