@@ -439,6 +439,16 @@ def test_submitit_local_runs_a_two_job_sweep(tmp_path):
         assert len(list(csv.DictReader(f))) == 2
 
 
+def test_a_submitit_job_of_two_tasks_trains_one_run_over_both(tmp_path):
+    """tasks_per_node=2 (slurm.yaml's recipe for several GPUs or nodes per job): one run of world size 2."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    proc = run_cli(["-m", "hydra/launcher=slurm_local", "hydra.launcher.tasks_per_node=2", "seed=0", *TINY, "device=cpu"],
+                   tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (job,) = summaries(sweep_dir_of(tmp_path)).values()
+    assert (job.status, job.summary.world_size, job.summary.global_step) == ("completed", 2, 2 * 2 * 8 * 16)
+
+
 def test_ctrl_c_stops_an_optuna_search_and_the_same_command_resumes_it(tmp_path):
     """Ctrl-C while two trials train: both stop after their iteration and are failed in the study as interrupted
     (not counted), the results are written, the sweep exits 130; the same command then runs the whole budget."""
