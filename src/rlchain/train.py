@@ -6,6 +6,7 @@ Usage::
     rlchain-train experiment=push_cube_ppo                      # a tuned preset (debug=tiny: the smallest run)
     rlchain-train env.num_envs=1024 algorithm.learning_rate=1e-3 # override any field
     rlchain-train -m algorithm=ppo,grpo seed=0,1                 # a sweep -> multirun/<date>/<time>_<id>/<job>/
+    torchrun --nproc_per_node=2 -m rlchain.train ...             # one run over 2 processes (rlchain.distributed)
     rlchain-train --help | --cfg job                             # groups and options | the composed config
 
 :func:`build` instantiates env, policy (given the env's spaces), algorithm
