@@ -22,12 +22,12 @@ import pytest
 import torch
 
 from rlchain import distributed
-from rlchain.algorithms import PPO
+from rlchain.algorithms import GRPO, PPO
 from rlchain.checkpoint import load_checkpoint
 from rlchain.collector import SyncCollector
 from rlchain.envs import PushCubeEnv
 from rlchain.policies import ActorCritic
-from tests.helpers.runs import TINY, USER, rows, subprocess_env, summary_of, wait_for
+from tests.helpers.runs import TINY, USER, rows, sigint_as_in_a_terminal, subprocess_env, summary_of, wait_for
 
 NUM_ENVS, STEPS, UPDATES = 16, 8, 3
 #: One minibatch per epoch on each rank (and of the whole rollout in one process): the ranks' mean gradient is then
@@ -68,6 +68,13 @@ def _rank(rank: int, port: int, out: str) -> None:
     half = NUM_ENVS // 2
     mine = data[:, rank * half : (rank + 1) * half].clone()
     torch.save(_updates(policy, mine, batch_size=STEPS * half), Path(out) / f"rank{rank}.pt")
+    # GRPO (groups of 4 within each rank's envs, several minibatches, the live mask): one policy on both ranks.
+    grpo = GRPO(policy, group_size=4, batch_size=16, n_epochs=2, lr_schedule="adaptive", target_kl=0.01)
+    states = []
+    for _ in range(2):
+        grpo.update(mine)
+        states.append({k: v.clone() for k, v in policy.state_dict().items()})
+    torch.save(states, Path(out) / f"grpo{rank}.pt")
     distributed.shutdown()
 
 
@@ -98,6 +105,8 @@ def test_two_ranks_keep_one_policy_and_update_as_one_process_on_all_the_envs(tmp
         assert a["stats"] == b["stats"]
         for key in ("policy_loss", "value_loss", "approx_kl", "clipfrac", "explained_variance"):
             assert a["stats"][key] == pytest.approx(ref["stats"][key], rel=1e-4, abs=1e-6), (update, key)
+    grpo0, grpo1 = (torch.load(tmp_path / f"grpo{r}.pt", weights_only=True) for r in range(2))
+    assert all(torch.equal(a[name], b[name]) for a, b in zip(grpo0, grpo1) for name in a)
     first, last = rank0[0]["state"], rank0[-1]["state"]
     assert all(not torch.equal(first[name], last[name]) for name in first if name.endswith("weight"))  # it learnt
 
@@ -124,6 +133,16 @@ def test_torchrun_trains_one_run_whose_files_rank_0_alone_writes(tmp_path):
     assert more.returncode == 0, more.stderr
     assert "resumed from" in more.stderr and "cannot restore" not in more.stderr and "process(es)" not in more.stderr
     assert summary_of(run).global_step == 3 * 8 * 16 * 2
+
+    # One process goes on from the two ranks' checkpoint: the policy and the step count go on, the envs restart.
+    alone = subprocess.run([sys.executable, "-m", "rlchain.train", *args, "trainer.resume_from=auto", "trainer.iterations=4"],
+                           cwd=tmp_path, env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert alone.returncode == 0, alone.stderr
+    assert "was saved by a run of 2 process(es) and this one has 1: policy, optimiser" in alone.stderr
+    assert "every env is reset" in alone.stderr
+    summary = summary_of(run)
+    assert (summary.world_size, summary.global_step) == (1, 3 * 8 * 16 * 2 + 8 * 16)
 
 
 def _start_ranks(tmp_path: Path, args: list[str], port: int | None = None) -> list[subprocess.Popen]:
@@ -165,7 +184,7 @@ def test_sigterm_to_every_rank_stops_both_after_one_iteration_saves_once_and_res
     state = load_checkpoint(run / "checkpoints" / "latest.pt")
     assert state["iteration"] == 1 and state["global_step"] == summary.global_step == 8 * 16 * 2
     assert [row["charts/iteration"] for row in rows(run)] == [1]
-    assert err0.count("SIGTERM: stopping after this iteration") == 1 and "SIGTERM" not in err1  # rank 0 speaks
+    assert err0.count("SIGTERM: every rank stops after this iteration") == 1 and "SIGTERM" not in err1  # rank 0 speaks
 
     procs = _start_ranks(tmp_path, [*first, "trainer.resume_from=auto"])
     (code0, err0), (code1, err1) = _ended(procs)
@@ -174,6 +193,29 @@ def test_sigterm_to_every_rank_stops_both_after_one_iteration_saves_once_and_res
     summary = summary_of(run)
     assert (summary.status, summary.iteration, summary.global_step) == ("completed", 6, 6 * 8 * 16 * 2)
     assert [row["charts/iteration"] for row in rows(run)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_ctrl_c_at_torchrun_stops_both_ranks_after_the_same_iteration_and_saves_once(tmp_path):
+    """Ctrl-C reaches torchrun (its ranks run in a session of their own), which forwards it to both ranks once:
+    they stop after the iteration rank 1 is in, and one latest.pt holds it (torchrun then exits non-zero)."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "rlchain.train",
+           *USER, "device=cpu", "trainer.iterations=6", "env.fault_rank=1", f"env.hold_step={hold}", "hydra.run.dir=run"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=subprocess_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_in_a_terminal)  # fmt: skip
+    wait_for(lambda: Path(f"{hold}.waiting").exists(), "rank 1 to hold its step", proc)
+    proc.send_signal(signal.SIGINT)
+    hold.unlink()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    run = tmp_path / "run"
+    summary = summary_of(run)
+    assert (summary.status, summary.signal, summary.iteration, summary.world_size) == ("interrupted", "SIGINT", 1, 2)
+    assert load_checkpoint(run / "checkpoints" / "latest.pt")["iteration"] == 1
+    assert err.count("closing signal SIGINT") == 2  # torchrun forwarded it once to each rank
+    assert err.count("rlchain: SIGINT: every rank stops after this iteration") == 1  # rank 0 speaks
+    assert out.count("rlchain: interrupted by SIGINT at 256 env steps") == 1
 
 
 def test_a_rank_that_raises_ends_the_run_with_its_error(tmp_path):

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from optuna.trial import TrialState
 from hydra_plugins.rlchain_optuna._space import SweeperError, grid_of, search_space
 from rlchain.report import load_jobs
 from rlchain.summary import JobRecord, RunSummary
+from rlchain.tuning import open_storage
 from tests.helpers.runs import run_cli, subprocess_env
 
 APP = "tests.helpers.optuna_app"
@@ -139,6 +141,28 @@ def test_a_killed_sweep_resumes_its_study(tmp_path, kind):
         assert (new.params, new.value, new.datetime_complete) == (old.params, old.value, old.datetime_complete)
     results = (tmp_path / "sweep" / "optimization_results.yaml").read_text()
     assert "complete: 4" in results and "fail: 1" in results and "best_params:" in results
+
+
+def test_processes_that_create_one_sqlite_study_at_the_same_moment_all_open_it(tmp_path):
+    """Optuna creates a new database's tables without a lock: of six openers at once, all but one failed with
+    "table studies already exists" or a duplicate schema version (every time, before open_storage retried)."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    start, errors = threading.Barrier(6), []
+
+    def open_it() -> None:
+        start.wait()
+        try:
+            open_storage(url, "hydra.sweeper.storage")
+        except Exception as err:  # noqa: BLE001 - collected and asserted below
+            errors.append(err)
+
+    openers = [threading.Thread(target=open_it) for _ in range(6)]
+    for t in openers:
+        t.start()
+    for t in openers:
+        t.join()
+    assert errors == []
+    optuna.create_study(storage=url, study_name="s")  # the tables are whole
 
 
 # ------------------------------------------------------------------ no idle slots

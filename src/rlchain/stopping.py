@@ -96,4 +96,7 @@ class StopSignals:
             raise Abort(name)
         self.received = name
         print(file=sys.stderr)  # off the line a progress bar may be drawing
-        notice(f"{name}: stopping after this iteration (checkpoint and logs are kept); send it again to abort at once")
+        if self.abort_on_repeat:
+            notice(f"{name}: stopping after this iteration (checkpoint and logs are kept); send it again to abort at once")
+        else:
+            notice(f"{name}: every rank stops after this iteration (checkpoint and logs are kept)")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -56,6 +57,23 @@ def quiet_optuna() -> None:
     optuna.logging.set_verbosity(logging.WARNING)
 
 
+def _rdb_storage(url: str, attempts: int = 5) -> Any:
+    """Optuna's ``RDBStorage(url)``, opened again when another process created the same new database's tables
+    at the same moment (SQLAlchemy's "table ... already exists" or a duplicate schema version: Optuna creates
+    them without a lock); the tables are complete on the next attempt."""
+    from optuna.storages import RDBStorage
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    for attempt in range(attempts):
+        try:
+            return RDBStorage(url)
+        except (IntegrityError, OperationalError) as err:
+            racing = "already exists" in str(err) or "UNIQUE constraint failed: alembic_version" in str(err)
+            if not racing or attempt == attempts - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+
+
 def open_storage(storage: str, name: str = "storage") -> Any:
     """The Optuna storage ``storage`` names.
 
@@ -71,14 +89,14 @@ def open_storage(storage: str, name: str = "storage") -> Any:
             not answer), naming ``name``, the value and the cause.
     """
     import optuna
-    from optuna.storages import JournalStorage, RDBStorage
+    from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
     try:
         if "://" in storage:
             if storage.startswith("sqlite:///"):
                 Path(storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-            return RDBStorage(storage)
+            return _rdb_storage(storage)
         path = Path(storage)
         path.parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(str(path)))
