@@ -232,6 +232,21 @@ def test_a_rank_that_raises_ends_the_run_with_its_error(tmp_path):
     assert "Traceback" not in err0 and "the simulator exploded" in err1
 
 
+def test_a_rank_whose_others_never_come_writes_nothing_and_says_so_in_one_line(tmp_path):
+    """Rank 1 alone (rank 0 never starts): the rendezvous fails after dist_timeout_s; rank 1 writes no file, not even
+    the summary.json a refused one-process run leaves (rank 0 writes it)."""
+    env = subprocess_env(OMP_NUM_THREADS="1", RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                         MASTER_PORT=str(_free_port()))  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "rlchain.train", *TINY, "device=cpu", "trainer.dist_timeout_s=1"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1
+    assert list(tmp_path.iterdir()) == []
+    line = done.stderr.strip().splitlines()[-1]
+    assert line == ("rlchain: rank 1 stopped: the start of the process group (torchrun's rendezvous) did not complete "
+                    "within trainer.dist_timeout_s=1 on rank 1 (iteration 0, start): another rank did not join it")
+    assert "Traceback" not in done.stderr
+
+
 def test_a_rank_that_hangs_ends_the_run_within_dist_timeout_s_naming_it_and_the_collective(tmp_path):
     """Rank 1 never ends its first step: rank 0 waits trainer.dist_timeout_s in its first collective, then ends
     the run with a line that names the collective, rank 1 and where rank 1 was."""

@@ -104,18 +104,21 @@ class Checkpoints:
     ``latest.pt`` never inherits a ``best.pt`` from the branch it discards.
     Both carry the objective's best value, step and id (``best_objective``,
     ``best_objective_step``, ``best_objective_id``: random, new with every
-    best) as the run knew them. Creating one removes the temporary files of a
-    save that ``kill -9`` cut short.
+    best) as the run knew them. Creating one with ``writer=True`` removes the
+    temporary files of a save that ``kill -9`` cut short.
 
     Args:
         directory: ``<run dir>/checkpoints``.
+        writer: whether this process writes them (False: a rank other than 0
+            of a multi-process run, which only names them).
     """
 
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike, writer: bool = True) -> None:
         self.directory = Path(directory)
         self.latest = self.directory / "latest.pt"
         self.best = self.directory / "best.pt"
-        remove_torn(self.directory)
+        if writer:
+            remove_torn(self.directory)
 
     def save(self, state: dict[str, Any]) -> Path:
         """Write ``latest.pt``; see :func:`save_checkpoint`."""

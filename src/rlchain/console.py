@@ -12,9 +12,9 @@ __all__ = ["Progress", "notice"]
 def notice(text: str) -> None:
     """Print ``rlchain: <text>`` as one line on stderr (flushed): what a user must know, that is no failure.
 
-    Rank 0 alone speaks for a multi-process run (torchrun's ``RANK``).
+    Rank 0 alone speaks for a multi-process run (torchrun's ``RANK`` and ``WORLD_SIZE``).
     """
-    if os.environ.get("RANK", "0") != "0":
+    if os.environ.get("RANK", "0") != "0" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return
     print(f"rlchain: {text}", file=sys.stderr, flush=True)
 

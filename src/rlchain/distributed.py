@@ -10,8 +10,17 @@ GPU). Each rank then steps its own envs (:func:`rank_seed` seeds them
 apart) into its own rollout; the policy is the same on every rank:
 broadcast from rank 0 at the start, and changed only by updates whose
 gradients are averaged over the ranks (PyTorch DDP's rule: the mean of
-the ranks' minibatch gradients, the full-batch gradient when the
-minibatches line up; Li et al. 2020, "PyTorch Distributed").
+the ranks' minibatch gradients; Li et al. 2020, "PyTorch Distributed"). For
+PPO that is the gradient of the ranks' minibatches together; GRPO's masked
+losses are means over each rank's live samples, which the average weighs
+alike. The algorithms' other statistics (:func:`moments`, sums) are taken
+over every rank's samples, so those functions are collectives: every rank
+must call them.
+
+Under NCCL a collective only queues work on the GPU; ``setup`` sets
+``TORCH_NCCL_BLOCKING_WAIT=1`` (unless set) so that one that does not
+complete raises in Python, after ``trainer.dist_timeout_s``, as under gloo.
+The fault handling is tested with gloo only.
 
 Every collective rlchain runs goes through :meth:`World.collective`, which
 turns a collective that fails into one :class:`CollectiveError` naming the
@@ -275,6 +284,8 @@ def setup(device: str, timeout_s: float) -> tuple[World, str]:
     device, backend = _rank_device(device, local_rank)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
+    if backend == "nccl":
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")  # a collective that times out raises here
     timeout = datetime.timedelta(seconds=timeout_s)
     joining = World(rank, world_size, local_rank, timeout_s)
     with joining.collective("the start of the process group (torchrun's rendezvous)"):

@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlchain import distributed
 from rlchain.config import RunConfig, check_top_level_keys
-from rlchain.distributed import rank_seed
+from rlchain.distributed import CollectiveError, rank_seed
 from rlchain.settings import rejection
 from rlchain.stopping import requeue_signal
 from rlchain.summary import STOPPED, RunSummary, error_line, placement
@@ -130,7 +130,8 @@ def train(cfg: DictConfig) -> RunSummary:
 
     Raises:
         ConfigError: see :func:`build`.
-        RunFailed: training failed (a non-finite loss, an env error, a full
+        RunFailed: the processes of a multi-process run did not all join
+            (naming the rank and the timeout); training failed (a non-finite loss, an env error, a full
             disk, ...): one line naming what went wrong; ``summary.json`` has
             the traceback. With ``HYDRA_FULL_ERROR=1`` the original error is
             raised instead.
@@ -150,9 +151,11 @@ def _train(cfg: DictConfig) -> RunSummary:
     try:
         trainer = build(cfg)
     except Exception as err:
-        world = distributed.world()
-        world.report_failure(error_line(str(err) if isinstance(err, ConfigError) else err))
-        if not world.main:
+        distributed.world().report_failure(error_line(str(err) if isinstance(err, ConfigError) else err))
+        rank = distributed.from_environment()[0]
+        if rank > 0:  # rank 0 writes the summary (also before the ranks joined)
+            if isinstance(err, CollectiveError):
+                raise RunFailed(f"rlchain: rank {rank} stopped: {err}") from err
             raise
         refused = RunSummary(
             status="failed", error=error_line(str(err) if isinstance(err, ConfigError) else err),
@@ -163,6 +166,8 @@ def _train(cfg: DictConfig) -> RunSummary:
         if RunSummary.read(run_dir) is None:  # a run refused for its directory leaves the summary it found
             with contextlib.suppress(OSError):  # an unwritable run directory: the error itself is what matters
                 refused.write(run_dir)
+        if isinstance(err, CollectiveError):  # the ranks did not all join
+            raise RunFailed(f"rlchain: failed: {err} | {run_dir}") from err
         raise
     try:
         summary = trainer.train()

@@ -173,7 +173,7 @@ class Trainer:
             rollout (GRPO), an ``output_dir`` that holds another run while not
             resuming, a ``resume_from`` or ``init_from`` that is not an
             rlchain checkpoint or whose policy does not match this one (naming
-            the parameters and shapes; see :meth:`init_policy`), ``use_wandb``
+            the parameters and shapes), ``use_wandb``
             without the wandb package, ``video`` without an evaluation env
             that renders (or without imageio); all before any step.
         FileNotFoundError: ``resume_from`` does not exist.
@@ -202,7 +202,7 @@ class Trainer:
         if cfg.video and self.world.main:
             check_renders(eval_env)
         self.output_dir = Path(cfg.output_dir)
-        self.checkpoints = Checkpoints(self.output_dir / "checkpoints")
+        self.checkpoints = Checkpoints(self.output_dir / "checkpoints", writer=self.world.main)
         self.objective = Objective(cfg.objective, cfg.objective_direction)
         self.best_success = Best("maximize")
         self.episodes = EpisodeWindow(cfg.stats_min_episodes)
@@ -235,6 +235,7 @@ class Trainer:
         if world.distributed:
             start = world.share((str(self.output_dir), start), "the broadcast of the run's start")
             self.output_dir, start = Path(start[0]), start[1]
+            self.checkpoints = Checkpoints(self.output_dir / "checkpoints", writer=world.main)
             if start is not None:
                 start = (start[0], start[1], _to_device(start[2], self.env.device))
         if start is None:
@@ -326,7 +327,8 @@ class Trainer:
                 ending = {"status": "aborted", "signal": stop.received}
             except Exception as err:
                 ending, failure = self._failure(err)
-                self.world.report_failure(ending["error"])
+                if not isinstance(err, CollectiveError):  # another rank's failure is that rank's to report
+                    self.world.report_failure(ending["error"])
             with stop.held():  # the summary and the logs are written whatever arrives now
                 if progress is not None:
                     progress.close()
@@ -373,6 +375,7 @@ class Trainer:
             terms = {key: sum(report[1][key] for report in reports) / len(reports) for key in reports[0][1]}
             signal = next((report[2] for report in reports if report[2] is not None), None)
             self.episodes.add(episodes)
+            world.at(self.iteration, "log and evaluate")
             row = self._training_row(terms, losses, samples, collect_s=t1 - t0, update_s=t2 - t1, elapsed_s=t2 - start)
             decision = (signal, *self._log_and_evaluate(row, writer))
         world.at(self.iteration, "decision")
@@ -601,8 +604,9 @@ class Trainer:
         state = self._checked_state()
         return self.checkpoints.save(state) if state is not None else None
 
-    def load(self, path: str | Path) -> bool:
-        """Restore a checkpoint written by :meth:`save`; training continues its step count.
+    def _restore(self, state: dict[str, Any], path: str | Path) -> bool:
+        """Take the checkpoint ``state`` (read from ``path`` by :meth:`_read`) as this run's: training goes on
+        with its step count.
 
         With an env that does not restore its episodes
         (:attr:`~rlchain.envs.base.VecEnv.resumes_episodes`), or a checkpoint
@@ -610,23 +614,16 @@ class Trainer:
         the saved observation: every env is reset before the next rollout and
         no episode is carried over. The same happens for a checkpoint of a run
         with another number of processes (``world_size``), whose envs were
-        not these. ``best.pt`` is made the checkpoint of the
-        best evaluation the state records (:meth:`Checkpoints.align_best`).
+        not these. ``best.pt`` is made the checkpoint of the best evaluation
+        the state records (:meth:`Checkpoints.align_best`, rank 0).
 
         Returns:
             True when the env went on with its episodes (an exact resume).
 
         Raises:
-            FileNotFoundError: ``path`` does not exist.
-            SettingError: ``resume_from=...``: not an rlchain checkpoint, or one
-                whose policy does not match this run's (naming the shapes).
             ValueError: env state of another env (see the env's ``load_state_dict``).
             OSError: ``best.pt`` cannot be written or removed.
         """
-        return self._restore(self._read(path, "resume_from"), path)
-
-    def _restore(self, state: dict[str, Any], path: str | Path) -> bool:
-        """Take ``state`` (read from ``path`` by :meth:`_read`) as this run's; see :meth:`load`."""
         self.policy.load_state_dict(state["policy"])
         self.algorithm.load_state_dict(state["algorithm"])
         saved_world = state.get("world_size", 1)
@@ -662,30 +659,13 @@ class Trainer:
             self.objective.best.load_state_dict({})
         return exact
 
-    def init_policy(self, source: str | Path) -> Path:
-        """Load the policy (weights and observation normaliser) of a checkpoint into this run's policy.
-
-        ``source`` is a checkpoint written by :meth:`save`, or a run directory
-        (its ``checkpoints/latest.pt``). Only the policy is taken: optimiser,
-        step count and collector start fresh, and the algorithm re-takes its
-        reference policy from the loaded one (GRPO's KL anchor,
-        :meth:`~rlchain.algorithms.Algorithm.reset_reference`).
-
-        Returns:
-            the checkpoint file that was loaded.
+    def _init_source(self, source: str | Path) -> Path:
+        """The checkpoint file ``init_from=source`` names: a checkpoint, or a run directory's ``checkpoints/latest.pt``.
 
         Raises:
-            SettingError: ``init_from=...``: the path does not exist, is a
-                directory without ``checkpoints/latest.pt``, is not an rlchain
-                checkpoint, or holds a policy whose parameter names or shapes
-                differ from this run's (naming them).
+            SettingError: ``init_from=...``: the path does not exist, or is a
+                directory without ``checkpoints/latest.pt``.
         """
-        path = self._init_source(source)
-        self._init_policy(self._read(path, "init_from"), path)
-        return path
-
-    def _init_source(self, source: str | Path) -> Path:
-        """The checkpoint file ``init_from=source`` names (see :meth:`init_policy`)."""
         path = Path(source)
         if path.is_dir():
             path = path / "checkpoints" / "latest.pt"
@@ -697,7 +677,10 @@ class Trainer:
         return path
 
     def _init_policy(self, state: dict[str, Any], path: str | Path) -> None:
-        """Take the policy of ``state`` (read from ``path``) as this run's start (see :meth:`init_policy`)."""
+        """Take the policy (weights and observation normaliser) of the checkpoint ``state`` (read from ``path``) as
+        this run's start. Only the policy is taken: optimiser, step count and collector start fresh, and the
+        algorithm re-takes its reference policy from the loaded one (GRPO's KL anchor,
+        :meth:`~rlchain.algorithms.Algorithm.reset_reference`)."""
         self.policy.load_state_dict(state["policy"])
         self.algorithm.reset_reference()
         self.init_from = str(path)

@@ -89,8 +89,9 @@ def group_relative_advantages(
       R1-Zero-Like Training"), which removes the std's bias towards groups
       whose returns barely differ;
     * ``"rollout_std"``: divided by one standard deviation of every live
-      centred return of the rollout (of every rank's, in a multi-process run)
-      plus ``eps``, so all groups share a scale.
+      centred return of the rollout plus ``eps``, so all groups share a scale
+      (in a multi-process run: of every rank's rollout, a collective that
+      every rank must call).
 
     A group whose live members' returns are all equal (a single live member,
     or identical returns) carries no signal: its advantages are exactly 0,
