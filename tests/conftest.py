@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -11,6 +14,13 @@ from omegaconf import DictConfig, open_dict
 import rlchain.config  # noqa: F401  (registers the schemas that every composition here needs)
 from tests.helpers.runs import FRESH, HELPERS, MEET, SHORT, TINY, run_cli, sweep_dir_of
 from tests.helpers.sweep_barrier import barrier_env
+
+# make test runs one pytest worker per core (pytest-xdist): each worker, and every process its tests start,
+# computes on one thread, as two workers on torch's default of a thread per core would oversubscribe the cores
+# (the learning tests took 4x as long). A test or a launcher slot that sets its own thread count still does.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 @pytest.fixture
