@@ -569,9 +569,11 @@ class Trainer:
         return state
 
     def _rank_state(self) -> dict[str, Any]:
-        """This rank's own part of a checkpoint: its collector, its env and its random streams."""
+        """This rank's own part of a checkpoint: its collector, its env, what the algorithm keeps of its envs
+        (PPO's discounted returns with ``reward_norm``) and its random streams."""
         state = {
             "collector": self.collector.state_dict(),
+            "algorithm_rank": self.algorithm.rank_state_dict(),
             "env": self.env.state_dict(),
             "torch_rng": torch.get_rng_state(),
         }
@@ -641,6 +643,8 @@ class Trainer:
             if "env" in own:
                 self.env.load_state_dict(own["env"])
             exact = "env" in own and self.env.resumes_episodes
+            if exact:  # the envs go on with their episodes, and so do the returns the algorithm carries for them
+                self.algorithm.load_rank_state_dict(own.get("algorithm_rank", {}))
             torch.set_rng_state(own["torch_rng"].cpu())
             if "cuda_rng" in own and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all([s.cpu() for s in own["cuda_rng"]])

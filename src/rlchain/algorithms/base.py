@@ -323,6 +323,13 @@ class Algorithm:
             "learning_rate": self.cfg.learning_rate,
         }
 
+    def rank_state_dict(self) -> dict[str, Any]:
+        """What this process has of its own, tied to its envs (each rank's in a multi-process run); {} here."""
+        return {}
+
+    def load_rank_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`rank_state_dict` output; {} starts it afresh (after the envs restarted)."""
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; the learning rate as the class docstring says."""
         self.optimizer.load_state_dict(state["optimizer"])

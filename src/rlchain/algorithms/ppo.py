@@ -10,6 +10,7 @@ import torch
 
 from rlchain.algorithms.base import Algorithm, AlgorithmConfig
 from rlchain.algorithms.functional import clipped_surrogate, compute_gae
+from rlchain.algorithms.reward_scaling import RewardScaler
 from rlchain.distributed import moments, world
 from rlchain.policies import Policy
 from rlchain.settings import SettingError, setting
@@ -35,12 +36,21 @@ class PPOConfig(AlgorithmConfig):
     """Normalise advantages over the rollout (every rank's, in a multi-process run) to zero mean and unit std."""
     stop_at_target_kl: bool = False
     """Stop the epochs of an update after one whose last minibatch's approx_kl exceeds target_kl (CleanRL's rule)."""
+    reward_norm: bool = False
+    """Learn from rewards scaled by the running std of the discounted return (Engstrom et al. 2020; SB3's
+    VecNormalize, CleanRL's NormalizeReward): rlchain.algorithms.reward_scaling. Logged episode returns, evaluation
+    and the objective stay in the env's units."""
+    reward_clip: float | None = setting(None, gt=0)
+    """Clip the scaled rewards to [-reward_clip, reward_clip] (with reward_norm); None: no clip."""
 
     def check(self) -> None:
-        """The shared rules, and ``stop_at_target_kl`` needs a ``target_kl``."""
+        """The shared rules; ``stop_at_target_kl`` needs a ``target_kl``, ``reward_clip`` needs ``reward_norm``."""
         super().check()
         if self.stop_at_target_kl and self.target_kl is None:
             raise SettingError("target_kl", None, " is not allowed with stop_at_target_kl=True: expected a number > 0")
+        if self.reward_clip is not None and not self.reward_norm:
+            raise SettingError("reward_clip", self.reward_clip,
+                               " is not allowed with reward_norm=False: it clips scaled rewards; expected None")  # fmt: skip
 
     def target_kl_readers(self) -> dict[str, tuple[bool, str]]:
         """The schedule, and ``stop_at_target_kl``."""
@@ -101,7 +111,8 @@ class PPO(Algorithm):
     ``clipfrac`` (means over the minibatches run), ``explained_variance``
     (of the returns by the old values; NaN when the returns do not vary),
     ``grad_norm`` (mean, before clipping),
-    ``learning_rate`` and ``epochs`` (run, < n_epochs after a KL stop).
+    ``learning_rate`` and ``epochs`` (run, < n_epochs after a KL stop); with
+    ``reward_norm``, ``return_std`` (the divisor of the rewards).
 
     Raises:
         ValueError: a setting out of its range or a broken rule between
@@ -114,12 +125,16 @@ class PPO(Algorithm):
         if not policy.has_critic:
             raise ValueError(f"policy={type(policy).__name__} has no critic: PPO needs one (use policy=actor_critic)")
         super().__init__(policy, PPOConfig(**settings))
+        self.reward_scaler = RewardScaler(self.cfg.gamma, self.cfg.reward_clip) if self.cfg.reward_norm else None
 
     def update(self, rollout: TensorDict) -> dict[str, float]:
         """One PPO update on a ``[T, N]`` rollout; see the class docstring for the returned keys."""
         cfg = self.cfg
+        reward = rollout["reward"]
+        if self.reward_scaler is not None:
+            reward = self.reward_scaler(reward, rollout["done"])
         advantages, returns = compute_gae(
-            rollout["reward"], rollout["value"], rollout["next_value"],
+            reward, rollout["value"], rollout["next_value"],
             rollout["terminated"], rollout["done"], cfg.gamma, cfg.gae_lambda,
         )  # fmt: skip
         # As CleanRL: undefined (NaN) for returns that do not vary, here up to
@@ -149,4 +164,28 @@ class PPO(Algorithm):
             learning_rate=self.current_lr,
             epochs=float(epochs),
         )
+        if self.reward_scaler is not None:
+            stats["return_std"] = self.reward_scaler.std
         return stats
+
+    def state_dict(self) -> dict[str, Any]:
+        """The shared state and, with ``reward_norm``, the return statistics."""
+        state = super().state_dict()
+        if self.reward_scaler is not None:
+            state["reward_scaler"] = self.reward_scaler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (a checkpoint without return statistics leaves them fresh)."""
+        super().load_state_dict(state)
+        if self.reward_scaler is not None and "reward_scaler" in state:
+            self.reward_scaler.load_state_dict(state["reward_scaler"])
+
+    def rank_state_dict(self) -> dict[str, Any]:
+        """With ``reward_norm``, this process's envs' discounted returns."""
+        return {} if self.reward_scaler is None else self.reward_scaler.rank_state_dict()
+
+    def load_rank_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`rank_state_dict` output."""
+        if self.reward_scaler is not None:
+            self.reward_scaler.load_rank_state_dict(state)
