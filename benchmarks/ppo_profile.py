@@ -1,0 +1,105 @@
+"""Where an iteration of PPO on push_cube spends its time: collection, GAE, the update's passes, Adam, evaluation.
+
+Usage::
+
+    python benchmarks/ppo_profile.py [--iterations 20] [--seed 0] [--out FILE]
+
+The ``push_cube_ppo`` preset, built as ``rlchain-train`` builds it, runs in
+one process on one thread; each phase is timed around the function that does
+it (the CPU runs every kernel before the call returns), with the library's
+code unchanged:
+
+* collect: ``SyncCollector.collect`` (env steps, acting and value forward passes, bootstrap values);
+* GAE: ``compute_gae`` inside ``PPO.update``;
+* Adam: ``optimizer.step`` of each minibatch;
+* update passes: the rest of ``PPO.update`` (minibatch gathers, forward and backward passes, the loss, gradient
+  clipping, the observation statistics);
+* eval: one evaluation of the preset (``num_eval_episodes`` deterministic episodes), shown per evaluation and per
+  iteration (divided by ``eval_freq``).
+
+Prints one markdown table (means over the iterations after two warm-up
+ones) and writes the numbers as JSON to ``--out`` when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from vs_rsl_rl import compose_config
+
+import rlchain.algorithms.ppo as ppo_module
+from rlchain.collector import SyncCollector
+from rlchain.evaluation import evaluate
+
+WARMUP = 2
+
+
+class Clock:
+    """Seconds spent in wrapped functions, by phase."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+
+    def wrap(self, phase: str, fn):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spent[phase] = self.spent.get(phase, 0.0) + time.perf_counter() - start
+
+        return timed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="write the numbers as JSON here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    cfg = compose_config(["experiment=push_cube_ppo", f"seed={args.seed}", "device=cpu"])
+    torch.manual_seed(args.seed)
+    env = instantiate(cfg.env, _convert_="all")
+    eval_env = instantiate(cfg.env, num_envs=cfg.trainer.num_eval_envs, seed=args.seed + 1, _convert_="all")
+    policy = instantiate(cfg.policy, observation_space=env.single_observation_space,
+                         action_space=env.single_action_space, _convert_="all")  # fmt: skip
+    algorithm = instantiate(cfg.algorithm, policy=policy, _convert_="all")
+    collector = SyncCollector(env, policy, int(cfg.trainer.rollout_steps), reset_options=algorithm.reset_options)
+
+    clock = Clock()
+    ppo_module.compute_gae = clock.wrap("gae", ppo_module.compute_gae)
+    algorithm.optimizer.step = clock.wrap("adam", algorithm.optimizer.step)
+    collect, update = clock.wrap("collect", collector.collect), clock.wrap("update", algorithm.update)
+    rows = []
+    for i in range(WARMUP + args.iterations):
+        clock.spent = {}
+        collect()
+        update(collector.buffer.data)
+        if i >= WARMUP:
+            rows.append(dict(clock.spent))
+    mean = {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
+    mean["update passes"] = mean["update"] - mean["gae"] - mean["adam"]
+    start = time.perf_counter()
+    evaluate(eval_env, policy, int(cfg.trainer.num_eval_episodes), seed=args.seed + 1)
+    eval_s = time.perf_counter() - start
+    mean["eval (per iteration)"] = eval_s / int(cfg.trainer.eval_freq)
+    total = mean["collect"] + mean["update"] + mean["eval (per iteration)"]
+
+    print(f"| phase | s / iteration | share |   (one evaluation: {eval_s:.3f} s every {cfg.trainer.eval_freq} iterations)")
+    print("|---|---:|---:|")
+    for phase in ("collect", "gae", "update passes", "adam", "eval (per iteration)"):
+        print(f"| {phase} | {mean[phase]:.4f} | {mean[phase] / total:.0%} |")
+    print(f"| iteration | {total:.4f} | 100% |")
+    if args.out is not None:
+        args.out.write_text(json.dumps({"iterations": args.iterations, "seed": args.seed, "eval_s": eval_s, **mean}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
