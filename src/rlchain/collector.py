@@ -135,6 +135,8 @@ class SyncCollector:
                 f"(no whole-episode return, no success); expected rollout_steps >= {env.max_episode_steps}",
             )  # fmt: skip
         self.env, self.policy, self.reset_options = env, policy, reset_options
+        self.act = policy.get_action
+        """The acting forward pass (``policy.get_action``; compiled by :meth:`compile`)."""
         self.buffer = RolloutBuffer(
             rollout_steps, env.num_envs, env.single_observation_space, env.single_action_space, env.device
         )
@@ -149,6 +151,22 @@ class SyncCollector:
         self._episode_length = torch.zeros(n, dtype=torch.int64, device=dev)
         self._running = torch.ones(n, dtype=torch.int64, device=dev)  # 1 where an episode goes on into the next step
         self._one = torch.ones((), dtype=torch.int64, device=dev)
+
+    @torch.no_grad()
+    def compile(self) -> None:
+        """Compile the acting forward pass with ``torch.compile`` (``trainer.compile``) and run it once on zeros.
+
+        The run's random streams are left as they were (the warm-up's draws are forked off).
+
+        Raises:
+            Exception: what compiling raises (e.g. torch's ``InductorError`` without a C++ compiler).
+        """
+        from tensordict import TensorDict  # imported where used: see rlchain.config
+
+        self.act = torch.compile(self.policy.get_action)
+        obs = torch.zeros(self.buffer.data["obs"][0].shape, device=self.env.device)
+        with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
+            self.act(TensorDict({"obs": obs}, batch_size=[self.env.num_envs]))
 
     @torch.no_grad()
     def collect(self) -> Rollout:
@@ -172,7 +190,7 @@ class SyncCollector:
         """
         from tensordict import TensorDict  # imported where used: see rlchain.config
 
-        env, policy, data = self.env, self.policy, self.buffer.data
+        env, data = self.env, self.buffer.data
         if self.reset_options is not None or self._obs is None:
             self._obs, _ = env.reset(options=self.reset_options)
             self._restart_episodes()
@@ -184,7 +202,7 @@ class SyncCollector:
         for t, (acted, stepped, (done_row, ret_row, length_row)) in enumerate(
             zip(self._acted_rows, self._stepped_rows, self._tally_rows)
         ):
-            step = policy.get_action(TensorDict({"obs": obs}, batch_size=[n]))
+            step = self.act(TensorDict({"obs": obs}, batch_size=[n]))
             action = step["action"]
             # Stored before the env steps: an env may reuse its buffers for the next step.
             torch._foreach_copy_(acted, (obs, action, step["sample_log_prob"], step["value"]))

@@ -133,6 +133,10 @@ class TrainerConfig(Settings):
     """A multi-process run (torchrun): seconds a collective waits for the other ranks before the run ends with a
     message naming the collective and the rank that did not join it. It must cover what rank 0 does alone while the
     others wait: an evaluation, a checkpoint."""
+    compile: bool = False
+    """Compile the update's minibatch loss (forward and backward) and the acting forward pass with torch.compile
+    (mode default) before the first step; the time it takes is logged once as time/compile_s and left out of SPS.
+    Needs a C++ compiler for the CPU backend (a run that cannot compile says so before any step)."""
     progress: bool = True
     """Show the progress of the iterations: a bar on a terminal, plain lines otherwise (nothing on a terminal
     that another process owns, as a parallel job of the devices launcher)."""
@@ -216,6 +220,34 @@ class Trainer:
         self.trial = _open_trial(cfg.trial) if self.world.main else None
         self.pruned = False
         self._start()
+        self.compile_s = self._compile() if cfg.compile else None
+        """Seconds that compiling took before the first step (``compile``), logged once as ``time/compile_s``."""
+
+    def _compile(self) -> float:
+        """Compile the acting forward pass and the minibatch loss (``compile``); return the seconds it took.
+
+        Raises:
+            SettingError: ``compile=True`` where compiling fails (no C++ compiler for the CPU backend, an op
+                torch cannot compile), with the cause on the same line, before any step.
+        """
+        from tensordict import TensorDict
+
+        start = time.perf_counter()
+        batch = min(self.algorithm.cfg.batch_size, self.cfg.rollout_steps * self.env.num_envs)
+        example = self.collector.buffer.data.reshape(-1)[:batch]  # zeros: the storage before the first rollout
+        example = TensorDict({**example.to_dict(), "advantages": torch.zeros(batch, device=self.env.device),
+                              "returns": torch.zeros(batch, device=self.env.device),
+                              "mask": torch.ones(batch, device=self.env.device)}, batch_size=[batch])  # fmt: skip
+        try:
+            self.collector.compile()
+            self.algorithm.compile(example)
+        except Exception as err:  # noqa: BLE001 - torch's compiler raises many kinds; each becomes this one line
+            cause = " ".join(str(err).split("\n")[0].split()) or type(err).__name__
+            raise SettingError("compile", True, f" cannot run here: {type(err).__name__}: {cause[:300]}; "
+                                                "expected false (eager PyTorch)") from None  # fmt: skip
+        seconds = time.perf_counter() - start
+        notice(f"compiled the acting forward pass and the update's loss in {seconds:.1f} s (time/compile_s)")
+        return seconds
 
     def _start(self) -> None:
         """Resume, start the policy from another run (``init_from``), or start afresh.
@@ -423,6 +455,8 @@ class Trainer:
         row["charts/SPS"] = samples / (times["collect_s"] + times["update_s"])
         row["charts/iteration"] = self.iteration
         row.update({f"time/{name}": value for name, value in times.items()})
+        if self.compile_s is not None:  # once, in the first row this process logs
+            row["time/compile_s"], self.compile_s = self.compile_s, None
         self.last_train = row
         return row
 

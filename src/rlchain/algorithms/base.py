@@ -151,6 +151,8 @@ class Algorithm:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(cfg.seed)
         self.iteration = 0
+        self.minibatch_loss: Callable[[TensorDict], dict[str, torch.Tensor]] = self._minibatch_loss
+        """The loss of one minibatch the update runs (:meth:`_minibatch_loss`; compiled by :meth:`compile`)."""
 
     @property
     def current_lr(self) -> float:
@@ -290,6 +292,22 @@ class Algorithm:
             stats["update_kl"] = self._update_kl(data, weight)
             self._schedule_after_update(stats["update_kl"])
         return stats, epochs
+
+    def _minibatch_loss(self, batch: TensorDict) -> dict[str, torch.Tensor]:  # pragma: no cover - abstract
+        """``loss`` (minimised) and the scalar terms to report (``approx_kl`` among them) of one minibatch."""
+        raise NotImplementedError
+
+    def compile(self, example: TensorDict) -> None:
+        """Compile the minibatch loss with ``torch.compile`` (``trainer.compile``; mode default), and run it
+        forward and backward on ``example`` (a minibatch of the update's size) so that both graphs are compiled
+        before the first update. The gradients it leaves are cleared; nothing else changes.
+
+        Raises:
+            Exception: what compiling raises (e.g. torch's ``InductorError`` without a C++ compiler).
+        """
+        self.minibatch_loss = torch.compile(self._minibatch_loss)
+        self.minibatch_loss(example)["loss"].backward()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def check_env(self, env: Any) -> None:
         """Raise :class:`~rlchain.settings.SettingError` if this algorithm cannot train on ``env`` (before any step)."""

@@ -130,7 +130,7 @@ class GRPO(Algorithm):
         data = rollout.select("obs", "action", "sample_log_prob").clone(False)
         data.set("advantages", advantages)
         data.set("mask", mask.float())
-        stats, _ = self._optimise(data, self._minibatch_loss, weight=data["mask"])
+        stats, _ = self._optimise(data, self.minibatch_loss, weight=data["mask"])
         self.policy.update_obs_normalizer(rollout["obs"])
         stats.update(learning_rate=self.current_lr, live_fraction=float(world().mean(mask.float().mean(), "the all-reduce of live_fraction")))
         return stats

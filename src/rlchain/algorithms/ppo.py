@@ -151,13 +151,7 @@ class PPO(Algorithm):
         data.set("advantages", advantages)
         data.set("returns", returns)
 
-        stats, epochs = self._optimise(
-            data,
-            lambda batch: ppo_loss(
-                self.policy.evaluate_actions(batch), batch, cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef, cfg.ent_coef
-            ),
-            stop_kl=cfg.target_kl if cfg.stop_at_target_kl else None,
-        )
+        stats, epochs = self._optimise(data, self.minibatch_loss, stop_kl=cfg.target_kl if cfg.stop_at_target_kl else None)
         self.policy.update_obs_normalizer(rollout["obs"])
         stats.update(
             explained_variance=float(explained_variance),
@@ -167,6 +161,12 @@ class PPO(Algorithm):
         if self.reward_scaler is not None:
             stats["return_std"] = self.reward_scaler.std
         return stats
+
+    def _minibatch_loss(self, batch: TensorDict) -> dict[str, torch.Tensor]:
+        """:func:`ppo_loss` of the current policy on ``batch``."""
+        cfg = self.cfg
+        return ppo_loss(self.policy.evaluate_actions(batch), batch, cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef,
+                        cfg.ent_coef)  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
         """The shared state and, with ``reward_norm``, the return statistics."""
