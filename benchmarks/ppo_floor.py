@@ -89,6 +89,19 @@ def update_floor(policy, rollout: TensorDict, n_epochs: int, batch_size: int) ->
     return timed(run)
 
 
+def build_preset(seed: int):
+    """The ``push_cube_ppo`` preset on the CPU, built in ``rlchain-train``'s order from seed ``seed``:
+    ``(cfg, env, policy, algorithm, collector)``."""
+    cfg = compose_config(["experiment=push_cube_ppo", f"seed={seed}", "device=cpu"])
+    torch.manual_seed(seed)
+    env = instantiate(cfg.env, _convert_="all")
+    policy = instantiate(cfg.policy, observation_space=env.single_observation_space,
+                         action_space=env.single_action_space, _convert_="all")  # fmt: skip
+    algorithm = instantiate(cfg.algorithm, policy=policy, _convert_="all")
+    collector = SyncCollector(env, policy, int(cfg.trainer.rollout_steps), reset_options=algorithm.reset_options)
+    return cfg, env, policy, algorithm, collector
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=20, help="iterations timed after 2 warm-up ones")
@@ -98,14 +111,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    cfg = compose_config(["experiment=push_cube_ppo", f"seed={args.seed}", "device=cpu"])
-    torch.manual_seed(args.seed)
-    env = instantiate(cfg.env, _convert_="all")
+    cfg, env, policy, algorithm, collector = build_preset(args.seed)
     floor_env = instantiate(cfg.env, _convert_="all")
-    policy = instantiate(cfg.policy, observation_space=env.single_observation_space,
-                         action_space=env.single_action_space, _convert_="all")  # fmt: skip
-    algorithm = instantiate(cfg.algorithm, policy=policy, _convert_="all")
-    collector = SyncCollector(env, policy, int(cfg.trainer.rollout_steps), reset_options=algorithm.reset_options)
 
     rows = []
     for i in range(WARMUP + args.iterations):

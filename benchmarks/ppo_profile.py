@@ -30,10 +30,9 @@ from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
-from vs_rsl_rl import compose_config
+from ppo_floor import build_preset
 
 import rlchain.algorithms.ppo as ppo_module
-from rlchain.collector import SyncCollector
 from rlchain.evaluation import evaluate
 
 WARMUP = 2
@@ -64,14 +63,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    cfg = compose_config(["experiment=push_cube_ppo", f"seed={args.seed}", "device=cpu"])
-    torch.manual_seed(args.seed)
-    env = instantiate(cfg.env, _convert_="all")
+    cfg, env, policy, algorithm, collector = build_preset(args.seed)
     eval_env = instantiate(cfg.env, num_envs=cfg.trainer.num_eval_envs, seed=args.seed + 1, _convert_="all")
-    policy = instantiate(cfg.policy, observation_space=env.single_observation_space,
-                         action_space=env.single_action_space, _convert_="all")  # fmt: skip
-    algorithm = instantiate(cfg.algorithm, policy=policy, _convert_="all")
-    collector = SyncCollector(env, policy, int(cfg.trainer.rollout_steps), reset_options=algorithm.reset_options)
 
     clock = Clock()
     ppo_module.compute_gae = clock.wrap("gae", ppo_module.compute_gae)

@@ -151,14 +151,15 @@ def _train(cfg: DictConfig) -> RunSummary:
     try:
         trainer = build(cfg)
     except Exception as err:
-        distributed.world().report_failure(error_line(str(err) if isinstance(err, ConfigError) else err))
+        error = error_line(str(err) if isinstance(err, ConfigError) else err)
+        distributed.world().report_failure(error)
         rank = distributed.from_environment()[0]
         if rank > 0:  # rank 0 writes the summary (also before the ranks joined)
             if isinstance(err, CollectiveError):
                 raise RunFailed(f"rlchain: rank {rank} stopped: {err}") from err
             raise
         refused = RunSummary(
-            status="failed", error=error_line(str(err) if isinstance(err, ConfigError) else err),
+            status="failed", error=error,
             traceback=traceback.format_exc(), exp_name=cfg.get("exp_name"), **placement(cfg.device),
             start_time=start_time, end_time=time.time(), objective_name=cfg.trainer.objective,
         )  # fmt: skip
