@@ -230,17 +230,10 @@ class Trainer:
             SettingError: ``compile=True`` where compiling fails (no C++ compiler for the CPU backend, an op
                 torch cannot compile), with the cause on the same line, before any step.
         """
-        from tensordict import TensorDict
-
         start = time.perf_counter()
-        batch = min(self.algorithm.cfg.batch_size, self.cfg.rollout_steps * self.env.num_envs)
-        example = self.collector.buffer.data.reshape(-1)[:batch]  # zeros: the storage before the first rollout
-        example = TensorDict({**example.to_dict(), "advantages": torch.zeros(batch, device=self.env.device),
-                              "returns": torch.zeros(batch, device=self.env.device),
-                              "mask": torch.ones(batch, device=self.env.device)}, batch_size=[batch])  # fmt: skip
         try:
             self.collector.compile()
-            self.algorithm.compile(example)
+            self.algorithm.compile(self.collector.buffer.data)
         except Exception as err:  # noqa: BLE001 - torch's compiler raises many kinds; each becomes this one line
             cause = " ".join(str(err).split("\n")[0].split()) or type(err).__name__
             raise SettingError("compile", True, f" cannot run here: {type(err).__name__}: {cause[:300]}; "

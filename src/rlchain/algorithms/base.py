@@ -143,6 +143,10 @@ class Algorithm:
     #: continue the episodes in progress; the trainer builds its collector with them.
     reset_options: dict[str, Any] | None = None
 
+    #: Float ``[B]`` keys the update adds to the rollout's before its minibatches (PPO's ``advantages`` and
+    #: ``returns``); :meth:`compile`'s example minibatch has them as zeros.
+    update_keys: tuple[str, ...] = ()
+
     def __init__(self, policy: Policy, cfg: AlgorithmConfig) -> None:
         self.policy, self.cfg = policy, cfg
         # fused: one kernel for every parameter's Adam step (on the CPU too).
@@ -297,14 +301,21 @@ class Algorithm:
         """``loss`` (minimised) and the scalar terms to report (``approx_kl`` among them) of one minibatch."""
         raise NotImplementedError
 
-    def compile(self, example: TensorDict) -> None:
+    def compile(self, rollout: TensorDict) -> None:
         """Compile the minibatch loss with ``torch.compile`` (``trainer.compile``; mode default), and run it
-        forward and backward on ``example`` (a minibatch of the update's size) so that both graphs are compiled
-        before the first update. The gradients it leaves are cleared; nothing else changes.
+        forward and backward once, so that both graphs are compiled before the first update.
+
+        The example it runs is a minibatch of the update's size cut from ``rollout`` (the collector's ``[T, N]``
+        storage; its zeros before the first rollout do), with the keys :attr:`update_keys` added as zeros. The
+        gradients it leaves are cleared; nothing else changes.
 
         Raises:
             Exception: what compiling raises (e.g. torch's ``InductorError`` without a C++ compiler).
         """
+        flat = rollout.reshape(-1)
+        example = flat[: min(self.cfg.batch_size, flat.batch_size[0])].clone()
+        for key in self.update_keys:
+            example.set(key, torch.zeros(example.batch_size, device=example.device))
         self.minibatch_loss = torch.compile(self._minibatch_loss)
         self.minibatch_loss(example)["loss"].backward()
         self.optimizer.zero_grad(set_to_none=True)

@@ -95,6 +95,8 @@ class GRPO(Algorithm):
             norm, reported term or parameter (see :class:`Algorithm`).
     """
 
+    update_keys = ("advantages", "mask")
+
     def __init__(self, policy: Policy, **settings: Any) -> None:
         super().__init__(policy, GRPOConfig(**settings))
         # Every rollout starts from a group reset: only then do a group's envs share a start.
