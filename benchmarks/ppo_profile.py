@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/ppo_profile.py [--iterations 20] [--seed 0] [--out FILE]
+    python benchmarks/ppo_profile.py [--iterations 20] [--seed 0] [--compile] [--out FILE]
 
 The ``push_cube_ppo`` preset, built as ``rlchain-train`` builds it, runs in
 one process on one thread; each phase is timed around the function that does
@@ -16,6 +16,10 @@ code unchanged:
   clipping, the observation statistics);
 * eval: one evaluation of the preset (``num_eval_episodes`` deterministic episodes), shown per evaluation and per
   iteration (divided by ``eval_freq``).
+
+With ``--compile``, the acting forward pass and the minibatch loss are
+compiled first, as ``trainer.compile=true`` compiles them (the compile time
+is printed, not counted in the phases).
 
 Prints one markdown table (means over the iterations after two warm-up
 ones) and writes the numbers as JSON to ``--out`` when given.
@@ -59,11 +63,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile", action="store_true", help="compile as trainer.compile=true does")
     parser.add_argument("--out", type=Path, help="write the numbers as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
     cfg, env, policy, algorithm, collector = build_preset(args.seed)
+    compile_s = None
+    if args.compile:
+        start = time.perf_counter()
+        collector.compile()
+        algorithm.compile(collector.buffer.data)
+        compile_s = time.perf_counter() - start
+        print(f"compiled in {compile_s:.1f} s")
     eval_env = instantiate(cfg.env, num_envs=cfg.trainer.num_eval_envs, seed=args.seed + 1, _convert_="all")
 
     clock = Clock()
@@ -91,7 +103,7 @@ def main() -> None:
         print(f"| {phase} | {mean[phase]:.4f} | {mean[phase] / total:.0%} |")
     print(f"| iteration | {total:.4f} | 100% |")
     if args.out is not None:
-        args.out.write_text(json.dumps({"iterations": args.iterations, "seed": args.seed, "eval_s": eval_s, **mean}, indent=2))
+        args.out.write_text(json.dumps({"iterations": args.iterations, "seed": args.seed, "compile_s": compile_s, "eval_s": eval_s, **mean}, indent=2))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Usage::
 
     pip install -e ".[bench]"                                  # rsl-rl-lib, pinned
-    python benchmarks/vs_rsl_rl.py [--seeds 0 1] [--iterations 400] [--device cpu] [--num-envs N] [--out DIR]
+    python benchmarks/vs_rsl_rl.py [--seeds 0 1] [--iterations 400] [--device cpu] [--num-envs N] [--compile] [--out DIR]
     python benchmarks/vs_rsl_rl.py --side rsl_rl --seed S --out DIR [--iterations N] [--device D] [--num-envs N]
 
 The default mode is the benchmark (issue 14's speed bar); ``--side rsl_rl``
@@ -61,6 +61,12 @@ seeds (ratios of the means):
   rlchain / rsl_rl (below 1: rlchain is faster);
 * env steps to the first evaluation with success rate >= 0.9 on each side.
 
+With ``--compile`` the rlchain side runs with ``trainer.compile=true``, each
+run with an empty inductor cache of its own (``TORCHINDUCTOR_CACHE_DIR`` in
+its run directory), so that it compiles from nothing, as a first run on a
+machine does. Its compilation time (``time/compile_s``) is counted in its
+SPS; ``SPS_without_compile`` leaves it out.
+
 It prints a markdown table and writes ``DIR/results.json`` (``--out``; a
 temporary directory by default), next to each side's run directory and log.
 
@@ -88,7 +94,8 @@ Settings as matched (rlchain's name -> rsl_rl's):
   end of ``PPO.update``; up to 5.4.2 it updated it at every step while acting,
   in ``process_env_step``, which is why the version is pinned);
 * both store the unclipped Gaussian sample and its log-probability; the env
-  clips the action to [-1, 1]. Mixed precision and ``torch.compile`` are off.
+  clips the action to [-1, 1]. No mixed precision; no ``torch.compile`` but
+  rlchain's with ``--compile``.
 
 Settings that cannot be matched exactly (what each side does):
 
@@ -364,6 +371,7 @@ def read_run(path: Path) -> dict[str, Any]:
         raise RuntimeError(f"{path} has no rows")
     collect = sum(r["time/collect_s"] for r in rows)
     update = sum(r["time/update_s"] for r in rows)
+    compile_s = sum(r.get("time/compile_s", 0.0) for r in rows)  # trainer.compile: logged once
     steps = rows[-1]["global_step"]
     evals = [r for r in rows if "eval/success_rate" in r]
     reached = next((r for r in evals if r["eval/success_rate"] >= BAR), None)
@@ -372,7 +380,9 @@ def read_run(path: Path) -> dict[str, Any]:
         "env_steps": steps,
         "collect_s": collect,
         "update_s": update,
-        "SPS": steps / (collect + update),
+        "compile_s": compile_s,
+        "SPS": steps / (collect + update + compile_s),
+        "SPS_without_compile": steps / (collect + update),
         "collect_s_per_iter": collect / len(rows),
         "update_s_per_iter": update / len(rows),
         f"steps_to_{BAR}": reached.get("eval/global_step", reached["global_step"]) if reached else None,
@@ -386,9 +396,9 @@ def ratios(rl: dict[str, Any], rsl: dict[str, Any]) -> dict[str, float]:
     return {key: rl[key] / rsl[key] for key in ("SPS", "collect_s_per_iter", "update_s_per_iter")}
 
 
-def launch(cmd: list[str], core: int, log_path: Path) -> subprocess.Popen:
-    """Start ``cmd`` with one thread, pinned to ``core``, its output to ``log_path``."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+def launch(cmd: list[str], core: int, log_path: Path, **environ: str) -> subprocess.Popen:
+    """Start ``cmd`` with one thread and ``environ``, pinned to ``core``, its output to ``log_path``."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **environ)
     full = ["taskset", "-c", str(core), *cmd] if shutil.which("taskset") else cmd
     print(f"  OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 {shlex.join(full)}  > {log_path}", flush=True)
     log = log_path.open("w")
@@ -451,6 +461,10 @@ def benchmark(args: argparse.Namespace) -> None:
         rl_dir, rsl_dir = out / f"rlchain_seed{seed}", out / f"rsl_rl_seed{seed}"
         common = overrides(experiment, seed, args.device, args.iterations, args.num_envs)
         rl_cmd = [*train_cmd, *common, f"trainer.output_dir={rl_dir}", f"hydra.run.dir={rl_dir}", "trainer.progress=false"]
+        rl_environ = {}
+        if args.compile:
+            rl_cmd.append("trainer.compile=true")
+            rl_environ["TORCHINDUCTOR_CACHE_DIR"] = str(out / f"inductor_cache_seed{seed}")  # compiles from nothing
         rsl_cmd = [sys.executable, str(Path(__file__).resolve()), "--side", "rsl_rl", "--seed", str(seed),
                    "--out", str(rsl_dir), "--device", args.device]  # fmt: skip
         if args.iterations is not None:
@@ -460,7 +474,7 @@ def benchmark(args: argparse.Namespace) -> None:
         rl_core, rsl_core = (cores[0], cores[1]) if index % 2 == 0 else (cores[1], cores[0])
         print(f"seed {seed}:", flush=True)
         start = time.perf_counter()
-        rl = launch(rl_cmd, rl_core, out / f"rlchain_seed{seed}.log")
+        rl = launch(rl_cmd, rl_core, out / f"rlchain_seed{seed}.log", **rl_environ)
         if not concurrent:
             finish(rl, "rlchain")
         rsl = launch(rsl_cmd, rsl_core, out / f"rsl_rl_seed{seed}.log")
@@ -474,7 +488,8 @@ def benchmark(args: argparse.Namespace) -> None:
         }
         print(f"  done in {time.perf_counter() - start:.0f} s", flush=True)
 
-    keys = ("SPS", "collect_s_per_iter", "update_s_per_iter", f"steps_to_{BAR}", "final_eval_success")
+    keys = ("SPS", "SPS_without_compile", "compile_s", "collect_s_per_iter", "update_s_per_iter",
+            f"steps_to_{BAR}", "final_eval_success")  # fmt: skip
     mean_row = {side: {k: mean([results[str(s)][side][k] for s in args.seeds]) for k in keys} for side in ("rlchain", "rsl_rl")}
     mean_row["ratio_rlchain_over_rsl_rl"] = ratios(mean_row["rlchain"], mean_row["rsl_rl"])
     import torch
@@ -485,6 +500,7 @@ def benchmark(args: argparse.Namespace) -> None:
         "iterations": args.iterations,
         "device": args.device,
         "num_envs": args.num_envs,
+        "compile": args.compile,
         "concurrent": concurrent,
         "rsl_rl_lib": metadata.version("rsl-rl-lib"),
         "torch": torch.__version__,
@@ -504,13 +520,13 @@ def print_table(results: dict[str, Any], mean_row: dict[str, Any], seeds: list[i
     def steps(value: float | None, name: str) -> str:
         return f"{value / 1e6:.2f}M" if value is not None else "not reached" if name != "mean" else "n/a"
 
-    print("\n| seed | SPS rlchain | SPS rsl_rl | ratio | collect s/iter rlchain | rsl_rl | ratio "
+    print("\n| seed | SPS rlchain | SPS rsl_rl | ratio | compile s rlchain | collect s/iter rlchain | rsl_rl | ratio "
           f"| update s/iter rlchain | rsl_rl | ratio | steps to {BAR} rlchain | rsl_rl |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = [(str(s), results[str(s)]) for s in seeds] + [("mean", mean_row)]
     for name, r in rows:
         rl, rsl, ratio = r["rlchain"], r["rsl_rl"], r["ratio_rlchain_over_rsl_rl"]
-        print(f"| {name} | {rl['SPS']:,.0f} | {rsl['SPS']:,.0f} | {ratio['SPS']:.2f} "
+        print(f"| {name} | {rl['SPS']:,.0f} | {rsl['SPS']:,.0f} | {ratio['SPS']:.2f} | {rl['compile_s']:.1f} "
               f"| {rl['collect_s_per_iter']:.3f} | {rsl['collect_s_per_iter']:.3f} | {ratio['collect_s_per_iter']:.2f} "
               f"| {rl['update_s_per_iter']:.3f} | {rsl['update_s_per_iter']:.3f} | {ratio['update_s_per_iter']:.2f} "
               f"| {steps(rl[f'steps_to_{BAR}'], name)} | {steps(rsl[f'steps_to_{BAR}'], name)} |")  # fmt: skip
@@ -524,6 +540,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=None, help="default: the preset's (400)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the sides then run one after the other)")
     parser.add_argument("--num-envs", type=int, default=None, help="default: the preset's (512); e.g. 4096 on cuda")
+    parser.add_argument("--compile", action="store_true", help="rlchain with trainer.compile=true, compiling from an empty cache")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: a temp dir)")
     args = parser.parse_args()
     if args.side == "rsl_rl":
