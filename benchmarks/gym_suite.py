@@ -1,27 +1,35 @@
-"""The cart_pole and env=gym targets: learning runs of the presets and the adapter's overhead.
+"""The task presets against their targets, and the ``env=gym`` adapter's overhead.
 
     python benchmarks/gym_suite.py                 # every row
-    python benchmarks/gym_suite.py --only overhead # one kind: learning | reference | overhead
+    python benchmarks/gym_suite.py --only mujoco   # one kind: learning | mujoco | reference | overhead
+    python benchmarks/gym_suite.py --only mujoco --preset gym_hopper_ppo --out runs/  # one preset, runs kept
 
-Learning rows run ``rlchain-train experiment=<preset> seed=<s>`` and read
-each run's ``metrics.jsonl``: the first env step at which the deterministic
-eval return (``eval/avg_reward``) reached the bar, and the eval return at the
-budget (mean over seeds where there are several).
+Learning rows run ``rlchain-train experiment=<preset> seed=<s> device=cpu``
+for each seed, two runs at a time, each with one thread
+(``OMP_NUM_THREADS=1``) and pinned to a core of its own (``taskset``), and
+read each run's ``metrics.jsonl``. Per seed: the eval return (deterministic,
+``eval/avg_reward``, ``trainer.num_eval_episodes`` episodes) of the last
+evaluation within the budget, the first env step at which it reached the bar,
+the training seconds (collection + update + compilation: the ``time/``
+columns SPS is computed from; evaluation is left out) and the wall seconds
+of the whole command.
 
 Targets:
 
 * torch cart_pole, PPO: eval return 500 within 100k env steps;
 * torch cart_pole, GRPO: eval return 500 within 300k env steps;
 * gymnasium CartPole-v1 through env=gym, PPO: 500 within 100k env steps;
-* gymnasium Pendulum-v1, PPO: eval return >= -200, mean of 3 seeds, within 200k;
+* gymnasium Pendulum-v1, PPO: eval return >= -200, mean of 3 seeds, within 200k
+  (these four: the first evaluation of the seeds' mean curve at the bar);
+* MuJoCo (``rlchain[mujoco]``), PPO, seeds 0, 1, 2, the mean over the seeds of
+  the eval return at 1M env steps: HalfCheetah-v5 >= 5,800 with at most 250
+  training seconds per seed, Hopper-v5 >= 2,400, Walker2d-v5 >= 3,400;
 * adapter overhead: with a random policy, ``env=gym`` collection steps/s at
   least 0.9 of stepping the same ``gymnasium.make_vec`` env directly
   (Pendulum-v1 at 16, 32 and 64 envs; the median of 5 rounds).
 
-Reference rows (a bar to compare against, not a target): HalfCheetah-v5,
-PPO, 3 seeds, eval return 3000 within 1M env steps; the adapter overhead on
-CartPole-v1 and HalfCheetah-v5 at 16 envs. The HalfCheetah rows run only when
-the ``rlchain[mujoco]`` extra is installed.
+Reference rows (a bar to compare against, not a target): the adapter
+overhead on CartPole-v1 and HalfCheetah-v5 at 16 envs.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import importlib.util
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,15 +51,18 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-#: (name, preset, seeds, bar on eval/avg_reward, env-step budget)
+#: (name, preset, seeds, bar on eval/avg_reward, env-step budget): the bar is reached within the budget
 LEARNING = [
     ("torch cart_pole, PPO", "cart_pole_ppo", [0], 500.0, 100_000),
     ("torch cart_pole, GRPO", "cart_pole_grpo", [0], 500.0, 300_000),
     ("gymnasium CartPole-v1, PPO", "gym_cart_pole_ppo", [0], 500.0, 100_000),
     ("gymnasium Pendulum-v1, PPO", "gym_pendulum_ppo", [0, 1, 2], -200.0, 200_000),
 ]
-REFERENCE = [
-    ("gymnasium HalfCheetah-v5, PPO", "gym_half_cheetah_ppo", [0, 1, 2], 3000.0, 1_000_000),
+#: (name, preset, seeds, bar on the seeds' mean eval return at the budget, budget, most training s per seed or None)
+MUJOCO = [
+    ("gymnasium HalfCheetah-v5, PPO", "gym_half_cheetah_ppo", [0, 1, 2], 5800.0, 1_000_000, 250.0),
+    ("gymnasium Hopper-v5, PPO", "gym_hopper_ppo", [0, 1, 2], 2400.0, 1_000_000, None),
+    ("gymnasium Walker2d-v5, PPO", "gym_walker2d_ppo", [0, 1, 2], 3400.0, 1_000_000, None),
 ]
 #: (env id, num_envs) of the adapter-overhead rows: the target, then the references.
 OVERHEAD = [("Pendulum-v1", 16), ("Pendulum-v1", 32), ("Pendulum-v1", 64)]
@@ -63,20 +75,51 @@ def eval_curve(run_dir: Path) -> list[tuple[int, float]]:
     return [(r["global_step"], r["eval/avg_reward"]) for r in rows if "eval/avg_reward" in r]
 
 
-def learning_row(name: str, preset: str, seeds: list[int], bar: float, budget: int, tmp: Path) -> dict:
-    """Train ``preset`` for each seed and measure it against ``bar`` within ``budget`` env steps."""
-    curves, walls = [], []
-    for seed in seeds:
-        run_dir = tmp / f"{preset}_{seed}"
-        env = {**os.environ, "WANDB_MODE": "disabled"}
-        cmd = [sys.executable, "-m", "rlchain", f"experiment={preset}", f"seed={seed}", "device=cpu",
-               "trainer.progress=false", f"hydra.run.dir={run_dir}"]  # fmt: skip
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        walls.append(time.perf_counter() - start)
+def training_s(run_dir: Path) -> float:
+    """Seconds of collection, update and compilation of a run (its ``time/`` columns; evaluation left out)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return sum(r["time/collect_s"] + r["time/update_s"] + r.get("time/compile_s", 0.0) for r in rows)
+
+
+def run_seeds(jobs: list[tuple[str, int]], out: Path) -> dict[tuple[str, int], dict]:
+    """Train each ``(preset, seed)`` of ``jobs``, two at a time, one thread each, each pinned to a core of its
+    own; a job starts on a core as soon as the one before it there ends.
+
+    Returns per job: ``seed``, ``run_dir``, ``curve`` (:func:`eval_curve`), ``training_s`` and ``wall_s``.
+
+    Raises:
+        RuntimeError: a run failed (with the tail of its stderr).
+    """
+    free = sorted(os.sched_getaffinity(0))[:2]
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    queue, running, results = list(jobs), {}, {}
+    while queue or running:
+        while queue and free:
+            (preset, seed), core = queue.pop(0), free.pop(0)
+            run_dir = out / f"{preset}_{seed}"
+            cmd = [sys.executable, "-m", "rlchain", f"experiment={preset}", f"seed={seed}", "device=cpu",
+                   "trainer.progress=false", f"hydra.run.dir={run_dir}"]  # fmt: skip
+            if shutil.which("taskset"):
+                cmd = ["taskset", "-c", str(core), *cmd]
+            log = (out / f"{preset}_{seed}.log").open("w")
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
+            log.close()
+            running[proc] = (preset, seed, core, run_dir, cmd, time.perf_counter())
+        proc = next(p for p in itertools.cycle(running) if p.poll() is not None or time.sleep(0.5))
+        preset, seed, core, run_dir, cmd, start = running.pop(proc)
+        free.append(core)
         if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-        curves.append(eval_curve(run_dir))
+            tail = (out / f"{preset}_{seed}.log").read_text()[-3000:]
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{tail}")
+        results[preset, seed] = {"seed": seed, "run_dir": str(run_dir), "curve": eval_curve(run_dir),
+                                 "training_s": training_s(run_dir), "wall_s": time.perf_counter() - start}  # fmt: skip
+    return results
+
+
+def learning_row(name: str, preset: str, seeds: list[int], bar: float, budget: int, runs: dict) -> dict:
+    """The seeds' mean eval curve of ``preset`` (``runs``: :func:`run_seeds`) against ``bar`` within ``budget``."""
+    runs = [runs[preset, seed] for seed in seeds]
+    curves = [r["curve"] for r in runs]
     steps = [s for s, _ in curves[0]]
     mean = [float(np.mean([c[i][1] for c in curves])) for i in range(min(len(c) for c in curves))]
     reached = next((s for s, v in zip(steps, mean) if v >= bar), None)
@@ -85,8 +128,27 @@ def learning_row(name: str, preset: str, seeds: list[int], bar: float, budget: i
     return {
         "name": name, "preset": preset, "seeds": seeds, "bar": bar, "budget": budget,
         "steps_to_bar": reached, "eval_return_at_budget": at_budget, "best_eval_return_within_budget": max(within),
-        "met": reached is not None and reached <= budget, "wall_s_per_seed": float(np.mean(walls)),
+        "met": reached is not None and reached <= budget,
+        "wall_s_per_seed": float(np.mean([r["wall_s"] for r in runs])),
+        "training_s_per_seed": float(np.mean([r["training_s"] for r in runs])),
     }  # fmt: skip
+
+
+def mujoco_row(name: str, preset: str, seeds: list[int], bar: float, budget: int, max_training_s: float | None,
+               runs: dict) -> dict:  # fmt: skip
+    """The mean over the seeds of ``preset``'s eval return at ``budget`` env steps (``runs``: :func:`run_seeds`)
+    against ``bar``, and each seed's training seconds against ``max_training_s``."""
+    runs = [runs[preset, seed] for seed in seeds]
+    per_seed = []
+    for r in runs:
+        within = [(s, v) for s, v in r["curve"] if s <= budget]
+        per_seed.append({"seed": r["seed"], "global_step": within[-1][0], "eval_return": within[-1][1],
+                         "training_s": r["training_s"], "wall_s": r["wall_s"], "run_dir": r["run_dir"]})  # fmt: skip
+    mean = float(np.mean([r["eval_return"] for r in per_seed]))
+    fast = max_training_s is None or all(r["training_s"] <= max_training_s for r in per_seed)
+    return {"name": name, "preset": preset, "seeds": seeds, "bar": bar, "budget": budget,
+            "max_training_s": max_training_s, "per_seed": per_seed, "mean_eval_return": mean,
+            "met": mean >= bar and fast}  # fmt: skip
 
 
 class ReplayPolicy:
@@ -157,7 +219,9 @@ def overhead_row(env_id: str, num_envs: int, rounds: int = 5) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=["learning", "reference", "overhead"], default=None)
+    parser.add_argument("--only", choices=["learning", "mujoco", "reference", "overhead"], default=None)
+    parser.add_argument("--preset", default=None, help="learning and MuJoCo rows: only this preset's")
+    parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary directory)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of each overhead row (its median is reported)")
     args = parser.parse_args()
@@ -180,21 +244,31 @@ def main() -> None:
               f"collection {row['rlchain_SPS']:,.0f} steps/s, ratio {row['ratio']:.3f} (rounds "
               f"{min(row['ratios']):.3f}-{max(row['ratios']):.3f}), {row['overhead_us']:.1f} us per vector step "
               f"(target >= 0.9): {verdict}", flush=True)  # fmt: skip
-    specs = [(spec, "met", "NOT met") for spec in LEARNING if args.only in (None, "learning")]
-    if args.only in (None, "reference"):
-        if importlib.util.find_spec("mujoco") is None:
-            print('reference rows skipped: they need pip install "rlchain[mujoco]"', flush=True)
-        else:
-            specs += [(spec, "reached", "not reached") for spec in REFERENCE]
+    learning = [spec for spec in LEARNING if args.only in (None, "learning") and args.preset in (None, spec[1])]
+    mujoco = [spec for spec in MUJOCO if args.only in (None, "mujoco") and args.preset in (None, spec[1])]
+    if mujoco and importlib.util.find_spec("mujoco") is None:
+        print('MuJoCo rows skipped: they need pip install "rlchain[mujoco]"', flush=True)
+        mujoco = []
     with tempfile.TemporaryDirectory() as tmp:
-        for spec, yes, no in specs:
-            row = learning_row(*spec, Path(tmp))
+        out = args.out or Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        runs = run_seeds([(spec[1], seed) for spec in learning + mujoco for seed in spec[2]], out)
+        for spec in learning:
+            row = learning_row(*spec, runs)
             rows.append(row)
             reached = "never" if row["steps_to_bar"] is None else f"{row['steps_to_bar']:,}"
             print(f"{row['name']} (seeds {row['seeds']}): eval return {row['bar']:g} reached at {reached} env steps "
                   f"(budget {row['budget']:,}); eval return at budget {row['eval_return_at_budget']:.1f}, best "
-                  f"{row['best_eval_return_within_budget']:.1f}; {row['wall_s_per_seed']:.0f} s per seed: "
-                  f"{yes if row['met'] else no}", flush=True)  # fmt: skip
+                  f"{row['best_eval_return_within_budget']:.1f}; {row['training_s_per_seed']:.0f} training s, "
+                  f"{row['wall_s_per_seed']:.0f} wall s per seed: {'met' if row['met'] else 'NOT met'}", flush=True)  # fmt: skip
+        for spec in mujoco:
+            row = mujoco_row(*spec, runs)
+            rows.append(row)
+            seeds = "; ".join(f"seed {r['seed']}: {r['eval_return']:,.0f} at {r['global_step']:,} steps, "
+                              f"{r['training_s']:.0f} training s, {r['wall_s']:.0f} wall s" for r in row["per_seed"])  # fmt: skip
+            time_bar = f", at most {row['max_training_s']:g} training s per seed" if row["max_training_s"] else ""
+            print(f"{row['name']}: mean eval return {row['mean_eval_return']:,.0f} (target >= {row['bar']:,g}"
+                  f"{time_bar}) ({seeds}): {'met' if row['met'] else 'NOT met'}", flush=True)  # fmt: skip
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
 
