@@ -65,8 +65,8 @@ def test_help_and_cfg_job(tmp_path):
     assert proc.stdout.startswith("rlchain-train is powered by Hydra.")
     for text in ("algorithm: grpo, grpo_schema, ppo, ppo_schema",
                  "env: cart_pole, cart_pole_schema, gym, gym_schema, push_cube, push_cube_schema",
-                 "experiment: cart_pole_grpo, cart_pole_ppo, gym_cart_pole_ppo, gym_half_cheetah_ppo, gym_pendulum_ppo, "
-                 "push_cube_grpo, push_cube_ppo", "sweep: grpo_push_cube, ppo_push_cube",
+                 "experiment: cart_pole_grpo, cart_pole_ppo, gym_cart_pole_ppo, gym_half_cheetah_ppo, gym_hopper_ppo, "
+                 "gym_pendulum_ppo, gym_walker2d_ppo, push_cube_grpo, push_cube_ppo", "sweep: grpo_push_cube, ppo_push_cube",
                  "policy: actor_critic, actor_critic_schema, actor_only, actor_only_schema"):
         assert text in proc.stdout
     proc = run_cli(["--cfg", "job", "algorithm=grpo"], tmp_path)
