@@ -9,7 +9,9 @@ count):
 * ``main``: ``algorithm=grpo env=push_cube`` with the schema defaults (the main
   job, ``make train``);
 * ``grpo``: ``experiment=push_cube_grpo``;
-* ``ppo``: ``experiment=push_cube_ppo``.
+* ``ppo``: ``experiment=push_cube_ppo``;
+* ``defaults``: no override at all, the bare ``rlchain-train`` (PPO with its
+  schema defaults on push_cube).
 
 It prints one row per run and seed: env steps and wall seconds until the eval
 success rate first reaches 0.6 (EmbodiChain's bar for push_cube) and 0.9, the
@@ -34,6 +36,7 @@ RUNS = {
     "main": ["algorithm=grpo", "env=push_cube"],
     "grpo": ["experiment=push_cube_grpo"],
     "ppo": ["experiment=push_cube_ppo"],
+    "defaults": [],
 }
 BARS = (0.6, 0.9)
 

@@ -26,6 +26,12 @@ class PPOConfig(AlgorithmConfig):
     """PPO hyperparameters, their defaults and ranges (the shared ones in :class:`AlgorithmConfig`)."""
 
     _target_: str = "rlchain.algorithms.PPO"
+    learning_rate: float = 1e-3
+    """Adam step size (tuned on push_cube; initial value under a schedule)."""
+    batch_size: int = 2048
+    """Samples (env transitions) per minibatch."""
+    ent_coef: float = 0.01
+    """Weight of the entropy bonus (keeps push_cube's action noise from collapsing before the task is solved)."""
     gae_lambda: float = setting(0.95, ge=0, le=1)
     """GAE lambda."""
     clip_vloss: bool = True
@@ -120,6 +126,8 @@ class PPO(Algorithm):
         NonFiniteError: from ``update``, at the first non-finite loss, gradient
             norm, reported term or parameter (see :class:`Algorithm`).
     """
+
+    update_keys = ("advantages", "returns")
 
     def __init__(self, policy: Policy, **settings: Any) -> None:
         if not policy.has_critic:
