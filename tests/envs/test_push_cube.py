@@ -229,7 +229,9 @@ def test_reward_terms_sum_to_the_reward_and_follow_their_potentials():
     env = PushCubeEnv(num_envs=256, seed=0, smoothness_weight=0.01)
     env.reset()
     place_before = torch.exp(-(env.goal_pos - env.cube_pos).norm(dim=-1).square() / (2 * 0.12**2))
-    _, reward, term, _, info = env.step(torch.rand(256, 2) * 2 - 1)
+    # Seeded actions: the global RNG's state depends on which tests ran before in the worker.
+    actions = torch.rand(256, 2, generator=torch.Generator().manual_seed(11)) * 2 - 1
+    _, reward, term, _, info = env.step(actions)
     terms = info["rewards"]
     assert set(terms) == {"reach", "place", "smoothness", "success"}
     assert torch.allclose(sum(terms.values()), reward)
@@ -238,7 +240,8 @@ def test_reward_terms_sum_to_the_reward_and_follow_their_potentials():
     fin = info["final_obs"]
     place_after = torch.exp(-fin[:, 13:15].norm(dim=-1).square() / (2 * 0.12**2))
     expected = 0.8 * 30.0 * (place_after - place_before)
-    assert torch.allclose(terms["place"], expected, atol=1e-6)
+    # float32: the env's Phi and this one round apart by ~1e-7 each, scaled by 0.8 * 30 (up to ~4e-6 seen)
+    assert torch.allclose(terms["place"], expected, atol=1e-5)
 
 
 def test_shaping_pays_nothing_for_hovering_and_the_success_bonus_once():
