@@ -69,23 +69,19 @@ OVERHEAD = [("Pendulum-v1", 16), ("Pendulum-v1", 32), ("Pendulum-v1", 64)]
 OVERHEAD_REFERENCE = [("CartPole-v1", 16), ("HalfCheetah-v5", 16)]
 
 
-def eval_curve(run_dir: Path) -> list[tuple[int, float]]:
-    """``(global_step, eval/avg_reward)`` of every evaluation of a run."""
+def read_run(run_dir: Path) -> tuple[list[tuple[int, float]], float]:
+    """A run's ``metrics.jsonl``: ``(global_step, eval/avg_reward)`` of every evaluation, and the seconds of
+    collection, update and compilation (its ``time/`` columns, which SPS counts; evaluation left out)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [(r["global_step"], r["eval/avg_reward"]) for r in rows if "eval/avg_reward" in r]
-
-
-def training_s(run_dir: Path) -> float:
-    """Seconds of collection, update and compilation of a run (its ``time/`` columns; evaluation left out)."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return sum(r["time/collect_s"] + r["time/update_s"] + r.get("time/compile_s", 0.0) for r in rows)
+    curve = [(r["global_step"], r["eval/avg_reward"]) for r in rows if "eval/avg_reward" in r]
+    return curve, sum(r["time/collect_s"] + r["time/update_s"] + r.get("time/compile_s", 0.0) for r in rows)
 
 
 def run_seeds(jobs: list[tuple[str, int]], out: Path) -> dict[tuple[str, int], dict]:
     """Train each ``(preset, seed)`` of ``jobs``, two at a time, one thread each, each pinned to a core of its
     own; a job starts on a core as soon as the one before it there ends.
 
-    Returns per job: ``seed``, ``run_dir``, ``curve`` (:func:`eval_curve`), ``training_s`` and ``wall_s``.
+    Returns per job: ``seed``, ``run_dir``, ``curve`` and ``training_s`` (:func:`read_run`), and ``wall_s``.
 
     Raises:
         RuntimeError: a run failed (with the tail of its stderr).
@@ -105,14 +101,17 @@ def run_seeds(jobs: list[tuple[str, int]], out: Path) -> dict[tuple[str, int], d
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
             log.close()
             running[proc] = (preset, seed, core, run_dir, cmd, time.perf_counter())
-        proc = next(p for p in itertools.cycle(running) if p.poll() is not None or time.sleep(0.5))
+        while not (ended := [p for p in running if p.poll() is not None]):
+            time.sleep(0.5)
+        proc = ended[0]
         preset, seed, core, run_dir, cmd, start = running.pop(proc)
         free.append(core)
         if proc.returncode != 0:
             tail = (out / f"{preset}_{seed}.log").read_text()[-3000:]
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{tail}")
-        results[preset, seed] = {"seed": seed, "run_dir": str(run_dir), "curve": eval_curve(run_dir),
-                                 "training_s": training_s(run_dir), "wall_s": time.perf_counter() - start}  # fmt: skip
+        curve, seconds = read_run(run_dir)
+        results[preset, seed] = {"seed": seed, "run_dir": str(run_dir), "curve": curve, "training_s": seconds,
+                                 "wall_s": time.perf_counter() - start}  # fmt: skip
     return results
 
 
