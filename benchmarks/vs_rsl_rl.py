@@ -350,7 +350,7 @@ def run_rsl_rl(seed: int, out: Path, device: str, iterations: int | None, num_en
         if iteration % eval_freq == 0 or iteration == total:
             start = time.perf_counter()
             stats = evaluate(eval_env, policy, num_episodes=episodes, seed=seed + 1)
-            row.update({f"eval/{k}": v for k, v in stats.items()})
+            row.update({f"eval/{k}": v for k, v in stats.means().items()})
             row["eval/global_step"] = row["global_step"]
             row["time/eval_s"] = time.perf_counter() - start
         metrics.write(json.dumps(row) + "\n")
