@@ -2,7 +2,7 @@
 
     python benchmarks/gym_suite.py                 # every row
     python benchmarks/gym_suite.py --only mujoco   # one kind: learning | mujoco | reference | overhead
-    python benchmarks/gym_suite.py --only mujoco --preset gym_hopper_ppo --out runs/  # one preset, runs kept
+    python benchmarks/gym_suite.py --only mujoco --preset gym_hopper_ppo --out runs/  # some presets, runs kept
 
 Learning rows run ``rlchain-train experiment=<preset> seed=<s> device=cpu``
 for each seed, two runs at a time, each with one thread
@@ -219,7 +219,7 @@ def overhead_row(env_id: str, num_envs: int, rounds: int = 5) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=["learning", "mujoco", "reference", "overhead"], default=None)
-    parser.add_argument("--preset", default=None, help="learning and MuJoCo rows: only this preset's")
+    parser.add_argument("--preset", nargs="+", default=None, help="learning and MuJoCo rows: only these presets'")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary directory)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of each overhead row (its median is reported)")
@@ -243,8 +243,9 @@ def main() -> None:
               f"collection {row['rlchain_SPS']:,.0f} steps/s, ratio {row['ratio']:.3f} (rounds "
               f"{min(row['ratios']):.3f}-{max(row['ratios']):.3f}), {row['overhead_us']:.1f} us per vector step "
               f"(target >= 0.9): {verdict}", flush=True)  # fmt: skip
-    learning = [spec for spec in LEARNING if args.only in (None, "learning") and args.preset in (None, spec[1])]
-    mujoco = [spec for spec in MUJOCO if args.only in (None, "mujoco") and args.preset in (None, spec[1])]
+    chosen = set(args.preset or [spec[1] for spec in LEARNING + MUJOCO])
+    learning = [spec for spec in LEARNING if args.only in (None, "learning") and spec[1] in chosen]
+    mujoco = [spec for spec in MUJOCO if args.only in (None, "mujoco") and spec[1] in chosen]
     if mujoco and importlib.util.find_spec("mujoco") is None:
         print('MuJoCo rows skipped: they need pip install "rlchain[mujoco]"', flush=True)
         mujoco = []
