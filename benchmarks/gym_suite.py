@@ -39,8 +39,6 @@ import importlib.util
 import itertools
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +48,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from tensordict import TensorDict
+from vs_rsl_rl import finish, launch
 
 #: (name, preset, seeds, bar on eval/avg_reward, env-step budget): the bar is reached within the budget
 LEARNING = [
@@ -84,10 +83,9 @@ def run_seeds(jobs: list[tuple[str, int]], out: Path) -> dict[tuple[str, int], d
     Returns per job: ``seed``, ``run_dir``, ``curve`` and ``training_s`` (:func:`read_run`), and ``wall_s``.
 
     Raises:
-        RuntimeError: a run failed (with the tail of its stderr).
+        RuntimeError: a run failed (with the tail of its log).
     """
     free = sorted(os.sched_getaffinity(0))[:2]
-    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     queue, running, results = list(jobs), {}, {}
     while queue or running:
         while queue and free:
@@ -95,20 +93,14 @@ def run_seeds(jobs: list[tuple[str, int]], out: Path) -> dict[tuple[str, int], d
             run_dir = out / f"{preset}_{seed}"
             cmd = [sys.executable, "-m", "rlchain", f"experiment={preset}", f"seed={seed}", "device=cpu",
                    "trainer.progress=false", f"hydra.run.dir={run_dir}"]  # fmt: skip
-            if shutil.which("taskset"):
-                cmd = ["taskset", "-c", str(core), *cmd]
-            log = (out / f"{preset}_{seed}.log").open("w")
-            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
-            log.close()
-            running[proc] = (preset, seed, core, run_dir, cmd, time.perf_counter())
+            proc = launch(cmd, core, out / f"{preset}_{seed}.log", WANDB_MODE="disabled")
+            running[proc] = (preset, seed, core, run_dir, time.perf_counter())
         while not (ended := [p for p in running if p.poll() is not None]):
             time.sleep(0.5)
         proc = ended[0]
-        preset, seed, core, run_dir, cmd, start = running.pop(proc)
+        preset, seed, core, run_dir, start = running.pop(proc)
         free.append(core)
-        if proc.returncode != 0:
-            tail = (out / f"{preset}_{seed}.log").read_text()[-3000:]
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{tail}")
+        finish(proc, f"{preset} seed {seed}")
         curve, seconds = read_run(run_dir)
         results[preset, seed] = {"seed": seed, "run_dir": str(run_dir), "curve": curve, "training_s": seconds,
                                  "wall_s": time.perf_counter() - start}  # fmt: skip

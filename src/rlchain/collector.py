@@ -164,7 +164,7 @@ class SyncCollector:
         from tensordict import TensorDict  # imported where used: see rlchain.config
 
         self.act = torch.compile(self.policy.get_action)
-        obs = torch.zeros(self.buffer.data["obs"][0].shape, device=self.env.device)
+        obs = torch.zeros_like(self.buffer.data["obs"][0])
         with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
             self.act(TensorDict({"obs": obs}, batch_size=[self.env.num_envs]))
 
