@@ -247,7 +247,7 @@ PRESETS = [pytest.param(path.stem, marks=[NO_MUJOCO] if "rlchain[mujoco]" in pat
            for path in sorted((Path(rlchain.conf.__file__).parent / "experiment").glob("*.yaml"))]  # fmt: skip
 
 
-def test_the_mujoco_presets_are_among_the_smoke_tested_ones():
+def test_the_smoke_tested_presets_are_read_from_the_package_mujoco_and_push_cube_among_them():
     assert {"gym_half_cheetah_ppo", "gym_hopper_ppo", "gym_walker2d_ppo", "push_cube_ppo"} <= {p.values[0] for p in PRESETS}
 
 
