@@ -85,6 +85,17 @@ def test_a_resume_makes_best_the_checkpoint_its_state_names(tmp_path):
     assert run.align_best(_state(8, None, None), run.latest) and not run.best.exists()
 
 
+def test_a_later_checkpoint_that_carries_the_bests_id_is_not_taken_for_the_best(tmp_path):
+    # latest.pt of step 48 names its best (step 32, id "b") and no best.pt lies anywhere: latest.pt is not it.
+    run = Checkpoints(tmp_path / "run" / "checkpoints")
+    state = _state(48, 32, 1.5, "b")
+    save_checkpoint(run.latest, state)
+    assert not run.align_best(state, run.latest) and not run.best.exists()
+    # the same state read from the best's own checkpoint (written at step 32) is taken
+    save_checkpoint(tmp_path / "best-of-b.pt", _state(32, 32, 1.5, "b"))
+    assert run.align_best(_state(32, 32, 1.5, "b"), tmp_path / "best-of-b.pt") and _step_of(run.best) == 32
+
+
 def test_creating_the_checkpoints_removes_the_temporary_files_of_a_torn_save(tmp_path):
     directory = tmp_path / "checkpoints"
     directory.mkdir()

@@ -85,6 +85,27 @@ def test_a_resume_never_keeps_a_best_checkpoint_of_the_branch_it_discards(tmp_pa
     assert row["eval/avg_reward"] == summary.best_objective
 
 
+def test_a_resume_from_a_latest_without_its_best_never_makes_latest_the_best(tmp_path):
+    # latest.pt carries the id of the run's best evaluation, so the old check took it for the best's checkpoint:
+    # best.pt then held a policy of a later step than the one summary.json called the best.
+    def make(iterations, resume_from=None):
+        env = ScoredByEvaluation(num_envs=4, max_episode_steps=3)
+        policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+        return Trainer(env, policy, PPO(policy, batch_size=8), eval_env=ScoredByEvaluation(num_envs=4, max_episode_steps=3),
+                       iterations=iterations, rollout_steps=3, eval_freq=1, num_eval_envs=4, num_eval_episodes=4,
+                       objective="eval/avg_reward", objective_direction="minimize", output_dir=str(tmp_path),
+                       progress=False, resume_from=resume_from)  # fmt: skip
+
+    first = make(iterations=2).train()  # evaluations score 3 then 6: the best is the first
+    assert first.best_objective_step == 12 and first.global_step == 24
+    (tmp_path / "checkpoints" / "best.pt").unlink()  # e.g. latest.pt alone was copied to another machine
+    summary = make(iterations=3, resume_from="auto").train()
+    best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=True)
+    assert best["global_step"] == summary.best_objective_step == 36  # the resumed run's own best, not latest.pt
+    assert best["best_objective"] == summary.best_objective
+    assert summary.best_fresh["global_step"] == summary.best_objective_step
+
+
 # 3. A resume applies the config's learning rate under the constant and linear schedules.
 @pytest.mark.parametrize("schedule, notice", [
     ("constant", "algorithm.learning_rate=1e-05 replaces the checkpoint's 0.001 (lr_schedule='constant')"),

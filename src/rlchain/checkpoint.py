@@ -167,17 +167,18 @@ class Checkpoints:
 
 
 def _holds_best(path: Path, state: dict[str, Any]) -> bool:
-    """Whether ``path`` is the checkpoint of the best evaluation that ``state`` records."""
+    """Whether ``path`` is the checkpoint of the best evaluation that ``state`` records: one written at that
+    evaluation's step (``best.pt`` is written then, with ``latest.pt``) that carries its id (older checkpoints: its
+    value)."""
     if not path.is_file():
         return False
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # not a checkpoint (torn, foreign): not the one
         return False
-    if not isinstance(saved, dict):
-        return False
+    if not isinstance(saved, dict) or saved.get("global_step") != state.get("best_objective_step"):
+        return False  # a later checkpoint of the same run carries the best's id too, but not its policy
     if state.get("best_objective_id") is not None:
         return saved.get("best_objective_id") == state["best_objective_id"]
-    keys = ("global_step", "best_objective")
-    return (saved.get(keys[0]), saved.get(keys[1])) == (state.get("best_objective_step"), state.get("best_objective"))
+    return saved.get("best_objective") == state.get("best_objective")
 
