@@ -27,6 +27,7 @@ from rlchain.checkpoint import load_checkpoint
 from rlchain.collector import SyncCollector
 from rlchain.envs import PushCubeEnv
 from rlchain.policies import ActorCritic
+from tensordict import TensorDict
 from tests.helpers.runs import TINY, USER, rows, sigint_as_in_a_terminal, subprocess_env, summary_of, wait_for
 
 NUM_ENVS, STEPS, UPDATES = 16, 8, 3
@@ -59,6 +60,27 @@ def _updates(policy, data, batch_size: int) -> list[dict]:
     return after
 
 
+def _grpo_rollout() -> TensorDict:
+    """The rollout of :func:`_rollout_and_policy` with episodes ending at other steps in each half of the envs (rank
+    0's half: envs 0-2 done at step 2, env 5 at step 4): the ranks' minibatches hold different live counts."""
+    data, _ = _rollout_and_policy()
+    data["done"][2, 0:3] = True
+    data["done"][4, 5] = True
+    return data
+
+
+def _grpo_updates(data, batch_size: int) -> list[dict]:
+    """Two GRPO updates (groups of 4, the live mask, the adaptive schedule) from the initial policy on ``data``;
+    the parameters and buffers after each."""
+    _, policy = _rollout_and_policy()
+    grpo = GRPO(policy, group_size=4, batch_size=batch_size, n_epochs=2, lr_schedule="adaptive", target_kl=0.01)
+    states = []
+    for _ in range(2):
+        grpo.update(data)
+        states.append({k: v.clone() for k, v in policy.state_dict().items()})
+    return states
+
+
 def _rank(rank: int, port: int, out: str) -> None:
     """Rank ``rank`` of 2: its half of the envs (columns), the per-rank minibatch of half the samples."""
     torch.set_num_threads(1)
@@ -75,6 +97,9 @@ def _rank(rank: int, port: int, out: str) -> None:
         grpo.update(mine)
         states.append({k: v.clone() for k, v in policy.state_dict().items()})
     torch.save(states, Path(out) / f"grpo{rank}.pt")
+    # GRPO with one minibatch of the rank's half per epoch, against one process's full batch: exact as PPO.
+    mine = _grpo_rollout()[:, rank * half : (rank + 1) * half].clone()
+    torch.save(_grpo_updates(mine, batch_size=STEPS * half), Path(out) / f"grpo_full{rank}.pt")
     distributed.shutdown()
 
 
@@ -107,6 +132,13 @@ def test_two_ranks_keep_one_policy_and_update_as_one_process_on_all_the_envs(tmp
             assert a["stats"][key] == pytest.approx(ref["stats"][key], rel=1e-4, abs=1e-6), (update, key)
     grpo0, grpo1 = (torch.load(tmp_path / f"grpo{r}.pt", weights_only=True) for r in range(2))
     assert all(torch.equal(a[name], b[name]) for a, b in zip(grpo0, grpo1) for name in a)
+    # GRPO's masked means weigh each rank by its live samples: the ranks' mean gradient is the one process's.
+    reference = _grpo_updates(_grpo_rollout(), batch_size=STEPS * NUM_ENVS)
+    full0, full1 = (torch.load(tmp_path / f"grpo_full{r}.pt", weights_only=True) for r in range(2))
+    for update, (a, b, ref) in enumerate(zip(full0, full1, reference)):
+        for name, value in ref.items():
+            assert torch.equal(a[name], b[name]), (update, name)
+            torch.testing.assert_close(a[name], value, rtol=0, atol=1e-6, msg=f"GRPO update {update}: {name}")
     first, last = rank0[0]["state"], rank0[-1]["state"]
     assert all(not torch.equal(first[name], last[name]) for name in first if name.endswith("weight"))  # it learnt
 

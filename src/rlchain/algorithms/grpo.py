@@ -140,7 +140,11 @@ class GRPO(Algorithm):
     def _minibatch_loss(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         """Masked clipped surrogate, entropy bonus and reference KL of one minibatch."""
         m = batch["mask"]
-        live = m.sum().clamp_min(1.0)
+        # Each rank divides its masked sums by the ranks' mean live count, so the mean of the ranks' gradients (and
+        # terms) is the masked mean over every rank's live samples: one process's update on all the envs. The
+        # ranks' live counts differ where episodes end at different steps.
+        w = world()
+        live = w.sum(m.sum(), "the all-reduce of the minibatch's live count").clamp_min(1.0) / w.world_size
 
         def masked_mean(x: torch.Tensor) -> torch.Tensor:
             return (x * m).sum() / live
