@@ -168,7 +168,9 @@ def test_resuming_from_a_file_that_is_not_a_checkpoint_names_it(tmp_path, conten
 def test_resuming_with_a_policy_that_does_not_match_names_the_shapes(tmp_path):
     run = tmp_path / "run"
     assert run_cli([*USER, "policy.hidden_sizes=[16]", f"hydra.run.dir={run}"], tmp_path).returncode == 0
-    proc = run_cli([*USER, f"trainer.resume_from={run / 'checkpoints' / 'latest.pt'}"], tmp_path)
+    loose = tmp_path / "copied.pt"  # a checkpoint outside its run directory: the command line composes the run
+    loose.write_bytes((run / "checkpoints" / "latest.pt").read_bytes())
+    proc = run_cli([*USER, f"trainer.resume_from={loose}"], tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Error in call to target" not in proc.stderr
     assert "the checkpoint's policy does not match this run's: actor.0.weight is (16, 2) there, (128, 2) here" in proc.stderr
 
@@ -295,3 +297,51 @@ def test_a_resumed_run_continues_from_its_own_checkpoint_not_from_init_from(tmp_
     assert all(torch.equal(v, saved["policy"][k]) for k, v in again.policy.state_dict().items())
     reference = again.algorithm.ref_policy.state_dict()
     assert all(torch.equal(v, saved["algorithm"]["ref_policy"][k]) for k, v in reference.items())
+
+
+def _saved_files(run) -> dict:
+    return {p.name: p.read_bytes() for p in (run / ".hydra").iterdir()}
+
+
+@pytest.mark.parametrize("target", ["run directory", "checkpoint"])
+def test_resuming_a_run_rebuilds_it_from_its_saved_config_and_goes_on_in_its_directory(tmp_path, target):
+    # The resume needed the run's overrides typed again (a shape mismatch said nothing of it), and went on in a new
+    # directory.
+    run = tmp_path / "run"
+    assert run_cli([*USER, "policy.hidden_sizes=[16]", "seed=4", f"hydra.run.dir={run}"], tmp_path).returncode == 0
+    saved = _saved_files(run)
+    source = run if target == "run directory" else run / "checkpoints" / "latest.pt"
+    proc = run_cli([f"trainer.resume_from={source}", "trainer.iterations=3", "algorithm.learning_rate=1e-4"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"resumed from {run / 'checkpoints' / 'latest.pt'} at iteration 2" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no new run directory
+    summary = summary_of(run)
+    assert (summary.status, summary.iteration) == ("completed", 3)
+    assert [r["charts/iteration"] for r in rows(run)] == [1, 2, 3]
+    assert rows(run)[-1]["charts/learning_rate"] == pytest.approx(1e-4)
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["config"]["seed"] == 4
+    assert _saved_files(run) == saved  # the run's own config, overrides and Hydra config stay
+
+
+@pytest.mark.parametrize("override", ["policy.hidden_sizes=[32]", "env.num_envs=8", "seed=9", "experiment=push_cube_ppo"])
+def test_a_resume_refuses_what_would_change_the_saved_run_and_writes_nothing(tmp_path, override):
+    # A failed resume attempt overwrote the run's .hydra/config.yaml and overrides.yaml with a config that did not
+    # match its checkpoints.
+    run = tmp_path / "run"
+    assert run_cli([*USER, f"hydra.run.dir={run}"], tmp_path).returncode == 0
+    saved, summary = _saved_files(run), (run / "summary.json").read_bytes()
+    proc = run_cli([*USER, f"hydra.run.dir={run}", "trainer.resume_from=auto", override], tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"rlchain: {override} is not allowed when resuming {run}: a resumed run keeps its saved "
+                           "config"), line  # fmt: skip
+    assert _saved_files(run) == saved and (run / "summary.json").read_bytes() == summary
+
+
+def test_a_resume_from_a_path_that_does_not_exist_is_one_line_and_leaves_nothing(tmp_path):
+    proc = run_cli([*USER, f"trainer.resume_from={tmp_path / 'nope'}"], tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Error in call to target" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line == (f"rlchain: trainer.resume_from='{tmp_path / 'nope'}' does not exist: expected a run directory "
+                    "(outputs/<date>/<time>_<id>) or a checkpoint file")  # fmt: skip
+    assert not (tmp_path / "outputs").exists()

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
-from tests.helpers.runs import TINY, USER, run_cli
+from tests.helpers.runs import TINY, USER, run_cli, summary_of
 
 
 def test_a_run_directory_that_cannot_be_created_is_one_line(tmp_path):
@@ -53,3 +53,25 @@ def test_a_refused_run_leaves_the_summary_of_the_run_it_found(compose_cfg, tmp_p
     with pytest.raises(ConfigError, match="already holds a run"):
         train(compose_cfg([*TINY, "seed=5"]))
     assert (tmp_path / "summary.json").read_text() == before
+
+
+def test_a_single_run_refused_before_its_first_step_leaves_no_directory(tmp_path):
+    # Each refused command left outputs/<date>/<time>_<id>/ behind (13 in one session).
+    proc = run_cli([*USER, "trainer.iterations=0"], tmp_path)
+    assert proc.returncode == 1 and "Invalid config: trainer.iterations=0 is not allowed" in proc.stderr
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_run_refused_before_its_first_step_does_not_block_the_corrected_command(tmp_path):
+    # With a fixed run directory the corrected command was refused: the directory "held a run" that never stepped.
+    run = tmp_path / "run"
+    (tmp_path / "multirun").mkdir()
+    sweep = ["-m", *USER, "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path / 'multirun' / 'sweep'}"]
+    assert run_cli([*sweep, "trainer.iterations=0"], tmp_path).returncode == 1
+    assert summary_of(tmp_path / "multirun" / "sweep" / "0").status == "failed"  # the sweep tables list it
+    assert run_cli(sweep, tmp_path).returncode == 0
+    assert summary_of(tmp_path / "multirun" / "sweep" / "0").status == "completed"
+    assert run_cli([*USER, f"hydra.run.dir={run}", "trainer.iterations=0"], tmp_path).returncode == 1
+    proc = run_cli([*USER, f"hydra.run.dir={run}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert summary_of(run).status == "completed"

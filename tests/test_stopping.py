@@ -96,7 +96,25 @@ def test_a_stop_signal_ends_the_run_after_its_iteration_with_a_checkpoint(tmp_pa
     assert latest["global_step"] == summary.global_step == rows(run_dir(tmp_path))[-1]["global_step"]
     assert "Traceback" not in err.read_text()
     last = out.strip().splitlines()[-1]
-    assert last.startswith(f"rlchain: interrupted by {name} at ") and "resume with trainer.resume_from=" in last
+    assert last.startswith(f"rlchain: interrupted by {name} at ")
+    assert last.endswith(f"resume with: rlchain-train trainer.resume_from={run_dir(tmp_path)}")
+
+
+def test_the_resume_command_printed_at_a_stop_continues_the_run_in_its_directory(tmp_path):
+    # The hint gave a command that, run as printed, started a new run directory.
+    proc, _ = start(ENDLESS, tmp_path)
+    wait_for(lambda: list((tmp_path / "outputs").glob("*/*")) and len(rows(run_dir(tmp_path))) >= 2, "two rows")
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    run, stopped = run_dir(tmp_path), summary_of(run_dir(tmp_path))
+    command = out.strip().splitlines()[-1].split("resume with: ")[1].split()
+    assert command[0] == "rlchain-train"
+    more = subprocess.run([sys.executable, "-m", "rlchain", *command[1:], f"trainer.iterations={stopped.iteration + 1}"],
+                          cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert more.returncode == 0, more.stderr
+    assert run_dir(tmp_path) == run  # the one run directory
+    summary = summary_of(run)
+    assert (summary.status, summary.iteration) == ("completed", stopped.iteration + 1)
 
 
 def test_a_second_signal_aborts_at_once_and_still_writes_the_summary(tmp_path):

@@ -100,10 +100,10 @@ def test_bad_input_gives_one_clear_message_and_no_traceback(tmp_path, overrides,
     assert not list(tmp_path.rglob("*.pt")), "no checkpoint may be left behind"
 
 
-def test_a_run_rejected_at_build_still_records_its_failure(tmp_path):
-    proc = run_cli(["env.num_envs=0", "device=cpu"], tmp_path)
+def test_a_job_rejected_at_build_still_records_its_failure_for_the_sweep_tables(tmp_path):
+    proc = run_cli(["-m", "env.num_envs=0", "device=cpu", "hydra/launcher=basic"], tmp_path)
     assert proc.returncode != 0
-    (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
+    (run_dir,) = list((tmp_path / "multirun").glob("*/*/0"))
     summary = RunSummary.read(run_dir)
     assert summary.status == "failed" and summary.global_step == 0
     assert summary.error == "Invalid config: env.num_envs=0 is not allowed: expected an integer > 0"

@@ -13,6 +13,16 @@
   way for runs started from Python.
 * A run directory that cannot be created (a read-only file system, a path
   below a regular file) is one line, not a traceback.
+* Resuming a saved run (``trainer.resume_from=<run dir>``, a checkpoint in a
+  run's ``checkpoints/``, or ``auto`` in a run directory that has a
+  ``latest.pt``) rebuilds the run from its own ``.hydra/config.yaml`` and goes on
+  in its directory (:func:`resume_in_place`): the overrides it needs are none
+  but those it changes (``trainer.*``, ``algorithm.*``, ``device``), and the
+  run's saved config, overrides and Hydra config are never rewritten.
+* A run that never took a step (refused after composition: an invalid value,
+  a missing checkpoint) holds no run: its directory does not block the
+  corrected command, and a single run refused before its first step leaves
+  no directory behind (:func:`remove_if_unused`).
 """
 
 from __future__ import annotations
@@ -29,10 +39,19 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from rlchain.distributed import from_environment
 
-__all__ = ["RUN_MARKERS", "RunDirCallback", "RunDirError", "existing_run", "register_resolver", "taken"]
+__all__ = ["RESUME_SETTINGS", "RUN_MARKERS", "RunDirCallback", "RunDirError", "existing_run", "register_resolver",
+           "remove_if_unused", "resume_in_place", "taken"]  # fmt: skip
 
-#: What makes a directory hold a run: written by every run that got past its start.
+#: What makes a directory hold a run: written by every run that got past its start (a ``summary.json`` of a run
+#: refused before its first step does not count).
 RUN_MARKERS = ("summary.json", "metrics.jsonl", "checkpoints/")
+#: What a resumed run's overrides may change: the loop's and the update's settings, and the device. The rest (env,
+#: policy, seed, the config groups) is the saved run's, which its checkpoints hold the state of.
+RESUME_SETTINGS = ("trainer.", "algorithm.", "device")
+#: Settings of the trainer that a resume may not change: where the run lives and where its policy came from.
+_RESUME_FIXED = ("trainer.output_dir", "trainer.init_from")
+#: What Hydra writes into a run directory before the task starts (its saved config and its log).
+_HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", ".hydra", "train.log")
 
 
 def register_resolver() -> None:
@@ -42,9 +61,52 @@ def register_resolver() -> None:
 
 
 def existing_run(path: str | Path) -> str | None:
-    """The first of :data:`RUN_MARKERS` (files; a trailing ``/`` marks a directory) in ``path``, else None."""
+    """The first of :data:`RUN_MARKERS` (files; a trailing ``/`` marks a directory) in ``path``, else None.
+
+    A ``summary.json`` alone whose run failed before its first step (a refused config) is no run.
+    """
     path = Path(path)
-    return next((name for name in RUN_MARKERS if ((path / name).is_dir() if name.endswith("/") else (path / name).is_file())), None)
+    for name in RUN_MARKERS:
+        if name.endswith("/") and (path / name).is_dir():
+            return name
+        if not name.endswith("/") and (path / name).is_file() and not (name == "summary.json" and _never_stepped(path)):
+            return name
+    return None
+
+
+def _never_stepped(path: Path) -> bool:
+    """Whether ``path``'s ``summary.json`` is of a run refused before its first step (failed at global_step 0)."""
+    from rlchain.summary import RunSummary
+
+    summary = RunSummary.read(path)
+    return summary is not None and summary.status == "failed" and summary.global_step == 0
+
+
+def remove_if_unused(path: str | Path) -> bool:
+    """Empty the run directory ``path`` when it holds nothing but what Hydra wrote before the run started (its
+    ``.hydra/`` files and ``train.log``) and a ``summary.json`` of a run that never took a step, and remove it and
+    its parents where this process created them (:func:`_check`); return whether it was emptied.
+
+    Anything else in it (a file of the user's, another run's) keeps it and everything in it.
+    """
+    path = Path(path)
+    if not path.is_dir() or existing_run(path) is not None:
+        return False
+    names = {p.relative_to(path).as_posix() for p in path.rglob("*")}
+    if not names <= {*_HYDRA_FILES, "summary.json"}:
+        return False
+    for name in sorted(names, key=len, reverse=True):  # files before the .hydra directory
+        target = path / name
+        target.rmdir() if target.is_dir() else target.unlink()
+    for directory in _created:  # it and its parents (outputs/<date>/) where this command created them, now empty
+        if path.absolute().is_relative_to(directory) and directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()
+    return True
+
+
+#: The directories the run directory's check created in this process (the run directory and its new parents,
+#: deepest first), which :func:`remove_if_unused` removes again when they are left empty.
+_created: list[Path] = []
 
 
 def taken(path: str | Path) -> str | None:
@@ -79,10 +141,106 @@ def _check(path: Path, config: DictConfig, what: str) -> None:
             reason = taken(run)
             if reason is not None:
                 raise RunDirError(f"rlchain: {run}{reason} (hydra.{what}.dir)")
+    created = [p for p in (path.absolute(), *path.absolute().parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
+        if what == "run":
+            _created[:] = created
     except OSError as err:
         raise RunDirError(f"rlchain: cannot create the {what} directory {path}: {err.strerror or err}") from err
+
+
+def _saved_run(config: DictConfig) -> tuple[Path, Path] | None:
+    """``(run directory, checkpoint)`` when ``trainer.resume_from`` resumes a saved run in place, else None.
+
+    A saved run is a directory with ``.hydra/config.yaml``: ``resume_from`` names it (its
+    ``checkpoints/latest.pt``) or a checkpoint in its ``checkpoints/``, or is ``auto`` while ``hydra.run.dir`` is
+    one with a ``latest.pt``. A checkpoint file outside a run directory is None: that run is composed from the
+    command line, in a directory of its own.
+
+    Raises:
+        RunDirError: ``resume_from`` does not exist, or is a directory that is no saved run or has no ``latest.pt``.
+    """
+    value = OmegaConf.select(config, "trainer.resume_from", default=None)
+    if value is None:
+        return None
+    saved = lambda run: (run / ".hydra" / "config.yaml").is_file()  # noqa: E731
+    if value == "auto":
+        run = Path(str(config.hydra.run.dir))
+        latest = run / "checkpoints" / "latest.pt"
+        return (run, latest) if saved(run) and latest.is_file() else None
+    path = Path(str(value)).absolute()
+    if not path.exists():
+        raise RunDirError(f"rlchain: trainer.resume_from={value!r} does not exist: expected a run directory "
+                          "(outputs/<date>/<time>_<id>) or a checkpoint file")  # fmt: skip
+    if path.is_dir():
+        if not saved(path):
+            raise RunDirError(f"rlchain: trainer.resume_from={value!r} is a directory without .hydra/config.yaml: "
+                              "expected an rlchain run directory or a checkpoint file")  # fmt: skip
+        latest = path / "checkpoints" / "latest.pt"
+        if not latest.is_file():
+            raise RunDirError(f"rlchain: trainer.resume_from={value!r} has no checkpoints/latest.pt: the run wrote no "
+                              "checkpoint to resume from")  # fmt: skip
+        return path, latest
+    run = path.parent.parent
+    return (run, path) if path.parent.name == "checkpoints" and saved(run) else None
+
+
+def resume_in_place(config: DictConfig) -> Path | None:
+    """Make ``config`` (the composed config, Hydra's node included) the resume of the saved run that
+    ``trainer.resume_from`` names (see :func:`_saved_run`); return its directory, or None when it names none.
+
+    The run's task config becomes its saved ``.hydra/config.yaml`` with this command's overrides on top; an
+    override the run was composed with (in its ``.hydra/overrides.yaml``) is already in it, and the others may set
+    only :data:`RESUME_SETTINGS`. Hydra's config group choices are the saved run's, so the saved config resolves as
+    it did (``exp_name``, the top-level keys its groups added). The run goes on in its own directory
+    (``hydra.run.dir``), and Hydra writes no ``.hydra/`` files there: the saved ones stay the run's.
+
+    Raises:
+        RunDirError: see :func:`_saved_run`; an override that changes what a resume cannot (naming it, the run
+            and what may be set), or a key the saved config does not have.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    found = _saved_run(config)
+    if found is None:
+        return None
+    run, checkpoint = found
+    hydra_dir = run / ".hydra"
+    saved = OmegaConf.load(hydra_dir / "config.yaml")
+    original = [str(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml")] if (hydra_dir / "overrides.yaml").is_file() else []
+    own = list(config.hydra.overrides.task)
+    OmegaConf.set_struct(saved, True)
+    added = []
+    for override in OverridesParser.create().parse_overrides(own):
+        key, line = override.key_or_group, override.input_line
+        if key == "trainer.resume_from" or line in original:
+            continue
+        changes_setting = (not (override.is_add() or override.is_force_add() or override.is_delete())
+                           and key not in _RESUME_FIXED and (key == "device" or key.startswith(RESUME_SETTINGS[:2])))  # fmt: skip
+        if not changes_setting:
+            raise RunDirError(f"rlchain: {line} is not allowed when resuming {run}: a resumed run keeps its saved config "
+                              "(env, policy, seed, presets); overrides may set trainer.<key>, algorithm.<key> and device "
+                              "(trainer.output_dir and trainer.init_from excepted)")  # fmt: skip
+        try:
+            OmegaConf.update(saved, key, override.value(), merge=True)
+        except Exception as err:  # noqa: BLE001 - OmegaConf's key and validation errors: one line
+            raise RunDirError(f"rlchain: {line} is not allowed when resuming {run}: {str(err).splitlines()[0]}") from None
+        added.append(line)
+    with open_dict(saved):
+        saved.trainer.resume_from = str(checkpoint)
+    plain = OmegaConf.to_container(saved, resolve=False)  # interpolations stay unresolved until the run resolves them
+    with read_write(config), open_dict(config):
+        for key, value in plain.items():
+            config[key] = value
+        config.hydra.run.dir = str(run)
+        config.hydra.output_subdir = None
+        config.hydra.overrides.task = [*original, *added, f"trainer.resume_from={checkpoint}"]
+        if (hydra_dir / "hydra.yaml").is_file():
+            choices = OmegaConf.select(OmegaConf.load(hydra_dir / "hydra.yaml"), "hydra.runtime.choices")
+            if choices is not None:
+                config.hydra.runtime.choices = choices
+    return run
 
 
 class RunDirCallback(Callback):
@@ -97,12 +255,24 @@ class RunDirCallback(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Check ``hydra.run.dir`` (resolved once: the same name Hydra then uses); one line and exit 1 if unusable.
 
+        A resume of a saved run first becomes that run's own config, in its directory (:func:`resume_in_place`).
+
         On a rank other than 0 of a multi-process run (torchrun) Hydra is
         made to write nothing: rank 0 alone writes files. The rank runs in
         the working directory, with no ``.hydra/`` and no log file, and
         learns rank 0's run directory when the ranks join.
         """
         rank, world_size, _ = from_environment()
+        try:  # Hydra turns an exception of a callback into a warning and goes on: this one ends the command
+            resume_in_place(config)
+        except Exception as err:  # noqa: BLE001 - a saved config that cannot be read or merged: one line
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            message = str(err) if isinstance(err, RunDirError) else (
+                f"rlchain: trainer.resume_from cannot rebuild the saved run: {type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''}")  # fmt: skip
+            print(message, file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
         if world_size > 1 and rank > 0:
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.run.dir = os.getcwd()

@@ -38,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlchain import distributed
 from rlchain.config import RunConfig, check_top_level_keys
 from rlchain.distributed import CollectiveError, rank_seed
+from rlchain.run_dir import remove_if_unused
 from rlchain.settings import rejection
 from rlchain.stopping import requeue_signal
 from rlchain.summary import STOPPED, RunSummary, error_line, placement
@@ -122,11 +123,14 @@ def build(cfg: DictConfig) -> Trainer:
 def train(cfg: DictConfig) -> RunSummary:
     """Build and train; print the run's result line and return its summary (``summary.json``).
 
-    A run refused before its first step (a rejected config, an env that
-    cannot be built) still leaves ``summary.json`` with ``status="failed"``,
-    the error and its traceback in ``trainer.output_dir`` (where that
-    directory can be written and holds no other run's summary), so sweep
-    tables list it.
+    A job of a sweep refused before its first step (a rejected config, an
+    env that cannot be built) still leaves ``summary.json`` with
+    ``status="failed"``, the error and its traceback in ``trainer.output_dir``
+    (where that directory can be written and holds no other run's summary), so
+    sweep tables list it; such a summary does not make the directory hold a run
+    (:func:`rlchain.run_dir.existing_run`). A single run refused so says it in
+    its one line and leaves no directory behind
+    (:func:`rlchain.run_dir.remove_if_unused`).
 
     Raises:
         ConfigError: see :func:`build`.
@@ -164,7 +168,10 @@ def _train(cfg: DictConfig) -> RunSummary:
             start_time=start_time, end_time=time.time(), objective_name=cfg.trainer.objective,
         )  # fmt: skip
         run_dir = Path(cfg.trainer.output_dir)
-        if RunSummary.read(run_dir) is None:  # a run refused for its directory leaves the summary it found
+        if _single_run():  # its one line says it all: the directory Hydra made for it goes (when it holds no run)
+            with contextlib.suppress(OSError):
+                remove_if_unused(run_dir)
+        elif RunSummary.read(run_dir) is None:  # a run refused for its directory leaves the summary it found
             with contextlib.suppress(OSError):  # an unwritable run directory: the error itself is what matters
                 refused.write(run_dir)
         if isinstance(err, CollectiveError):  # the ranks did not all join
@@ -201,8 +208,14 @@ def _result_line(summary: RunSummary, trainer: Trainer) -> str:
     parts.append(str(trainer.output_dir))
     if summary.status in STOPPED:
         latest = trainer.checkpoints.latest
-        parts.append(f"resume with trainer.resume_from={latest}" if latest.exists() else "no checkpoint was written")
+        resume = f"rlchain-train trainer.resume_from={trainer.output_dir.absolute()}"
+        parts.append(f"resume with: {resume}" if latest.exists() else "no checkpoint was written")
     return " | ".join(parts)
+
+
+def _single_run() -> bool:
+    """Whether this is a single run of the command line (not a job of a sweep, nor a call from Python)."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN
 
 
 @contextlib.contextmanager
@@ -215,8 +228,7 @@ def _one_line_errors() -> Iterator[None]:
     try:
         yield
     except (ConfigError, RunFailed) as err:
-        single = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN
-        if not single or os.environ.get("HYDRA_FULL_ERROR") == "1":
+        if not _single_run() or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(err, file=sys.stderr, flush=True)
         raise SystemExit(1) from None

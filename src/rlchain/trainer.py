@@ -106,9 +106,11 @@ class TrainerConfig(Settings):
     objective_direction: str = setting("maximize", choices=OBJECTIVE_DIRECTIONS)
     """'maximize' or 'minimize': which way the objective is better (best.pt, sweep tables)."""
     resume_from: str | None = None
-    """Checkpoint to continue from (its step count continues); 'auto': this run directory's own
-    checkpoints/latest.pt when there is one, else a fresh start. None is 'auto' in a job of submitit
-    (hydra/launcher=slurm), so that a requeued job goes on from its own latest.pt."""
+    """The run to continue (its step count continues): a run directory (its checkpoints/latest.pt) or a checkpoint
+    in one, which rlchain-train rebuilds from the run's saved config and continues in its directory; a checkpoint
+    file elsewhere, into this run's directory; 'auto': this run directory's own checkpoints/latest.pt when there is
+    one, else a fresh start. None is 'auto' in a job of submitit (hydra/launcher=slurm), so that a requeued job goes
+    on from its own latest.pt."""
     init_from: str | None = None
     """Start the policy (weights and observation normaliser) from an rlchain checkpoint, or from a run
     directory's checkpoints/latest.pt, with a fresh optimiser and step count: fine-tuning, e.g. GRPO with
@@ -179,8 +181,8 @@ class Trainer:
             rlchain checkpoint or whose policy does not match this one (naming
             the parameters and shapes), ``use_wandb``
             without the wandb package, ``video`` without an evaluation env
-            that renders (or without imageio); all before any step.
-        FileNotFoundError: ``resume_from`` does not exist.
+            that renders (or without imageio), a ``resume_from`` that does not
+            exist; all before any step.
     """
 
     def __init__(
@@ -281,7 +283,8 @@ class Trainer:
         """The checkpoint this run resumes from, or None for a fresh start (refused in a directory that holds a run).
 
         Raises:
-            SettingError: a fresh start in an ``output_dir`` that holds a run.
+            SettingError: a fresh start in an ``output_dir`` that holds a run; a ``resume_from`` that names neither
+                a checkpoint nor a run directory with ``checkpoints/latest.pt``.
         """
         resume_from = self.cfg.resume_from
         if resume_from is None and in_submitit_job():
@@ -293,7 +296,13 @@ class Trainer:
             return None
         if resume_from == "auto":
             return self.checkpoints.latest if self.checkpoints.latest.is_file() else None
-        return Path(resume_from)
+        path = Path(resume_from)
+        if path.is_dir():
+            path = path / "checkpoints" / "latest.pt"
+        if not path.is_file():
+            raise SettingError("resume_from", resume_from, " does not exist: expected an rlchain checkpoint file, a run "
+                                                          "directory with checkpoints/latest.pt, or 'auto'")  # fmt: skip
+        return path
 
     # ------------------------------------------------------------ the loop
     def train(self) -> RunSummary:
