@@ -16,6 +16,10 @@ Spaces:
   sub-spaces in the Dict's key order (gymnasium sorts the keys of a plain
   dict), a Tuple in its order.
 
+Third-party ids: ``env.imports=[gymnasium_robotics]`` imports the packages
+that register an id before it is looked up, and an id of gymnasium's form
+``module:Name-v0`` imports its module first, as ``gymnasium.make`` does.
+
 ``info["success"]`` is the env's success flag, named by the ``success_key``
 setting (gymnasium-robotics: ``is_success``; Meta-World: ``success``), of the
 step, read from ``final_info`` for envs whose episode ended there. Without
@@ -90,7 +94,12 @@ class GymEnvConfig(VecEnvConfig):
     _target_: str = "rlchain.envs.gym_adapter.GymVecEnv"
     num_envs: int = 16
     id: str = "CartPole-v1"
-    """A registered gymnasium id, e.g. Pendulum-v1, HalfCheetah-v5, or your own."""
+    """A registered gymnasium id, e.g. Pendulum-v1, HalfCheetah-v5, or your own; gymnasium's form module:Id
+    imports the module that registers it first (gymnasium_robotics:FetchPush-v4)."""
+    imports: list[str] = field(default_factory=list)
+    """Modules imported before id is looked up: the packages that register it with gymnasium, e.g.
+    [gymnasium_robotics] for FetchPush-v4, [metaworld] for Meta-World's ids, [my_package] for my_package/MyEnv-v0.
+    rlchain-eval and rlchain-export import them only for a module allowed with --allow-target."""
     success_key: str | None = None
     """The info key of the task's success flag (gymnasium-robotics: is_success; Meta-World: success);
     None: the task has no success signal, and no success rate is logged."""
@@ -146,9 +155,44 @@ def _check_obs_space(space: gym.Space) -> None:
         _check_obs_space(sub)
 
 
-def resolve_spec(env_id: str) -> gym.envs.registration.EnvSpec:
-    """The registered spec of ``env_id``.
+def import_registrations(env_id: str, imports: Sequence[str] = ()) -> str:
+    """Import the modules that register ``env_id`` with gymnasium; the id without its module.
 
+    Each module of ``imports`` (``env.imports``) is imported in order, then the
+    module of an id of gymnasium's form ``module:Name-v0`` (as ``gymnasium.make``
+    does with it), which then returns ``Name-v0``.
+
+    Raises:
+        SettingError: ``env.imports=...`` or ``env.id=...``: a module whose import fails, naming it and its error.
+    """
+    module, colon, name = env_id.partition(":")
+    for each in imports:
+        _import_module(each, "env.imports", list(imports), name if colon else env_id)
+    if not colon:
+        return env_id
+    _import_module(module, "env.id", env_id, name)
+    return name
+
+
+def _import_module(module: str, key: str, value: Any, env_id: str) -> None:
+    """Import ``module``, named by setting ``key`` (whose value is ``value``) to register ``env_id``.
+
+    Raises:
+        SettingError: ``<key>=<value>``: the import failed (any error the module raised), naming the module.
+    """
+    try:
+        importlib.import_module(module)
+    except Exception as err:  # noqa: BLE001 - whatever a package raises while it imports: one line naming the setting
+        reason = " ".join(f"{type(err).__name__}: {err}".split())
+        raise SettingError(key, value, f": module {module!r} cannot be imported ({reason}): expected an installed "
+                                       f"module that registers {env_id} with gymnasium") from None  # fmt: skip
+
+
+def resolve_spec(env_id: str, imports: Sequence[str] = ()) -> gym.envs.registration.EnvSpec:
+    """The registered spec of ``env_id``, once the modules that register it are imported.
+
+    ``imports`` and an id ``module:Name-v0`` name the modules that register the
+    id (see :func:`import_registrations`).
     An id whose version gymnasium retired (``Pendulum-v0``) fails with
     gymnasium's own message, which names the current version. So does an id
     gymnasium still registers only to say where its env went (see
@@ -159,18 +203,22 @@ def resolve_spec(env_id: str) -> gym.envs.registration.EnvSpec:
 
     Raises:
         SettingError: ``env.id=...``: an unknown id (naming close matches, or gymnasium's hint for
-            a retired version); an id gymnasium no longer provides (see above);
-            a MuJoCo env while ``mujoco`` is not installed (naming the extra to
-            install).
+            a retired version, or how to import the package that registers it); an id
+            gymnasium no longer provides (see above); a MuJoCo env while ``mujoco``
+            is not installed (naming the extra to install). ``env.imports=...`` or
+            ``env.id=...``: a module that cannot be imported.
     """
+    name = import_registrations(env_id, imports)
     try:
-        spec = gym.spec(env_id)
+        spec = gym.spec(name)
     except gym.error.Error as err:
         if isinstance(err, (gym.error.DeprecatedEnv, gym.error.VersionNotFound)):
             hint = f": gymnasium {gym.__version__} says: {err}"
         else:
-            close = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)
+            close = difflib.get_close_matches(name, list(gym.registry), n=5, cutoff=0.5)
             hint = f"; close matches: {', '.join(close)}" if close else ""
+            hint += (f"; if a package registers it, import it with env.imports=[<package>] "
+                     f"or env.id=<package>:{name}")  # fmt: skip
         raise SettingError("env.id", env_id, f" is not a registered gymnasium id{hint}") from err
     reason = _placeholder_error(spec)
     if reason is not None:
@@ -254,7 +302,8 @@ class GymVecEnv(VecEnv):
             (``GymVecEnv("Pendulum-v1", num_envs=4)``), or by keyword.
         settings: the other fields of :class:`GymEnvConfig` (``self.cfg``):
             ``num_envs``, ``device``, ``seed`` (env ``i`` is seeded with
-            ``seed + i`` at construction), ``success_key``,
+            ``seed + i`` at construction), ``imports`` (modules that register
+            the id; see :func:`import_registrations`), ``success_key``,
             ``vectorization``, ``kwargs`` (of the env's constructor),
             ``max_episode_steps`` (None keeps the registered limit).
 
@@ -279,7 +328,7 @@ class GymVecEnv(VecEnv):
             settings["id"] = id
         self.cfg = cfg = GymEnvConfig(**settings)
         super().__init__(cfg.num_envs, resolve_device(cfg.device))
-        spec = resolve_spec(cfg.id)
+        spec = resolve_spec(cfg.id, cfg.imports)
         if cfg.max_episode_steps is not None:
             spec = dataclasses.replace(spec, max_episode_steps=cfg.max_episode_steps)
         if spec.max_episode_steps is None:
