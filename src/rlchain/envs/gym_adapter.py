@@ -15,6 +15,8 @@ Spaces:
   becomes a one-hot of length ``n``, a Dict is the concatenation of its
   sub-spaces in the Dict's key order (gymnasium sorts the keys of a plain
   dict), a Tuple in its order.
+  Images (a uint8 Box of 2 or 3 dims, any Box of 3 or more) are refused:
+  rlchain has no image encoder yet.
 
 Third-party ids: ``env.imports=[gymnasium_robotics]`` imports the packages
 that register an id before it is looked up, and an id of gymnasium's form
@@ -188,6 +190,20 @@ def _import_module(module: str, key: str, value: Any, env_id: str) -> None:
                                        f"module that registers {env_id} with gymnasium") from None  # fmt: skip
 
 
+def _image_in(space: gym.Space, path: str = "") -> tuple[str, gym.spaces.Box] | None:
+    """The first image in ``space`` as ``(path, Box)`` (``path`` "" for ``space`` itself, e.g. ``['pixels']`` in a
+    Dict, ``[1]`` in a Tuple), or None: a Box of dtype uint8 with 2 or 3 dims, or any Box with 3 or more dims."""
+    if isinstance(space, gym.spaces.Box):
+        dims = len(space.shape)
+        return (path, space) if dims >= 3 or (space.dtype == np.uint8 and dims == 2) else None
+    parts = space.spaces.items() if isinstance(space, gym.spaces.Dict) else enumerate(getattr(space, "spaces", ()))
+    for key, sub in parts:
+        found = _image_in(sub, f"{path}[{key!r}]")
+        if found is not None:
+            return found
+    return None
+
+
 def resolve_spec(env_id: str, imports: Sequence[str] = ()) -> gym.envs.registration.EnvSpec:
     """The registered spec of ``env_id``, once the modules that register it are imported.
 
@@ -314,7 +330,8 @@ class GymVecEnv(VecEnv):
 
     Raises:
         ValueError: see :func:`resolve_spec`; an unsupported action or
-            observation space; an env without a time limit and no
+            observation space (image observations included: a uint8 Box of 2
+            or 3 dims, any Box of 3 or more, also inside a Dict or Tuple); an env without a time limit and no
             ``max_episode_steps``; ``render_mode="rgb_array"`` for an env
             that does not list it in its ``metadata["render_modes"]``, or
             given in ``kwargs`` as well; a setting out of its range (see
@@ -390,6 +407,14 @@ class GymVecEnv(VecEnv):
 
     def _setup_spaces(self, obs_space: gym.Space, action_space: gym.Space) -> None:
         _check_obs_space(obs_space)
+        image = _image_in(obs_space)
+        if image is not None:
+            where, box = image
+            part = f"the part {where} of its observation space" if where else "its observation space"
+            raise SettingError("env.id", self.cfg.id, f": {part} {box} is an image, and image observations are not "
+                                                      "supported yet: rlchain has no image encoder (env=gym would "
+                                                      f"flatten it into {gym.spaces.flatdim(box):,} MLP inputs); "
+                                                      "choose a task with vector observations")  # fmt: skip
         if isinstance(action_space, gym.spaces.Discrete):
             self._discrete, self._action_start = True, int(action_space.start)
             policy_action_space: gym.Space = gym.spaces.Discrete(int(action_space.n))
