@@ -108,6 +108,9 @@ def _forge(trained, tmp_path, **env) -> str:
     ({"device": "${oc.env:HOME}"}, "without ${...} interpolations"),
     # a gymnasium id "module:Env-v0" makes gymnasium.make import the module
     ({"_target_": "rlchain.envs.GymVecEnv", "id": "evil_module:Pwn-v0"}, "env.id='evil_module:Pwn-v0'"),
+    # so does each module of env.imports, before gymnasium looks the id up
+    ({"_target_": "rlchain.envs.GymVecEnv", "id": "CartPole-v1", "imports": ["evil_module"]},
+     "env.imports[0]='evil_module'"),
 ])  # fmt: skip
 def test_a_saved_config_builds_one_allowed_env_class_and_nothing_else(trained, tmp_path, in_process, env, fragment):
     marker = tmp_path / "written_by_the_config"

@@ -100,3 +100,50 @@ def test_starting_the_command_loads_neither_tensordict_nor_torchs_compiler():
     """)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def _truncation_step(env, action, limit: int) -> int:
+    """The step (1-based) at which ``env`` (reset with seed 0; one env or a batch) first reports ``truncated``,
+    stepping ``action``; fails on a termination, a batch whose envs truncate apart, or none within ``limit`` steps."""
+    import numpy as np
+
+    env.reset(seed=0)
+    for t in range(1, limit + 1):
+        _, _, terminated, truncated, _ = env.step(action)
+        assert not np.asarray(terminated).any()
+        if np.asarray(truncated).any():
+            assert np.asarray(truncated).all()
+            return t
+    raise AssertionError(f"no truncation within {limit} steps")
+
+
+def test_rlchain_ids_are_registered_with_their_time_limits_and_truncate_once():
+    # Before: gymnasium.spec("rlchain/PushCube-v0").max_episode_steps was None though the env truncates at 100, so
+    # env=gym env.id=rlchain/PushCube-v0 asked for env.max_episode_steps, and make(max_episode_steps=150) still
+    # truncated at 100 (the env's own limit inside gymnasium's TimeLimit).
+    import gymnasium as gym
+    import numpy as np
+    import torch
+
+    from rlchain.envs import CartPoleConfig, GymVecEnv, PushCubeConfig, PushCubeEnv
+
+    assert gym.spec("rlchain/PushCube-v0").max_episode_steps == PushCubeConfig().episode_length == 100
+    assert gym.spec("rlchain/CartPole-v1").max_episode_steps == CartPoleConfig().max_episode_steps == 500
+    still = np.zeros(2, np.float32)  # the pusher stays where it is: no success, no fall
+    single = gym.make("rlchain/PushCube-v0")
+    wrappers = []
+    while isinstance(single, gym.Wrapper):
+        wrappers.append(type(single).__name__)
+        single = single.env
+    assert wrappers.count("TimeLimit") == 1, wrappers
+    assert _truncation_step(gym.make("rlchain/PushCube-v0"), still, 300) == 100
+    assert _truncation_step(gym.make("rlchain/PushCube-v0", max_episode_steps=150), still, 300) == 150  # one limit
+    assert _truncation_step(gym.make("rlchain/PushCube-v0", episode_length=30), still, 300) == 30
+    for kwargs, limit in [({}, 100), ({"max_episode_steps": 7}, 7), ({"episode_length": 5}, 5)]:
+        vec = gym.make_vec("rlchain/PushCube-v0", num_envs=2, vectorization_mode="vector_entry_point", **kwargs)
+        assert isinstance(vec, PushCubeEnv) and vec.max_episode_steps == limit
+        assert _truncation_step(vec, torch.zeros(2, 2), 300) == limit
+    # through env=gym: the registered limit, or env.max_episode_steps, and nothing else
+    for settings, limit in [({}, 100), ({"max_episode_steps": 150}, 150)]:
+        env = GymVecEnv("rlchain/PushCube-v0", num_envs=2, **settings)
+        assert env.max_episode_steps == limit and _truncation_step(env, torch.zeros(2, 2), 300) == limit

@@ -7,6 +7,7 @@ Usage::
     rlchain-eval outputs/... env.success_threshold=0.05 env.num_envs=64 video=true
     rlchain-eval path/to/best.pt deterministic=false
     rlchain-eval outputs/... --allow-target my_robot                 # a run whose env is my_robot.envs.Arm
+    rlchain-eval outputs/... --allow-target gymnasium_robotics       # a run with env.imports=[gymnasium_robotics]
 
 It rebuilds env and policy from the run's own composed config
 (:mod:`rlchain.saved_run`), loads the checkpoint's weights, runs
@@ -200,7 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"options ({', '.join(f.name for f in dataclasses.fields(EvalConfig))}) and "
                              "env.<key>=<value> overrides of the saved config")  # fmt: skip
     parser.add_argument("--allow-target", action="append", default=[], metavar="MODULE",
-                        help="a module whose _target_s the saved config may instantiate (besides rlchain's); repeatable")
+                        help="a module whose _target_s the saved config may instantiate and that its env may import "
+                             "(env.imports, an env.id module:Name) besides rlchain's; repeatable")
     args = parser.parse_intermixed_args(argv)
     try:
         record = run_eval(args.source, args.overrides, args.allow_target)

@@ -18,7 +18,8 @@ its ``global_step`` and the rlchain version. Load it with
 needs rlchain.
 
 The run's config is read as data (:mod:`rlchain.saved_run`): only rlchain's
-targets and those of ``--allow-target`` modules are instantiated. ONNX needs
+targets and those of ``--allow-target`` modules are instantiated, and only
+those modules are imported for an ``env=gym`` id (``env.imports``). ONNX needs
 the ``export`` extra (``pip install "rlchain[export]"``).
 """
 
@@ -192,7 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checkpoint", default="best", metavar="|".join(CHECKPOINT_CHOICES) + "|PATH",
                         help="which checkpoint of a run directory (default: best)")
     parser.add_argument("--allow-target", action="append", default=[], metavar="MODULE",
-                        help="a module whose _target_s the saved config may instantiate (besides rlchain's); repeatable")
+                        help="a module whose _target_s the saved config may instantiate and that its env may import "
+                             "(env.imports, an env.id module:Name) besides rlchain's; repeatable")
     args = parser.parse_intermixed_args(argv)
     try:
         if args.format == "onnx" and importlib.util.find_spec("onnx") is None:

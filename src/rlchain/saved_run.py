@@ -16,9 +16,9 @@ else may have written, so nothing in one is run as code:
   instantiated: a nested ``_target_``, Hydra's ``_args_``, ``_partial_``,
   ``_recursive_`` and ``_convert_``, and ``${...}`` interpolations are
   refused. The check looks only at the target's dotted name before it
-  imports anything, then at the class it names. A gymnasium id of the form
-  ``module:Name-v0`` (``env=gym``), whose module ``gymnasium.make`` imports,
-  counts as a target too.
+  imports anything, then at the class it names. What ``env=gym`` imports
+  to register its id counts as a target too: each module of ``env.imports``
+  and the module of an id of the form ``module:Name-v0``.
 
 Every refusal is a :class:`SavedRunError`: one line that names the file, the
 key and the value.
@@ -192,10 +192,15 @@ class SavedRun:
             if isinstance(value, str) and "${" in value:
                 raise SavedRunError(f"{key}={value!r} in the config of {self.checkpoint} is not allowed: "
                                     "a saved config is resolved data, without ${...} interpolations")  # fmt: skip
+            # What env=gym imports to register its id: each module of env.imports, the module of an id module:Name.
+            for i, module in enumerate(value if key == "env.imports" and isinstance(value, list) else ()):
+                if not isinstance(module, str) or not allowed_target(module, self.allowed):
+                    raise SavedRunError(_refused_import(f"{key}[{i}]", module, module, self.checkpoint,
+                                                        "the env would import it"))  # fmt: skip
             if leaf == "id" and isinstance(value, str) and ":" in value and not allowed_target(value.partition(":")[0], self.allowed):
-                top = value.partition(":")[0].split(".")[0]
-                raise SavedRunError(f"{key}={value!r} in the config of {self.checkpoint} is not allowed: gymnasium "
-                                    f"would import its module; {hint} (e.g. --allow-target {top})")  # fmt: skip
+                module = value.partition(":")[0]
+                raise SavedRunError(_refused_import(key, value, module, self.checkpoint,
+                                                    f"gymnasium would import its module {module!r}"))  # fmt: skip
         target = node.get("_target_")
         if not isinstance(target, str):
             raise SavedRunError(f"{group} in the config of {self.checkpoint} has no _target_: expected the class to build")
@@ -227,6 +232,13 @@ def _walk(node: Any, path: str) -> Iterator[tuple[str, Any]]:
         for i, value in enumerate(node):
             yield f"{path}[{i}]", value
             yield from _walk(value, f"{path}[{i}]")
+
+
+def _refused_import(key: str, value: Any, module: Any, checkpoint: Path, what: str) -> str:
+    """The message of a ``module`` that ``key=value`` of a saved config would import and that no --allow-target allows."""
+    return (f"{key}={value!r} in the config of {checkpoint} is not allowed: {what}, and a saved config imports "
+            "only modules under rlchain. and those allowed with --allow-target: "
+            f"pass --allow-target {module} if you trust it")
 
 
 def _foreign_key(key: str) -> str:

@@ -221,3 +221,48 @@ def test_a_gymnasium_env_knows_whether_it_reports_success_from_its_construction(
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line == ("rlchain: env.id=rlchain_test/DictObs-v0 reports info['is_success'], which env.success_key=None "
                     "leaves unread: set env.success_key=is_success to log a success rate")
+
+
+class ImageObsEnv(gym.Env):
+    """An env observing a Box of ``shape`` and ``dtype`` (CarRacing-v3: uint8 (96, 96, 3)), alone or as the
+    ``pixels`` part of a Dict beside a vector ``state`` (``in_dict``)."""
+
+    action_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+
+    def __init__(self, shape=(96, 96, 3), dtype="uint8", in_dict=False):
+        high = 255 if dtype == "uint8" else 1.0
+        image = gym.spaces.Box(0, high, tuple(shape), np.dtype(dtype))
+        state = gym.spaces.Box(-1, 1, (3,), np.float32)
+        self.observation_space = gym.spaces.Dict({"pixels": image, "state": state}) if in_dict else image
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+gym.register("rlchain_test/ImageObs-v0", entry_point=ImageObsEnv, max_episode_steps=10)
+
+
+@pytest.mark.parametrize("kwargs, part", [
+    ({}, "its observation space Box(0, 255, (96, 96, 3), uint8)"),  # CarRacing-v3's
+    ({"shape": [84, 84]}, "its observation space Box(0, 255, (84, 84), uint8)"),  # a grey image
+    ({"shape": [3, 64, 64], "dtype": "float32"}, "its observation space Box(0.0, 1.0, (3, 64, 64), float32)"),
+    ({"in_dict": True}, "the part ['pixels'] of its observation space Box(0, 255, (96, 96, 3), uint8)"),
+])  # fmt: skip
+def test_image_observations_are_refused_in_one_line(kwargs, part):
+    # Before: flattened without a word into one vector (27,648 MLP inputs for CarRacing-v3).
+    with pytest.raises(ValueError) as info:
+        GymVecEnv("rlchain_test/ImageObs-v0", num_envs=2, kwargs=kwargs)
+    message = str(info.value)
+    assert message.startswith(f"env.id='rlchain_test/ImageObs-v0': {part} is an image") and "\n" not in message
+    assert "image observations are not supported yet" in message
+
+
+@pytest.mark.parametrize("kwargs", [{"shape": [4]}, {"shape": [2, 2], "dtype": "float32"},
+                                    {"shape": [5], "in_dict": True}])  # fmt: skip
+def test_vector_observations_of_any_dtype_are_no_images(kwargs):
+    env = GymVecEnv("rlchain_test/ImageObs-v0", num_envs=2, kwargs=kwargs)
+    assert env.single_observation_space.shape == (gym.spaces.flatdim(env.gym_observation_space),)

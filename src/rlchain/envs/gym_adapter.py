@@ -15,6 +15,12 @@ Spaces:
   becomes a one-hot of length ``n``, a Dict is the concatenation of its
   sub-spaces in the Dict's key order (gymnasium sorts the keys of a plain
   dict), a Tuple in its order.
+  Images (a uint8 Box of 2 or 3 dims, any Box of 3 or more) are refused:
+  rlchain has no image encoder yet.
+
+Third-party ids: ``env.imports=[gymnasium_robotics]`` imports the packages
+that register an id before it is looked up, and an id of gymnasium's form
+``module:Name-v0`` imports its module first, as ``gymnasium.make`` does.
 
 ``info["success"]`` is the env's success flag, named by the ``success_key``
 setting (gymnasium-robotics: ``is_success``; Meta-World: ``success``), of the
@@ -90,7 +96,12 @@ class GymEnvConfig(VecEnvConfig):
     _target_: str = "rlchain.envs.gym_adapter.GymVecEnv"
     num_envs: int = 16
     id: str = "CartPole-v1"
-    """A registered gymnasium id, e.g. Pendulum-v1, HalfCheetah-v5, or your own."""
+    """A registered gymnasium id, e.g. Pendulum-v1, HalfCheetah-v5, or your own; gymnasium's form module:Id
+    imports the module that registers it first (gymnasium_robotics:FetchPush-v4)."""
+    imports: list[str] = field(default_factory=list)
+    """Modules imported before id is looked up: the packages that register it with gymnasium, e.g.
+    [gymnasium_robotics] for FetchPush-v4, [metaworld] for Meta-World's ids, [my_package] for my_package/MyEnv-v0.
+    rlchain-eval and rlchain-export import them only for a module allowed with --allow-target."""
     success_key: str | None = None
     """The info key of the task's success flag (gymnasium-robotics: is_success; Meta-World: success);
     None: the task has no success signal, and no success rate is logged."""
@@ -146,9 +157,58 @@ def _check_obs_space(space: gym.Space) -> None:
         _check_obs_space(sub)
 
 
-def resolve_spec(env_id: str) -> gym.envs.registration.EnvSpec:
-    """The registered spec of ``env_id``.
+def import_registrations(env_id: str, imports: Sequence[str] = ()) -> str:
+    """Import the modules that register ``env_id`` with gymnasium; the id without its module.
 
+    Each module of ``imports`` (``env.imports``) is imported in order, then the
+    module of an id of gymnasium's form ``module:Name-v0`` (as ``gymnasium.make``
+    does with it), which then returns ``Name-v0``.
+
+    Raises:
+        SettingError: ``env.imports=...`` or ``env.id=...``: a module whose import fails, naming it and its error.
+    """
+    module, colon, name = env_id.partition(":")
+    for each in imports:
+        _import_module(each, "env.imports", list(imports), name if colon else env_id)
+    if not colon:
+        return env_id
+    _import_module(module, "env.id", env_id, name)
+    return name
+
+
+def _import_module(module: str, key: str, value: Any, env_id: str) -> None:
+    """Import ``module``, named by setting ``key`` (whose value is ``value``) to register ``env_id``.
+
+    Raises:
+        SettingError: ``<key>=<value>``: the import failed (any error the module raised), naming the module.
+    """
+    try:
+        importlib.import_module(module)
+    except Exception as err:  # noqa: BLE001 - whatever a package raises while it imports: one line naming the setting
+        reason = " ".join(f"{type(err).__name__}: {err}".split())
+        raise SettingError(key, value, f": module {module!r} cannot be imported ({reason}): expected an installed "
+                                       f"module that registers {env_id} with gymnasium") from None  # fmt: skip
+
+
+def _image_in(space: gym.Space, path: str = "") -> tuple[str, gym.spaces.Box] | None:
+    """The first image in ``space`` as ``(path, Box)`` (``path`` "" for ``space`` itself, e.g. ``['pixels']`` in a
+    Dict, ``[1]`` in a Tuple), or None: a Box of dtype uint8 with 2 or 3 dims, or any Box with 3 or more dims."""
+    if isinstance(space, gym.spaces.Box):
+        dims = len(space.shape)
+        return (path, space) if dims >= 3 or (space.dtype == np.uint8 and dims == 2) else None
+    parts = space.spaces.items() if isinstance(space, gym.spaces.Dict) else enumerate(getattr(space, "spaces", ()))
+    for key, sub in parts:
+        found = _image_in(sub, f"{path}[{key!r}]")
+        if found is not None:
+            return found
+    return None
+
+
+def resolve_spec(env_id: str, imports: Sequence[str] = ()) -> gym.envs.registration.EnvSpec:
+    """The registered spec of ``env_id``, once the modules that register it are imported.
+
+    ``imports`` and an id ``module:Name-v0`` name the modules that register the
+    id (see :func:`import_registrations`).
     An id whose version gymnasium retired (``Pendulum-v0``) fails with
     gymnasium's own message, which names the current version. So does an id
     gymnasium still registers only to say where its env went (see
@@ -159,18 +219,22 @@ def resolve_spec(env_id: str) -> gym.envs.registration.EnvSpec:
 
     Raises:
         SettingError: ``env.id=...``: an unknown id (naming close matches, or gymnasium's hint for
-            a retired version); an id gymnasium no longer provides (see above);
-            a MuJoCo env while ``mujoco`` is not installed (naming the extra to
-            install).
+            a retired version, or how to import the package that registers it); an id
+            gymnasium no longer provides (see above); a MuJoCo env while ``mujoco``
+            is not installed (naming the extra to install). ``env.imports=...`` or
+            ``env.id=...``: a module that cannot be imported.
     """
+    name = import_registrations(env_id, imports)
     try:
-        spec = gym.spec(env_id)
+        spec = gym.spec(name)
     except gym.error.Error as err:
         if isinstance(err, (gym.error.DeprecatedEnv, gym.error.VersionNotFound)):
             hint = f": gymnasium {gym.__version__} says: {err}"
         else:
-            close = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)
+            close = difflib.get_close_matches(name, list(gym.registry), n=5, cutoff=0.5)
             hint = f"; close matches: {', '.join(close)}" if close else ""
+            hint += (f"; if a package registers it, import it with env.imports=[<package>] "
+                     f"or env.id=<package>:{name}")  # fmt: skip
         raise SettingError("env.id", env_id, f" is not a registered gymnasium id{hint}") from err
     reason = _placeholder_error(spec)
     if reason is not None:
@@ -254,7 +318,8 @@ class GymVecEnv(VecEnv):
             (``GymVecEnv("Pendulum-v1", num_envs=4)``), or by keyword.
         settings: the other fields of :class:`GymEnvConfig` (``self.cfg``):
             ``num_envs``, ``device``, ``seed`` (env ``i`` is seeded with
-            ``seed + i`` at construction), ``success_key``,
+            ``seed + i`` at construction), ``imports`` (modules that register
+            the id; see :func:`import_registrations`), ``success_key``,
             ``vectorization``, ``kwargs`` (of the env's constructor),
             ``max_episode_steps`` (None keeps the registered limit).
 
@@ -265,7 +330,8 @@ class GymVecEnv(VecEnv):
 
     Raises:
         ValueError: see :func:`resolve_spec`; an unsupported action or
-            observation space; an env without a time limit and no
+            observation space (image observations included: a uint8 Box of 2
+            or 3 dims, any Box of 3 or more, also inside a Dict or Tuple); an env without a time limit and no
             ``max_episode_steps``; ``render_mode="rgb_array"`` for an env
             that does not list it in its ``metadata["render_modes"]``, or
             given in ``kwargs`` as well; a setting out of its range (see
@@ -279,7 +345,7 @@ class GymVecEnv(VecEnv):
             settings["id"] = id
         self.cfg = cfg = GymEnvConfig(**settings)
         super().__init__(cfg.num_envs, resolve_device(cfg.device))
-        spec = resolve_spec(cfg.id)
+        spec = resolve_spec(cfg.id, cfg.imports)
         if cfg.max_episode_steps is not None:
             spec = dataclasses.replace(spec, max_episode_steps=cfg.max_episode_steps)
         if spec.max_episode_steps is None:
@@ -341,6 +407,14 @@ class GymVecEnv(VecEnv):
 
     def _setup_spaces(self, obs_space: gym.Space, action_space: gym.Space) -> None:
         _check_obs_space(obs_space)
+        image = _image_in(obs_space)
+        if image is not None:
+            where, box = image
+            part = f"the part {where} of its observation space" if where else "its observation space"
+            raise SettingError("env.id", self.cfg.id, f": {part} {box} is an image, and image observations are not "
+                                                      "supported yet: rlchain has no image encoder (env=gym would "
+                                                      f"flatten it into {gym.spaces.flatdim(box):,} MLP inputs); "
+                                                      "choose a task with vector observations")  # fmt: skip
         if isinstance(action_space, gym.spaces.Discrete):
             self._discrete, self._action_start = True, int(action_space.start)
             policy_action_space: gym.Space = gym.spaces.Discrete(int(action_space.n))

@@ -98,7 +98,7 @@ from rlchain.envs.base import SingleGymEnv, TorchVecEnv, VecEnvConfig
 from rlchain.settings import SettingError, setting
 from rlchain.utils import resolve_device
 
-__all__ = ["RENDER_SIZE", "PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv"]
+__all__ = ["RENDER_SIZE", "PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv", "make_vec_entry_point"]
 
 OBS_DIM = 15
 
@@ -505,6 +505,12 @@ class PushCubeGymEnv(SingleGymEnv):
     arguments are those of :class:`PushCubeConfig`, ``render_mode`` included
     (``gymnasium.make(..., render_mode="rgb_array")``: ``render()`` returns
     a uint8 ``(256, 256, 3)`` frame).
+
+    Like gymnasium's own envs it never truncates by itself: the time limit is
+    gymnasium's ``TimeLimit`` wrapper, which ``gymnasium.make`` adds from the
+    registered spec (``episode_length``'s default, 100 steps, or
+    ``make(..., max_episode_steps=...)``), so that one limit holds. Given
+    ``episode_length`` directly, the wrapped env truncates there too.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": PushCubeEnv.metadata["render_fps"]}
@@ -512,4 +518,25 @@ class PushCubeGymEnv(SingleGymEnv):
     def __init__(self, **kwargs: Any) -> None:
         kwargs.pop("num_envs", None)
         kwargs.setdefault("device", "cpu")
+        # No limit of its own: 2**31 - 1 steps is beyond any episode and fits the int32 step counter.
+        kwargs.setdefault("episode_length", 2**31 - 1)
         super().__init__(PushCubeEnv(num_envs=1, **kwargs))
+
+
+def make_vec_entry_point(max_episode_steps: int | None = None, **settings: Any) -> PushCubeEnv:
+    """The batched :class:`PushCubeEnv` of ``gymnasium.make_vec("rlchain/PushCube-v0", ...,
+    vectorization_mode="vector_entry_point")``.
+
+    ``make_vec`` passes the time limit as ``max_episode_steps`` (the
+    registered 100 unless given); it becomes ``episode_length``, or the
+    shorter of the two where ``episode_length`` is given too, as the two limits
+    of ``gymnasium.make``'s single env (its ``TimeLimit`` and the env's own) act.
+
+    Raises:
+        ValueError: as :class:`PushCubeEnv`, naming ``episode_length`` for a limit out of its range.
+    """
+    if max_episode_steps is not None:
+        given = settings.get("episode_length")
+        shorter = isinstance(given, int) and not isinstance(given, bool) and given < max_episode_steps
+        settings["episode_length"] = given if shorter else max_episode_steps
+    return PushCubeEnv(**settings)
