@@ -218,3 +218,14 @@ def test_wheel_ships_the_configs_and_runs_outside_the_repo(tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "_target_: rlchain.algorithms.GRPO" in proc.stdout and "_target_: rlchain.policies.ActorOnly" in proc.stdout
+
+
+def test_a_sweeps_jobs_are_grouped_in_wandb_each_under_its_own_name(tmp_path):
+    # Every job of a sweep got the same W&B name, with no group.
+    sweep = tmp_path / "multirun" / "day" / "sweep_1"
+    proc = run_cli(["-m", *USER, "trainer.use_wandb=true", "seed=0,1", "hydra/launcher=basic", f"hydra.sweep.dir={sweep}"],
+                   tmp_path, WANDB_MODE="offline", WANDB_SILENT="true")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for job in (0, 1):
+        (record,) = [next(d.glob("*.wandb")).read_bytes() for d in (sweep / str(job) / "wandb").glob("offline-run-*")]
+        assert f"ppo_fault_line_{job}".encode() in record and b"day/sweep_1" in record

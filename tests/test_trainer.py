@@ -85,6 +85,32 @@ def test_wandb_mirrors_rows_offline(tmp_path, monkeypatch):
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
 
 
+def _wandb_records(run_dir) -> dict[str, bytes]:
+    """Each offline W&B run directory under ``run_dir`` and the bytes of its transaction log (protobuf records, whose
+    strings are stored as they are)."""
+    return {d.name: next(d.glob("*.wandb")).read_bytes() for d in sorted((run_dir / "wandb").glob("offline-run-*"))}
+
+
+def test_a_resumed_run_continues_its_wandb_run_with_its_name_group_and_tags(tmp_path, monkeypatch):
+    # Every resume opened a new W&B run, splitting one run's curves over several.
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    def make(iterations, resume_from=None):
+        env = LineEnv(num_envs=8)
+        policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+        return Trainer(env, policy, PPO(policy, batch_size=16), iterations=iterations, rollout_steps=4,
+                       output_dir=str(tmp_path), progress=False, use_wandb=True, wandb_project="rlchain-test",
+                       wandb_name="line-run-7", wandb_group="line-group-3", wandb_tags=["tag-alpha"],
+                       resume_from=resume_from)  # fmt: skip
+
+    make(2).train()
+    make(3, resume_from="auto").train()
+    records = _wandb_records(tmp_path)
+    assert len(records) == 2 and len({name.split("-")[3] for name in records}) == 1  # offline-run-<time>-<id>[-1]
+    assert all(b"line-run-7" in r and b"line-group-3" in r and b"tag-alpha" in r for r in records.values())
+
+
 def test_use_wandb_without_the_extra_names_it_before_any_step(compose_cfg, monkeypatch):
     # sys.modules[name] = None is Python's own way to make `import name` fail, as on a machine without wandb.
     monkeypatch.setitem(sys.modules, "wandb", None)

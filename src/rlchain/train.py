@@ -116,8 +116,18 @@ def build(cfg: DictConfig) -> Trainer:
     with _component("trainer"):
         return instantiate(
             cfg.trainer, env=env, policy=policy, algorithm=algorithm, eval_env=eval_env, run_config=config,
-            _convert_="all", _recursive_=False,  # run_config holds _target_ keys: keep it data
+            **_sweep_wandb(cfg), _convert_="all", _recursive_=False,  # run_config holds _target_ keys: keep it data
         )
+
+
+def _sweep_wandb(cfg: DictConfig) -> dict[str, str]:
+    """For a job of a sweep, the W&B name and group its settings leave to the sweep (``trainer.wandb_name`` and
+    ``trainer.wandb_group`` null): ``<exp_name>_<job number>`` in the group of the sweep directory."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return {}
+    hc = HydraConfig.get()
+    defaults = {"wandb_name": f"{cfg.exp_name}_{hc.job.num}", "wandb_group": "/".join(Path(hc.sweep.dir).parts[-2:])}
+    return {key: value for key, value in defaults.items() if cfg.trainer.get(key) is None}
 
 
 def train(cfg: DictConfig) -> RunSummary:

@@ -123,6 +123,13 @@ class TrainerConfig(Settings):
     """W&B entity (team or user); None for the default."""
     wandb_mode: str | None = setting(None, choices=WANDB_MODES)
     """W&B mode: online, offline or disabled; None follows WANDB_MODE."""
+    wandb_name: str | None = None
+    """W&B run name; None: exp_name, and <exp_name>_<job number> for a job of a sweep (rlchain-train -m)."""
+    wandb_group: str | None = None
+    """W&B group; None: none for a single run, and the sweep directory (<date>/<time>_<id>) for the jobs of a sweep,
+    so that a sweep's runs are grouped."""
+    wandb_tags: list[str] = setting([])
+    """W&B tags of the run."""
     stats_min_episodes: int = setting(100, gt=0)
     """charts/episodic_return, charts/episodic_length and charts/success_rate average every episode that ended in
     the latest rollout and, when fewer ended, the latest episodes before it, up to this many."""
@@ -218,6 +225,8 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.best_fresh: dict[str, Any] | None = None
         self.init_from: str | None = None
+        self.wandb_id: str | None = None
+        """The run's W&B run id (kept in checkpoints, so that a resumed run continues that W&B run)."""
         self._objective_checked = False
         self.trial = _open_trial(cfg.trial) if self.world.main else None
         self.pruned = False
@@ -338,10 +347,12 @@ class Trainer:
         with StopSignals(abort_on_repeat=not self.world.distributed) as stop:
             try:
                 if self.world.main:  # rank 0 alone logs
-                    writer = MetricWriter(self.output_dir, config=self.config, run_name=cfg.exp_name,
+                    writer = MetricWriter(self.output_dir, config=self.config, run_name=cfg.wandb_name or cfg.exp_name,
                                           purge_step=self.global_step or None, use_wandb=cfg.use_wandb,
                                           wandb_project=cfg.wandb_project, wandb_entity=cfg.wandb_entity,
-                                          wandb_mode=cfg.wandb_mode)  # fmt: skip
+                                          wandb_mode=cfg.wandb_mode, wandb_group=cfg.wandb_group,
+                                          wandb_tags=cfg.wandb_tags, wandb_id=self.wandb_id)  # fmt: skip
+                    self.wandb_id = writer.wandb_id or self.wandb_id
                 progress = Progress(cfg.iterations, self.iteration, cfg.progress and self.world.main)
                 if self.iteration >= cfg.iterations:
                     notice(f"the run has already reached trainer.iterations={cfg.iterations}: nothing to train")
@@ -599,6 +610,7 @@ class Trainer:
             "last_train": self.last_train,
             "last_eval": self.last_eval,
             "config": self.config,
+            "wandb_id": self.wandb_id,
         }
         if self.world.distributed:
             state.update(world_size=self.world.world_size, ranks=others[1:])
@@ -692,6 +704,7 @@ class Trainer:
         self.objective.best.load_state_dict({"value": state.get("best_objective"), "step": state.get("best_objective_step"),
                                              "id": state.get("best_objective_id")})  # fmt: skip
         self.last_train, self.last_eval = state.get("last_train", {}), state.get("last_eval", {})
+        self.wandb_id = state.get("wandb_id")
         self.objective.resolve(self.last_eval)
         if self.world.main and not self.checkpoints.align_best(state, path):
             notice(f"the best evaluation of {path} (global_step {self.objective.best.step:,}) has no checkpoint "

@@ -20,6 +20,9 @@ class MetricWriter:
         use_wandb: mirror every row to W&B (imported lazily). Offline runs
             need no network: set ``WANDB_MODE=offline`` or ``wandb_mode="offline"``.
         wandb_project, wandb_entity, wandb_mode, run_name: passed to ``wandb.init``.
+        wandb_group, wandb_tags: the W&B run's group and tags.
+        wandb_id: the id of the W&B run to continue (a resumed run's), or
+            None for a new one; :attr:`wandb_id` holds the id in use.
         config: the run's configuration, shown as a hyperparameter table in
             TensorBoard's text tab and as the W&B run config.
         purge_step: for a run resumed at this ``global_step``: the rows logged
@@ -40,6 +43,9 @@ class MetricWriter:
         run_name: str | None = None,
         config: dict[str, Any] | None = None,
         purge_step: int | None = None,
+        wandb_group: str | None = None,
+        wandb_tags: list[str] | None = None,
+        wandb_id: str | None = None,
     ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
@@ -52,6 +58,8 @@ class MetricWriter:
         self.tb = SummaryWriter(str(self.log_dir / "tensorboard"), purge_step=None if purge_step is None else purge_step + 1)
         self._jsonl = open(jsonl, "a", buffering=1, encoding="utf-8")
         self._wandb = None
+        self.wandb_id: str | None = None
+        """The id of the W&B run this writer mirrors to (None without W&B)."""
         if config:
             flat = _flatten(config)
             table = "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in flat.items())
@@ -63,11 +71,16 @@ class MetricWriter:
                 project=wandb_project,
                 entity=wandb_entity,
                 name=run_name,
+                group=wandb_group,
+                tags=wandb_tags or None,
                 mode=wandb_mode,
                 dir=str(self.log_dir),
                 config=config,
+                id=wandb_id,
+                resume="allow" if wandb_id is not None else None,  # a resumed run continues its W&B run's curves
                 reinit="finish_previous",
             )
+            self.wandb_id = self._wandb.id
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         """Write one row of scalars at ``step`` (global_step) to every sink."""
