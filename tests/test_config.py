@@ -27,7 +27,7 @@ from rlchain.trainer import Trainer, TrainerConfig
 from tests.helpers.runs import HELPERS, TINY, run_cli
 
 #: Arguments given at instantiate time, never written in YAML.
-RUNTIME_ONLY = {"observation_space", "action_space", "policy", "env", "algorithm", "eval_env", "run_config"}
+RUNTIME_ONLY = {"observation_space", "action_space", "policy", "env", "algorithm", "eval_env", "run_config", "trial"}
 
 
 def test_default_composition_builds_ppo_on_push_cube(compose_cfg):

@@ -1,7 +1,8 @@
 """rlchain's Optuna sweeper (hydra/sweeper=rlchain_optuna): search space, resumable studies, idle slots, bad input.
 
-Most sweeps run the small app of :mod:`tests.helpers.optuna_app` (Hydra and Optuna, no torch); the pruning
-test runs rlchain-train itself. Every study is a real sqlite database or journal file.
+Most sweeps run the small app of :mod:`tests.helpers.optuna_app` (Hydra and Optuna, no torch); a researcher's own
+app (:mod:`tests.helpers.user_app`) and rlchain-train itself report to their trials and get pruned. Every study
+is a real sqlite database or journal file.
 """
 
 from __future__ import annotations
@@ -100,15 +101,8 @@ def test_malformed_search_space_names_the_key(expression):
         search_space({"lr": expression}, [])
 
 
-# ------------------------------------------------------------------ resume
-@pytest.mark.parametrize("kind", ["sqlite", "journal"])
-def test_a_killed_sweep_resumes_its_study(tmp_path, kind):
-    """Stop a sweep (SIGKILL) while trial 2 runs; the same command then ends the study with exactly n_trials
-    finished trials: the first two kept as they were, trial 2 marked failed, no number twice."""
-    storage = f"sqlite:///{tmp_path / 'study.db'}" if kind == "sqlite" else str(tmp_path / "study.log")
-    command = [sys.executable, "-m", APP, *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra/launcher=basic",
-               f"hydra.sweeper.storage={storage}", "hydra.sweeper.n_trials=4", "hydra.sweeper.seed=0",
-               "x=interval(0, 1)", "hold=2", "hold_s=300"]  # fmt: skip
+def _kill_while_trial_2_runs(command: list[str], storage: str, tmp_path: Path) -> None:
+    """Run the sweep ``command`` (whose trial 2 waits: ``hold=2``) until trial 2 runs, then SIGKILL it."""
     first = subprocess.Popen(command, cwd=tmp_path, env=subprocess_env(), stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     try:
@@ -124,6 +118,18 @@ def test_a_killed_sweep_resumes_its_study(tmp_path, kind):
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)  # also when the test fails: no sweep is left waiting
         first.wait(timeout=30)
+
+
+# ------------------------------------------------------------------ resume
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_a_killed_sweep_resumes_its_study(tmp_path, kind):
+    """Stop a sweep (SIGKILL) while trial 2 runs; the same command then ends the study with exactly n_trials
+    finished trials: the first two kept as they were, trial 2 marked failed, no number twice."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}" if kind == "sqlite" else str(tmp_path / "study.log")
+    command = [sys.executable, "-m", APP, *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra/launcher=basic",
+               f"hydra.sweeper.storage={storage}", "hydra.sweeper.n_trials=4", "hydra.sweeper.seed=0",
+               "x=interval(0, 1)", "hold=2", "hold_s=300"]  # fmt: skip
+    _kill_while_trial_2_runs(command, storage, tmp_path)
     before = load(storage).trials
     assert [t.state for t in before] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.RUNNING]
 
@@ -141,6 +147,32 @@ def test_a_killed_sweep_resumes_its_study(tmp_path, kind):
         assert (new.params, new.value, new.datetime_complete) == (old.params, old.value, old.datetime_complete)
     results = (tmp_path / "sweep" / "optimization_results.yaml").read_text()
     assert "complete: 4" in results and "fail: 1" in results and "best_params:" in results
+
+
+@pytest.mark.parametrize("kind, sampler", [("sqlite", "tpe"), ("journal", "random")])
+def test_a_resumed_seeded_search_continues_and_is_reproduced(tmp_path, kind, sampler):
+    """hydra.sweeper.seed=0, 3 trials, then the same command with n_trials=5: trials 3 and 4 drew the parameters of
+    trials 0 and 1 again (the sampler was rebuilt with the same seed). Now no trial repeats another's, and the
+    study is the same as one run of 5 trials with that seed, whether in one sweep or two (TPE's first trials are
+    its random start-up; each trial's draws depend on the seed and its number)."""
+
+    def sweep(where: str, n_trials: int) -> subprocess.CompletedProcess:
+        storage = f"sqlite:///{tmp_path / where}.db" if kind == "sqlite" else str(tmp_path / f"{where}.log")
+        return app(tmp_path, "hydra/launcher=basic", f"hydra.sweeper.storage={storage}", "hydra.sweeper.seed=0",
+                   f"hydra.sweeper.sampler={sampler}", f"hydra.sweeper.n_trials={n_trials}", "x=interval(0, 1)",
+                   "y=range(0, 1000)", f"hydra.sweep.dir={tmp_path / where}")  # fmt: skip
+
+    def params(where: str) -> list[tuple]:
+        storage = f"sqlite:///{tmp_path / where}.db" if kind == "sqlite" else str(tmp_path / f"{where}.log")
+        return [(t.params["x"], t.params["y"]) for t in load(storage).trials]
+
+    for where, n_trials in (("resumed", 3), ("resumed", 5), ("again", 3), ("again", 5), ("once", 5)):
+        done = sweep(where, n_trials)
+        assert done.returncode == 0, done.stderr[-3000:]
+    resumed = params("resumed")
+    assert len(resumed) == 5 and len(set(resumed)) == 5  # no trial repeats a finished one
+    assert params("again") == resumed  # reproduced from the seed and the storage
+    assert params("once") == resumed  # one sweep of 5 samples what 3, then 2 more, sampled
 
 
 def test_processes_that_create_one_sqlite_study_at_the_same_moment_all_open_it(tmp_path):
@@ -208,6 +240,48 @@ def test_a_grid_search_runs_each_point_once_and_ends_cleanly(tmp_path):
     assert "n_trials: 4" in (tmp_path / "sweep" / "optimization_results.yaml").read_text()
 
 
+def test_a_grid_point_whose_trial_failed_runs_again(tmp_path):
+    """Grid y in {8, 9, 10}, trial 1 crashes once: Optuna's grid sampler counted its point as visited and the
+    replacement landed on a random point (with seed 1: y=10 failed, [8, 9, 8] completed). Now every point is
+    completed once."""
+    done = app(tmp_path, "hydra/launcher=basic", "hydra.sweeper.sampler=grid", "hydra.sweeper.seed=1",
+               "y=range(8, 10)", "crash=1")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    study = load(str(tmp_path / "sweep" / "optuna_journal.log"))
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.FAIL, *[TrialState.COMPLETE] * 2]
+    assert sorted(t.params["y"] for t in study.trials if t.state == TrialState.COMPLETE) == [8, 9, 10]
+    assert "grid points not run" not in done.stdout + done.stderr
+
+
+def test_a_grid_point_that_always_fails_is_named(tmp_path):
+    """y=9 fails every time: the other points run first, y=9 is tried until n_trials (3) trials failed, and the
+    search's one line names the point it could not run."""
+    done = app(tmp_path, "hydra/launcher=basic", "hydra.sweeper.sampler=grid", "y=range(8, 10)", "crash_y=9")
+    assert done.returncode == 1
+    assert ("the search stopped: 3 trial(s) of this sweep failed, 2 of 3 finished; grid points not run: y=9 (see "
+            in done.stderr), done.stderr  # fmt: skip
+    study = load(str(tmp_path / "sweep" / "optuna_journal.log"))
+    assert [t.params["y"] for t in study.trials] == [8, 9, 10, 9, 9]
+    assert [t.state for t in study.trials].count(TrialState.COMPLETE) == 2
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_a_killed_grid_search_runs_exactly_the_missing_points(tmp_path, kind):
+    """Grid y in {8, 9, 10, 11}, killed while trial 2 (y=10) runs: the same command runs y=10 and y=11, once each
+    (Optuna's grid sampler took the killed trial's point as visited: [8, 8, 9, 10] completed, 11 missing)."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}" if kind == "sqlite" else str(tmp_path / "study.log")
+    command = [sys.executable, "-m", APP, *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra/launcher=basic",
+               f"hydra.sweeper.storage={storage}", "hydra.sweeper.sampler=grid", "y=range(8, 11)", "hold=2",
+               "hold_s=300"]  # fmt: skip
+    _kill_while_trial_2_runs(command, storage, tmp_path)
+    again = subprocess.run([*command[:-2], "hold=null"], cwd=tmp_path, env=subprocess_env(), capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    trials = load(storage).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL] + [TrialState.COMPLETE] * 2
+    assert [t.params["y"] for t in trials] == [8, 9, 10, 10, 11]
+
+
 def test_a_key_the_config_does_not_have_is_one_line(tmp_path):
     done = app(tmp_path, "hydra/launcher=devices", "hydra.launcher.devices=[cpu]", "nothere=interval(0, 1)")
     assert done.returncode == 1 and "Could not override 'nothere'" in done.stderr, done.stderr
@@ -227,6 +301,34 @@ def test_the_direction_has_one_home_in_a_run_config(tmp_path):
     with pytest.raises(SweeperError, match="hydra.sweeper.direction='minimize' is not allowed with "
                                            "trainer.objective_direction='maximize'"):  # fmt: skip
         Search(OptunaSweeperConf(direction="minimize", **space), config, [])
+
+
+def test_the_metric_name_has_one_home_in_a_run_config(tmp_path):
+    from hydra.core.utils import JobReturn, JobStatus
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.rlchain_optuna._study import Search
+    from hydra_plugins.rlchain_optuna.config import OptunaSweeperConf
+
+    def search(objective: str | None, **settings) -> Search:
+        sweep_dir = str(tmp_path / (objective or "app").replace("/", "_"))
+        config = OmegaConf.create({"hydra": {"sweep": {"dir": sweep_dir}, "job": {"name": "a"}},
+                                   **({"trainer": {"objective": objective}} if objective else {})})  # fmt: skip
+        return Search(OptunaSweeperConf(params={"x": "interval(0, 1)"}, **settings), config, [])
+
+    assert search("eval/avg_reward").study.metric_names == ["eval/avg_reward"]
+    auto = search("auto")
+    assert auto.study.metric_names is None  # named by the first run that resolves it:
+    number, _ = auto.next_trial()
+    summary = RunSummary(status="completed", objective=0.5, objective_name="eval/success_rate", start_time=time.time())
+    summary.write(tmp_path / "job")
+    hydra_cfg = OmegaConf.create({"hydra": {"runtime": {"output_dir": str(tmp_path / "job")}}})
+    auto.tell(number, JobReturn(overrides=[], status=JobStatus.COMPLETED, _return_value=0.5, hydra_cfg=hydra_cfg))
+    assert auto.study.metric_names == ["eval/success_rate"]
+    assert search(None, metric_name="loss").study.metric_names == ["loss"]
+    with pytest.raises(SweeperError, match="hydra.sweeper.metric_name='loss' is not allowed with "
+                                           "trainer.objective='auto'"):  # fmt: skip
+        search("auto", metric_name="loss")
 
 
 def _direction_mismatch(tmp_path: Path) -> list[str]:
@@ -319,8 +421,43 @@ def test_a_hopeless_trial_is_pruned_and_its_files_say_so(tmp_path):
     md = (tmp_path / "sweep" / "summary.md").read_text()
     assert "2 jobs: 1 completed, 1 pruned," in md and "| pruned |" in md
     assert [j.status for j in load_jobs(tmp_path / "sweep")] == ["completed", "pruned"]
-    assert "trainer.trial" not in md  # the trial link is no column: the job number is the trial number
+    assert "trainer.trial" not in md and "hydra.sweeper.trial" not in md  # no column: the job number is the trial
+    assert load(storage, "hopeless").metric_names == ["eval/avg_reward"]  # the preset's trainer.objective
     results = (tmp_path / "sweep" / "optimization_results.yaml").read_text()
     assert "pruned: 1" in results and "complete: 1" in results
     for plot in ("optimization_history.png", "trial_timeline.png", "learning_curves.png"):
         assert (tmp_path / "sweep" / plot).read_bytes()[:4] == b"\x89PNG"
+
+
+# ------------------------------------------------------------------ any Hydra app
+@pytest.mark.parametrize("launcher", ["basic", "devices"])
+def test_a_users_own_app_is_swept_and_pruned(tmp_path, launcher):
+    """The sweeper added ++trainer.trial=... to every job, so an app that instantiates its own ``trainer`` node
+    failed every trial. Now each job's config is the app's alone, and the app reports its loss with
+    rlchain.tuning.report: trial 1 (lr 0.001, far worse at its first step) is pruned there, trial 0 runs on."""
+    from omegaconf import OmegaConf
+
+    from rlchain import tuning
+
+    assert tuning.trial() is None and tuning.report(1.0, 0) is False  # outside a sweep's job: nothing to report to
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="user_app", storage=storage, direction="minimize")
+    study.enqueue_trial({"trainer.lr": 0.25})
+    study.enqueue_trial({"trainer.lr": 0.001})
+    slots = ["hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=1"] if launcher == "devices" else []
+    done = run_cli([*SWEEP, f"hydra/launcher={launcher}", *slots, f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                    f"hydra.sweeper.storage={storage}", "hydra.sweeper.n_trials=2", "hydra.sweeper.metric_name=loss",
+                    "+hydra.sweeper.pruner_options={n_startup_trials:1,n_warmup_steps:0}",
+                    "trainer.lr=interval(0.001, 0.5)"], tmp_path, module="tests.helpers.user_app")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = load(storage, "user_app").trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.PRUNED]
+    assert sorted(trials[0].intermediate_values) == [0, 1, 2, 3, 4] and trials[0].value == pytest.approx(0.5 ** 10)
+    assert trials[1].intermediate_values == {0: pytest.approx(0.998 ** 2)} and trials[1].last_step == 0
+    assert trials[1].user_attrs[tuning.PRUNED_AT] == 0
+    assert load(storage, "user_app").metric_names == ["loss"]
+    for number, lr in ((0, 0.25), (1, 0.001)):  # the app's config, and nothing else
+        job = tmp_path / "sweep" / str(number) / ".hydra"
+        config = OmegaConf.to_container(OmegaConf.load(job / "config.yaml"))
+        assert config == {"trainer": {"_target_": "tests.helpers.user_app.Trainer", "lr": lr, "steps": 5}}
+        assert OmegaConf.to_container(OmegaConf.load(job / "overrides.yaml")) == [f"trainer.lr={lr}"]

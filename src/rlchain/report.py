@@ -55,7 +55,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlchain.files import write_text
 from rlchain.summary import STOPPED, JobRecord, RunSummary, error_line
-from rlchain.tuning import TRIAL_KEY
 
 __all__ = [
     "JobResult", "SweepFailed", "SweepSummary", "failure_lines", "learning_curves", "load_jobs", "main",
@@ -152,16 +151,11 @@ class JobResult:
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     def params(self) -> dict[str, str]:
-        """The overrides as ``{key: value}`` (``+``/``++`` prefixes dropped, deletions kept as keys).
-
-        The Optuna sweeper's link to the job's trial (``trainer.trial``) is
-        left out: the job number is the trial number.
-        """
+        """The overrides as ``{key: value}`` (``+``/``++`` prefixes dropped, deletions kept as keys)."""
         out = {}
         for override in self.overrides:
             key, _, value = override.partition("=")
-            if key.lstrip("+") != TRIAL_KEY:
-                out[key.lstrip("+")] = value
+            out[key.lstrip("+")] = value
         return out
 
     def value_at(self, metric: str, step: float) -> float | None:

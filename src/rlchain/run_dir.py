@@ -229,6 +229,7 @@ def resume_in_place(config: DictConfig) -> Path | None:
         added.append(line)
     with open_dict(saved):
         saved.trainer.resume_from = str(checkpoint)
+        saved.trainer.pop("trial", None)  # a sweep job of an earlier release: its Optuna trial, now in Hydra's config
     plain = OmegaConf.to_container(saved, resolve=False)  # interpolations stay unresolved until the run resolves them
     with read_write(config), open_dict(config):
         for key, value in plain.items():

@@ -94,7 +94,7 @@ class RunSummary:
 
     status: str
     """``completed``, ``pruned`` (its Optuna trial was pruned: it stopped after that iteration and saved ``latest.pt``;
-    see ``trainer.trial``), ``interrupted`` (a stop signal: the iteration ended and ``latest.pt`` was saved),
+    see :mod:`rlchain.tuning`), ``interrupted`` (a stop signal: the iteration ended and ``latest.pt`` was saved),
     ``aborted`` (a second stop signal: the last checkpoint stands), ``failed``, or ``unreadable`` (from :meth:`read`)."""
     error: str | None = None
     """What went wrong, on one line (``failed``)."""

@@ -35,7 +35,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from rlchain import distributed
+from rlchain import distributed, tuning
 from rlchain.config import RunConfig, check_top_level_keys
 from rlchain.distributed import CollectiveError, rank_seed
 from rlchain.run_dir import remove_if_unused
@@ -82,12 +82,15 @@ def build(cfg: DictConfig) -> Trainer:
     env is seeded with :func:`~rlchain.distributed.rank_seed` of the env's
     seed and, once the policy is built (the same weights on every rank), its
     action noise with that of ``seed``; rank 0 alone builds the evaluation env.
+    In a job of ``hydra/sweeper=rlchain_optuna``, rank 0 connects to the job's
+    trial (:func:`rlchain.tuning.trial`) and hands it to the trainer.
 
     Raises:
         ConfigError: a top-level key no schema field or selected config group
             accounts for (see :func:`rlchain.config.check_top_level_keys`); a
             value a component rejects, naming ``group.key``, the value and
-            what is allowed; both raised before any env step is taken.
+            what is allowed; a job's trial that cannot be opened (naming
+            ``hydra.sweeper.trial``); all raised before any env step is taken.
     """
     with _component(""):
         check_top_level_keys(cfg)
@@ -98,6 +101,8 @@ def build(cfg: DictConfig) -> Trainer:
     world, device = distributed.setup(cfg.device, cfg.trainer.dist_timeout_s)
     if world.distributed:
         cfg.device = device
+    with _component(""):
+        trial = tuning.trial() if world.main else None  # a job of hydra/sweeper=rlchain_optuna reports to its trial
     if cfg.trainer.get("video"):
         prefer_headless_gl()
     torch.manual_seed(cfg.seed)  # the run's random stream starts here: initial weights, then action sampling
@@ -115,7 +120,7 @@ def build(cfg: DictConfig) -> Trainer:
     config = OmegaConf.to_container(cfg, resolve=True)
     with _component("trainer"):
         return instantiate(
-            cfg.trainer, env=env, policy=policy, algorithm=algorithm, eval_env=eval_env, run_config=config,
+            cfg.trainer, env=env, policy=policy, algorithm=algorithm, eval_env=eval_env, run_config=config, trial=trial,
             **_sweep_wandb(cfg), _convert_="all", _recursive_=False,  # run_config holds _target_ keys: keep it data
         )
 

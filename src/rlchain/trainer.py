@@ -133,11 +133,6 @@ class TrainerConfig(Settings):
     stats_min_episodes: int = setting(100, gt=0)
     """charts/episodic_return, charts/episodic_length and charts/success_rate average every episode that ended in
     the latest rollout and, when fewer ended, the latest episodes before it, up to this many."""
-    trial: dict[str, Any] = setting({})
-    """The Optuna trial this run reports to ({}: none), set by rlchain's Optuna sweeper (hydra/sweeper=rlchain_optuna)
-    for each of its jobs: {storage, study_name, number, pruner, pruner_options} (rlchain.tuning.TrialLink). The run
-    reports its objective at every evaluation (step: the iteration) and, when the study's pruner prunes the trial,
-    stops after that iteration with status 'pruned' (latest.pt saved, no fresh evaluation)."""
     dist_timeout_s: float = setting(600.0, gt=0)
     """A multi-process run (torchrun): seconds a collective waits for the other ranks before the run ends with a
     message naming the collective and the rank that did not join it. It must cover what rank 0 does alone while the
@@ -176,6 +171,12 @@ class Trainer:
             ``_partial_`` of the env config), or None for no evaluation.
         run_config: the run's composed configuration (plain dict), stored in
             checkpoints and logged as hyperparameters.
+        trial: the Optuna trial this run reports to (a
+            :class:`rlchain.tuning.JobTrial`: ``number``, ``report(value, step)
+            -> pruned``), or None. Rank 0 reports the objective at every
+            evaluation (step: the iteration) and, once the study's pruner
+            prunes the trial, stops after that iteration with status
+            ``pruned`` (``latest.pt`` saved, no fresh evaluation).
         settings: fields of :class:`TrainerConfig` (``self.cfg``).
 
     Raises:
@@ -199,6 +200,7 @@ class Trainer:
         algorithm: Algorithm,
         eval_env: VecEnv | Callable[..., VecEnv] | None = None,
         run_config: dict[str, Any] | None = None,
+        trial: Any = None,
         **settings: Any,
     ) -> None:
         self.cfg = cfg = TrainerConfig(**settings)
@@ -228,7 +230,7 @@ class Trainer:
         self.wandb_id: str | None = None
         """The run's W&B run id (kept in checkpoints, so that a resumed run continues that W&B run)."""
         self._objective_checked = False
-        self.trial = _open_trial(cfg.trial) if self.world.main else None
+        self.trial = trial if self.world.main else None
         self.pruned = False
         self._start()
         self.compile_s = self._compile() if cfg.compile else None
@@ -362,7 +364,7 @@ class Trainer:
                     progress.update(self.iteration, self.global_step, row)
                 if self.pruned:
                     ending = {"status": "pruned"}
-                    notice(f"pruned by the study's pruner after iteration {self.iteration} (trial {cfg.trial['number']})")
+                    notice(f"pruned by the study's pruner after iteration {self.iteration} (trial {self.trial.number})")
                 elif self.iteration < cfg.iterations:  # a stop signal ended it early
                     ending = {"status": "interrupted", "signal": stopped}
                 self.save()
@@ -752,27 +754,6 @@ class Trainer:
         state = load_checkpoint(path, map_location=device, name=name)
         check_state_matches(self.policy, state["policy"], name, path)
         return state
-
-
-def _open_trial(trial: dict[str, Any]) -> Any:
-    """The connected :class:`~rlchain.tuning.TrialLink` of ``trial`` (the ``trial`` setting), or None for ``{}``.
-
-    Raises:
-        SettingError: ``trial`` is no trial link (naming what one holds), or its study cannot be opened.
-    """
-    if not trial:
-        return None
-    from rlchain.tuning import StudyError, TrialLink
-
-    try:
-        return TrialLink(**trial).open()
-    except TypeError:
-        raise SettingError("trial", trial, " is not allowed: expected {storage, study_name, number, pruner, "
-                                           "pruner_options} (set by the rlchain_optuna sweeper)") from None
-    except StudyError as err:
-        raise SettingError("trial", trial["number"], f": {err}") from None
-    except ImportError:
-        raise SettingError("trial", trial["number"], ' needs optuna, an optional extra: pip install "rlchain[sweep]"') from None
 
 
 def _build_eval_env(factory: Callable[..., VecEnv], cfg: TrainerConfig) -> VecEnv:

@@ -6,6 +6,8 @@ every public module of ``hydra_plugins`` at each start of every Hydra app).
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
 import math
 import os
@@ -20,7 +22,7 @@ from hydra_plugins.rlchain_optuna._space import SweeperError, grid_of, search_sp
 from hydra_plugins.rlchain_optuna.config import OptunaSweeperConf
 from rlchain.files import write_text
 from rlchain.summary import RunSummary, error_line
-from rlchain.tuning import TRIAL_KEY, StudyError, make_pruner, make_sampler, open_storage, quiet_optuna
+from rlchain.tuning import PRUNED_AT, TRIAL_SETTING, StudyError, make_pruner, make_sampler, open_storage, quiet_optuna
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,8 @@ log = logging.getLogger(__name__)
 DEFAULT_JOURNAL = "optuna_journal.log"
 #: The study's direction when neither ``hydra.sweeper.direction`` nor the task's config names one (Hydra's plugin's).
 DEFAULT_DIRECTION = "minimize"
+#: A parameter a trial lacks, in its grid point (no grid holds this value).
+_ABSENT = object()
 #: The result file and Optuna's plots, in the sweep directory.
 RESULTS = "optimization_results.yaml"
 PLOTS = {"optimization_history.png": "plot_optimization_history",
@@ -84,6 +88,7 @@ class Search:
             raise SweeperError("hydra.sweeper.params is empty: nothing to search (give a key=interval(...), "
                                "range(...) or choice(...) there or on the command line)")  # fmt: skip
         self.direction = _direction(s.direction, OmegaConf.select(config, "trainer.objective_direction", default=None))
+        self.metric_name = _metric_name(s.metric_name, OmegaConf.select(config, "trainer.objective", default=None))
         self.study_name = s.study_name or str(config.hydra.job.name)
         self.storage = _absolute(s.storage if s.storage is not None else str(self.sweep_dir / DEFAULT_JOURNAL))
         grid = grid_of(self.distributions) if s.sampler == "grid" else None
@@ -101,15 +106,60 @@ class Search:
                 f"hydra.sweeper.direction={self.direction!r} is not allowed for study {self.study_name!r} in "
                 f"{self.storage}: it was created to {stored}; use its direction or another hydra.sweeper.study_name"
             )
-        self.n_trials = s.n_trials if grid is None else min(s.n_trials, math.prod(len(v) for v in grid.values()))
+        self.grid = None if grid is None else [dict(zip(grid, point)) for point in itertools.product(*grid.values())]
+        """Every point of a grid search, in the grid's order (None: another sampler)."""
+        self.n_trials = s.n_trials if self.grid is None else min(s.n_trials, len(self.grid))
+        self._grid_failures: collections.Counter[tuple] = collections.Counter()
         self._fail_orphans()
-        self.finished = self._count("COMPLETE", "PRUNED")
+        self.finished = self._finished()
+        self._name_metric(self.metric_name)
         self.failures = 0
         self.running: dict[int, Any] = {}
         resumed = f", resuming {len(self.study.trials)} trial(s), {self.finished} finished or pruned" if self.study.trials else ""
         log.info(f"Optuna study {self.study_name!r} in {self.storage}: {s.sampler} sampler, {s.pruner} pruner, "
                  f"{self.direction} the objective, {self.n_trials} trial(s){resumed}")  # fmt: skip
         log.info("search space: " + ", ".join(f"{k}: {_shown(d)}" for k, d in self.distributions.items()))
+
+    def _name_metric(self, name: str | None) -> None:
+        """Give the study's objective its name (optuna-dashboard's axis) where it has another or none."""
+        if name is None or self.study.metric_names == [name]:
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Optuna marks set_metric_names experimental
+            self.study.set_metric_names([name])
+
+    def _point(self, params: dict[str, Any]) -> tuple:
+        """The grid point of a trial's parameters (the grid's keys in order; a key it lacks: a value no grid has)."""
+        return tuple(params.get(key, _ABSENT) for key in self.distributions)
+
+    def _grid_taken(self, *states: str) -> set[tuple]:
+        """The grid points that have a trial in one of ``states`` (a waiting trial: the parameters it was enqueued
+        with)."""
+        from optuna.trial import TrialState
+
+        trials = self.study.get_trials(deepcopy=False, states=tuple(TrialState[s] for s in states))
+        return {self._point(t.system_attrs.get("fixed_params", {}) if t.state == TrialState.WAITING else t.params)
+                for t in trials}  # fmt: skip
+
+    def _next_point(self) -> dict[str, Any] | None:
+        """The grid point the next trial runs: of the points with no finished, pruned, running or waiting trial,
+        the one this sweep saw fail least often, first in the grid's order; None when there is none."""
+        taken = self._grid_taken("COMPLETE", "PRUNED", "RUNNING", "WAITING")
+        free = [point for point in self.grid if self._point(point) not in taken]
+        return min(free, key=lambda point: self._grid_failures[self._point(point)]) if free else None
+
+    def grid_not_run(self) -> list[dict[str, Any]]:
+        """The grid points with no finished or pruned trial (a grid search; [] otherwise)."""
+        if self.grid is None:
+            return []
+        done = self._grid_taken("COMPLETE", "PRUNED")
+        return [point for point in self.grid if self._point(point) not in done]
+
+    def _finished(self) -> int:
+        """The study's finished and pruned trials; in a grid search, its grid points that have one."""
+        if self.grid is None:
+            return self._count("COMPLETE", "PRUNED")
+        return len(self.grid) - len(self.grid_not_run())
 
     def _count(self, *states: str) -> int:
         from optuna.trial import TrialState
@@ -140,9 +190,17 @@ class Search:
 
     def next_trial(self) -> tuple[int, list[str]] | None:
         """Ask the study for the next trial: ``(its number, its job's overrides)``, or None when the budget is
-        taken (finished and running trials) or ``n_trials`` trials of this sweep failed."""
+        taken (finished and running trials) or ``n_trials`` trials of this sweep failed.
+
+        A grid search enqueues the point it runs (:meth:`_next_point`); the job's overrides are the trial's
+        parameters, and ``hydra.sweeper.trial`` names the trial in the job's Hydra config."""
         if self.finished + len(self.running) >= self.n_trials or self.failures >= self.n_trials:
             return None
+        if self.grid is not None and not self._count("WAITING"):  # a waiting trial (enqueued) runs first
+            point = self._next_point()
+            if point is None:
+                return None
+            self.study.enqueue_trial(point)
         trial = self.study.ask(self.distributions)
         for key, value in self.fixed.items():
             trial.set_user_attr(key, value)
@@ -150,13 +208,16 @@ class Search:
         link = {"storage": self.storage, "study_name": self.study_name, "number": trial.number,
                 "pruner": self.settings.pruner, "pruner_options": self.settings.pruner_options}  # fmt: skip
         overrides = [f"{k}={v}" for k, v in trial.params.items()] + [f"{k}={v}" for k, v in self.fixed.items()]
-        return trial.number, overrides + [f"++{TRIAL_KEY}={_grammar(link)}"]
+        return trial.number, overrides + [f"++{TRIAL_SETTING}={_grammar(link)}"]  # ++: into the empty dict
 
     def tell(self, number: int, ret: JobReturn) -> None:
-        """Tell the study how trial ``number``'s job ended: from its ``summary.json``, else from its return."""
+        """Tell the study how trial ``number``'s job ended: pruned when the study's pruner pruned the trial (the job
+        marked it, :data:`rlchain.tuning.PRUNED_AT`) and no stop signal ended the job; else from its
+        ``summary.json``, else from its return."""
         from optuna.trial import TrialState
 
         trial = self.running.pop(number)
+        pruned_at = self.study._storage.get_trial(trial._trial_id).user_attrs.get(PRUNED_AT)
         where = job_dir(ret)
         summary = RunSummary.read(where) if where is not None else None
         if summary is not None and (summary.start_time or 0.0) < trial.datetime_start.timestamp():
@@ -170,13 +231,18 @@ class Search:
             status, error = "failed", None
         if status == "completed" and value is None:
             status, error = "failed", f"the job returned no objective ({ret._return_value!r})"
+        if pruned_at is not None and status not in ("interrupted", "aborted"):  # the pruner's word, however it ended
+            status = "pruned"
+        if self.metric_name is None and summary is not None and summary.status in ("completed", "pruned"):
+            self.metric_name = summary.objective_name  # trainer.objective=auto, as the run resolved it
+            self._name_metric(self.metric_name)
         if status == "pruned":
             frozen = self.study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
-            self.finished += 1
+            self.finished = self._finished()
             log.info(f"trial {number} pruned at step {frozen.last_step} ({frozen.value}): {_params(frozen.params)}")
         elif status == "completed":
             self.study.tell(trial, value, skip_if_finished=True)
-            self.finished += 1
+            self.finished = self._finished()
             log.info(f"trial {number} finished with {value:.4g}: {_params(trial.params)}; best so far "
                      f"{self.study.best_value:.4g} (trial {self.study.best_trial.number})")  # fmt: skip
         else:
@@ -185,6 +251,7 @@ class Search:
             self._fail(trial, status, error or status)
             if status not in ("interrupted", "aborted"):
                 self.failures += 1
+                self._grid_failures[self._point(trial.params)] += 1
             log.warning(f"trial {number} {status}: {error or status} (it does not count toward n_trials)")
 
     def finish(self) -> None:
@@ -203,9 +270,13 @@ class Search:
             self._write_results()
         except OSError as err:
             log.warning(f"{RESULTS} could not be written in {self.sweep_dir}: {err}")
+        missing = "; ".join(_params(p) for p in self.grid_not_run()) if self.finished < self.n_trials else ""
         if self.failures >= self.n_trials and self.finished < self.n_trials:
+            not_run = f"; grid points not run: {missing}" if missing else ""
             raise SweeperError(f"the search stopped: {self.failures} trial(s) of this sweep failed, "
-                               f"{self.finished} of {self.n_trials} finished (see {self.sweep_dir / RESULTS})")
+                               f"{self.finished} of {self.n_trials} finished{not_run} (see {self.sweep_dir / RESULTS})")
+        if missing:
+            log.warning(f"grid points not run: {missing} (the same command runs them)")
 
     def _write_results(self) -> None:
         from optuna.trial import TrialState
@@ -263,6 +334,21 @@ def _direction(sweeper: str | None, trainer: str | None) -> str:
                            f"trainer.objective_direction={trainer!r}: the study optimises the run's objective; "
                            "set trainer.objective_direction alone")  # fmt: skip
     return trainer or sweeper or DEFAULT_DIRECTION
+
+
+def _metric_name(sweeper: str | None, trainer: str | None) -> str | None:
+    """The study's name for its objective: the run's ``trainer.objective`` (its one home in rlchain-train; None for
+    ``auto`` until a trial resolves it), else ``hydra.sweeper.metric_name``.
+
+    Raises:
+        SweeperError: a name that differs from the run's ``trainer.objective``.
+    """
+    if sweeper is not None and trainer is not None and sweeper != trainer:
+        raise SweeperError(f"hydra.sweeper.metric_name={sweeper!r} is not allowed with trainer.objective={trainer!r}: "
+                           "the study optimises the run's objective; set trainer.objective alone")  # fmt: skip
+    if trainer is not None:
+        return None if trainer == "auto" else trainer
+    return sweeper
 
 
 def _check(s: OptunaSweeperConf) -> None:

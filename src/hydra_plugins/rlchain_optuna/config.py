@@ -31,6 +31,10 @@ class OptunaSweeperConf:
     direction: Optional[str] = None
     """``maximize`` or ``minimize``. A task whose config has ``trainer.objective_direction`` (rlchain-train) sets the
     study's direction there, and a different value here is refused; null elsewhere: minimize."""
+    metric_name: Optional[str] = None
+    """The objective's name in the study (Optuna's metric name, which optuna-dashboard shows). A task whose config has
+    ``trainer.objective`` (rlchain-train) names it there (``auto``: the name its first finished trial resolved, e.g.
+    ``eval/success_rate``), and a different value here is refused; null elsewhere: the study has no name for it."""
     study_name: Optional[str] = None
     """The study's name in its storage; null: the task's job name (``train`` for rlchain-train)."""
     storage: Optional[str] = None
@@ -38,9 +42,14 @@ class OptunaSweeperConf:
     (``study.log``; safe on a shared file system, for SLURM); rerunning the command resumes the study stored there.
     null: ``optuna_journal.log`` in the sweep directory."""
     seed: Optional[int] = None
-    """The sampler's seed (null: random)."""
+    """The sampler's seed (null: random). Each trial draws from a stream of its own, seeded with a hash of this seed
+    and the trial's number (NumPy's ``SeedSequence([seed, number])``): trial ``k``'s parameters depend only on the
+    seed, ``k`` and the trials the study held when it was asked for, so a seeded study is reproduced from the same
+    storage, and a resumed study continues with new draws instead of replaying its first sweep's. (Parallel trials,
+    with the devices launcher, see each other's results in the order they end.)"""
     sampler: str = "tpe"
-    """``tpe``, ``random``, ``cmaes`` or ``grid`` (every combination of ``choice``/``range`` values, at most once each)."""
+    """``tpe``, ``random``, ``cmaes`` or ``grid``: every combination of ``choice``/``range`` values once; a point whose
+    trial failed runs again (before any point fails twice), and a search that gives up names the points not run."""
     sampler_options: Dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the sampler's Optuna class (``n_startup_trials``, ``multivariate``, ...)."""
     pruner: str = "median"
@@ -52,6 +61,10 @@ class OptunaSweeperConf:
     n_jobs: int = 1
     """Trials per batch with a launcher that runs whole batches (basic, submitit); the devices launcher starts a trial
     whenever one of its slots frees instead."""
+    trial: Dict[str, Any] = field(default_factory=dict)
+    """Set by the sweeper in each job's Hydra config, never by hand: the trial the job runs for, ``{storage,
+    study_name, number, pruner, pruner_options}`` (:class:`rlchain.tuning.TrialLink`; ``{}`` in the sweep itself). A
+    task function reports to it with ``rlchain.tuning.report(value, step)``; the task's own config gets nothing."""
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="rlchain_optuna", node=OptunaSweeperConf, provider="rlchain")

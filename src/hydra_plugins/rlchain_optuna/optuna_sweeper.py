@@ -6,12 +6,16 @@ Usage::
     rlchain-train -m hparams_search=ppo_push_cube_optuna hydra.sweeper.storage=sqlite:///ppo.db   # resumable
     rlchain-train -m hydra/sweeper=rlchain_optuna 'algorithm.learning_rate=tag(log, interval(1e-4, 1e-2))'
 
-Each trial is one job. Its overrides are the trial's parameters and
-``++trainer.trial={storage, study_name, number, pruner, pruner_options}``, so
-that the job's own config names the trial it reports to
-(:class:`rlchain.tuning.TrialLink`). As a job ends, the sweeper reads its
-``summary.json`` and tells the study: ``completed`` with the objective the job
-returned, ``pruned``, or failed (any other end: an error, a stop signal).
+Each trial is one job, a plain job of the app: its overrides are the
+trial's parameters, and the sweeper adds nothing to its config. The job's
+Hydra config names its trial (``hydra.sweeper.trial={storage, study_name,
+number, pruner, pruner_options}``), so that any task function can report
+intermediate values to it (:func:`rlchain.tuning.report`; rlchain-train
+reports its objective at every evaluation). As a job ends, the sweeper tells
+the study: ``pruned`` when the study's pruner pruned the trial (whatever the
+job then did), ``completed`` with the objective the job returned, or failed
+(any other end: an error, a stop signal); for rlchain-train it reads the
+run's ``summary.json``.
 
 With the devices launcher (``hydra/launcher=devices``, rlchain-train's
 default) a trial starts whenever a slot frees, asked of the sampler after
@@ -22,8 +26,11 @@ The study lives in ``storage``; rerunning the same command resumes it:
 trials that finished or were pruned count toward ``n_trials`` and are not
 rerun, trials a killed sweep left running are marked failed, and failed
 trials do not count (the search replaces them; it gives up after
-``n_trials`` failures in one sweep). When the search ends, or is stopped,
-the sweep directory gets ``optimization_results.yaml`` and Optuna's plots.
+``n_trials`` failures in one sweep). A seeded sampler draws each trial from
+a stream of its own, so a resumed search continues rather than replays; a
+grid search runs the grid points that have no finished trial yet. When the
+search ends, or is stopped, the sweep directory gets
+``optimization_results.yaml`` and Optuna's plots.
 """
 
 from __future__ import annotations
