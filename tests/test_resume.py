@@ -345,3 +345,15 @@ def test_a_resume_from_a_path_that_does_not_exist_is_one_line_and_leaves_nothing
     assert line == (f"rlchain: trainer.resume_from='{tmp_path / 'nope'}' does not exist: expected a run directory "
                     "(outputs/<date>/<time>_<id>) or a checkpoint file")  # fmt: skip
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_sweep_job_of_an_earlier_release_resumes_without_its_trainer_trial(tmp_path):
+    # Sweep jobs of the release before this one carry the Optuna sweeper's link as trainer.trial in their saved
+    # config; the trainer has no such setting now.
+    run = tmp_path / "run"
+    assert run_cli([*USER, f"hydra.run.dir={run}"], tmp_path).returncode == 0
+    config = run / ".hydra" / "config.yaml"
+    config.write_text(config.read_text().replace("trainer:\n", "trainer:\n  trial:\n    number: 3\n", 1))
+    proc = run_cli([f"trainer.resume_from={run}", "trainer.iterations=3"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert summary_of(run).iteration == 3
