@@ -134,6 +134,7 @@ def test_a_saved_policy_must_be_an_allowed_policy_class(trained, tmp_path, in_pr
     (["{run}", "episodes=3"], ["episodes: no such option: expected one of checkpoint, num_episodes"]),
     (["{run}", "env.num_envs=0"], ["env.num_envs=0 is not allowed: expected an integer > 0"]),
     (["{run}", "num_episodes=0"], ["num_episodes=0 is not allowed"]),
+    (["{run}", "device=cpu:1"], ["device='cpu:1' is not supported: the CPU is one device"]),
     (["{run}", "+env.extra=1"], ["cannot add or delete"]),
     (["{run}", "env.num_envs=["], ["no viable alternative at input"]),
 ])  # fmt: skip

@@ -100,6 +100,15 @@ def test_bad_input_gives_one_clear_message_and_no_traceback(tmp_path, overrides,
     assert not list(tmp_path.rglob("*.pt")), "no checkpoint may be left behind"
 
 
+def test_a_cpu_with_an_index_is_refused_before_any_step(tmp_path):
+    # device=cpu:1 trained, then called its good best.pt "unreadable as a torch checkpoint" (loaded onto cpu:1)
+    proc = run_cli(["device=cpu:1", *TINY, "trainer.fresh_eval=true"], tmp_path)
+    assert proc.returncode == 1 and "unreadable" not in proc.stdout + proc.stderr
+    assert proc.stderr.strip() == ("Invalid config: device='cpu:1' is not supported: the CPU is one device, 'cpu' "
+                                   "without an index; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")  # fmt: skip
+    assert not list(tmp_path.rglob("*.pt"))
+
+
 def test_a_run_rejected_at_build_still_records_its_failure(tmp_path):
     proc = run_cli(["env.num_envs=0", "device=cpu"], tmp_path)
     assert proc.returncode != 0
