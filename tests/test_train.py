@@ -182,6 +182,24 @@ def test_a_task_without_success_shows_and_logs_none(tmp_path):
     assert summary.best_eval_success_rate is None and summary.best_objective is not None
 
 
+def test_train_log_holds_the_runs_notices_warnings_and_result_line(tmp_path):
+    # train.log was empty: the notices and the result line were printed, never logged
+    first = run_cli([*TINY, "env._target_=tests.helpers.user_components.warning_push_cube", "hydra.run.dir=first"],
+                    tmp_path)  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    second = run_cli([*TINY, f"trainer.init_from={tmp_path / 'first'}", "hydra.run.dir=second"], tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert second.stderr.count("rlchain: policy initialised from ") == 1  # shown once
+    for proc, name, lines in ((first, "first", ["UserWarning: the simulator's contact model is deprecated"]),
+                              (second, "second", ["rlchain: policy initialised from "])):  # fmt: skip
+        log = (tmp_path / name / "train.log").read_text()
+        result = proc.stdout.strip().splitlines()[-1]
+        assert result.startswith("rlchain: completed ") and proc.stdout.count(result) == 1
+        assert f"[rlchain.console][INFO] - {result}\n" in log
+        for line in lines:  # as often in the log as on the console (stderr), where Python's warnings showed it
+            assert (proc.stdout + proc.stderr).count(line) == log.count(line) >= 1, (proc.stderr, log)
+
+
 def _running_site_dirs() -> list[str]:
     """The site-packages directories of the interpreter running the tests (a venv, conda or the system).
 
