@@ -61,8 +61,8 @@ from rlchain.summary import STOPPED, JobRecord, RunSummary, error_line
 from rlchain.tuning import TRIAL_KEY
 
 __all__ = [
-    "JobResult", "SweepFailed", "SweepSummary", "failure_lines", "learning_curves", "learning_curves_figure", "load_jobs",
-    "main", "plot_learning_curves", "sweep_objective", "write_summary",
+    "JobResult", "SweepFailed", "SweepSummary", "failure_lines", "learning_curves", "learning_curves_figure",
+    "load_jobs", "main", "plot_learning_curves", "sweep_objective", "write_summary",
 ]
 
 #: Result columns: (summary field, title); `final/...` reads summary.final[...].
