@@ -18,10 +18,19 @@ SIGINT_EXIT = 130
 
 
 def train() -> None:
-    """Run ``rlchain.train.main``, imported inside the ``try``."""
+    """Run ``rlchain.train.main``, imported inside the ``try``, once the command line's keys are known to exist.
+
+    An override of a key that the config lacks is one line and exit status 1
+    (:func:`rlchain.command_line.unknown_keys`), before Hydra runs the command.
+    """
     try:
+        from rlchain.command_line import unknown_keys
         from rlchain.train import main
 
+        unknown = unknown_keys(sys.argv[1:])
+        if unknown:
+            print("\n".join(unknown), file=sys.stderr, flush=True)
+            raise SystemExit(1)
         main()
     except KeyboardInterrupt:
         print("\nrlchain: interrupted by SIGINT before training started", file=sys.stderr, flush=True)

@@ -64,6 +64,17 @@ def test_overrides_change_the_evaluation(trained, in_process):
     assert record["metrics"]["success_rate"]["mean"] > summary_of(trained).best_fresh["metrics"]["success_rate"]["mean"]
 
 
+def test_num_episodes_runs_that_many_episodes_and_a_rounding_is_said(trained, in_process):
+    # num_episodes=4 ran the run's num_eval_envs=8 episodes without a word
+    code, err = in_process([trained, "num_episodes=4"])
+    assert code == 0 and err == "", err
+    assert json.loads((trained / "checkpoints" / "eval.json").read_text())["episodes"] == 4
+    code, err = in_process([trained, "num_episodes=5", "env.num_envs=4"])  # env.num_envs given: it stands
+    assert code == 0 and err == "rlchain: 8 episodes: num_episodes=5 rounded up to a multiple of env.num_envs=4 " \
+                                "(every env runs as many)\n", err  # fmt: skip
+    assert json.loads((trained / "checkpoints" / "eval.json").read_text())["episodes"] == 8
+
+
 def test_a_checkpoint_file_without_its_run_directory_evaluates_from_its_own_config(trained, tmp_path, in_process):
     loose = tmp_path / "elsewhere" / "model.pt"
     loose.parent.mkdir()
@@ -137,6 +148,7 @@ def test_a_saved_policy_must_be_an_allowed_policy_class(trained, tmp_path, in_pr
     (["{run}", "episodes=3"], ["episodes: no such option: expected one of checkpoint, num_episodes"]),
     (["{run}", "env.num_envs=0"], ["env.num_envs=0 is not allowed: expected an integer > 0"]),
     (["{run}", "num_episodes=0"], ["num_episodes=0 is not allowed"]),
+    (["{run}", "device=cpu:1"], ["device='cpu:1' is not supported: the CPU is one device"]),
     (["{run}", "+env.extra=1"], ["cannot add or delete"]),
     (["{run}", "env.num_envs=["], ["no viable alternative at input"]),
 ])  # fmt: skip

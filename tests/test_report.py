@@ -151,3 +151,42 @@ def test_sweep_summary_lists_each_failed_job_on_its_own_line(tmp_path):
     assert str(info.value).startswith("2 of 4 jobs failed")
     md = (tmp_path / "summary.md").read_text()
     assert "1 interrupted" not in md and "1 aborted, 2 failed or missing" in md
+
+
+def _write_job(sweep, num: int, overrides: list[str], summary: dict, rows: list[dict]) -> None:
+    """A job directory as rlchain-train leaves it: its overrides, job number, summary.json and metrics.jsonl."""
+    (sweep / str(num) / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(overrides), sweep / str(num) / ".hydra" / "overrides.yaml")
+    OmegaConf.save(OmegaConf.create({"hydra": {"job": {"num": num}}}), sweep / str(num) / ".hydra" / "hydra.yaml")
+    (sweep / str(num) / "summary.json").write_text(json.dumps(summary))
+    (sweep / str(num) / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_learning_curves_plot_the_objective_and_keep_a_long_legend_readable(tmp_path):
+    # a task without success (eval/avg_reward is its objective) drew no plot, and a legend of 8 or more
+    # configurations covered the curves
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from rlchain.report import learning_curves_figure, write_summary
+
+    rates = [f"{1e-4 * (i + 1):.4g}" for i in range(12)]
+    for num, (lr, seed) in enumerate((lr, seed) for lr in rates for seed in (0, 1)):
+        rows = [{"global_step": 100 * k, "eval/avg_reward": -1000 + 50 * k * float(lr) / 1e-4 + seed} for k in (1, 2, 3)]
+        summary = {"status": "completed", "objective_name": "eval/avg_reward", "objective": rows[-1]["eval/avg_reward"]}
+        _write_job(tmp_path, num, [f"algorithm.learning_rate={lr}", f"algorithm.clip_coef=0.2", f"seed={seed}"],
+                   summary, rows)  # fmt: skip
+    paths = write_summary(tmp_path)
+    assert paths["png"] == tmp_path / "learning_curves.png"
+    assert "![eval/avg_reward against env steps](learning_curves.png)" in paths["md"].read_text()
+    curves = learning_curves(load_jobs(tmp_path), "eval/avg_reward")
+    assert len(curves) == 12
+    fig = learning_curves_figure(curves, "eval/avg_reward")
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    (ax,) = fig.axes
+    assert ax.get_ylabel() == "eval/avg_reward" and "best 10 of 12 configurations" in ax.get_title()
+    (legend,) = fig.legends
+    assert len(legend.get_texts()) == 10 and legend.get_texts()[0].get_text() == "learning_rate=0.0012 (n=2)"
+    box = legend.get_window_extent(renderer)
+    assert not box.overlaps(ax.get_window_extent(renderer))  # no entry covers a curve
+    assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0  # none leaves the figure

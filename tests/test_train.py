@@ -63,11 +63,10 @@ def test_help_and_cfg_job(tmp_path):
     proc = run_cli(["--help"], tmp_path)
     assert proc.returncode == 0
     assert proc.stdout.startswith("rlchain-train is powered by Hydra.")
-    for text in ("algorithm: grpo, grpo_schema, ppo, ppo_schema",
-                 "env: cart_pole, cart_pole_schema, gym, gym_schema, push_cube, push_cube_schema",
+    for text in ("algorithm: grpo, ppo\n", "env: cart_pole, gym, push_cube\n",
                  "experiment: cart_pole_grpo, cart_pole_ppo, gym_cart_pole_ppo, gym_half_cheetah_ppo, gym_hopper_ppo, "
                  "gym_pendulum_ppo, gym_walker2d_ppo, push_cube_grpo, push_cube_ppo", "sweep: grpo_push_cube, ppo_push_cube",
-                 "policy: actor_critic, actor_critic_schema, actor_only, actor_only_schema"):
+                 "policy: actor_critic, actor_only\n", "hydra/launcher: basic, devices, slurm, slurm_local"):
         assert text in proc.stdout
     proc = run_cli(["--cfg", "job", "algorithm=grpo"], tmp_path)
     assert proc.returncode == 0 and "_target_: rlchain.algorithms.GRPO" in proc.stdout
@@ -78,12 +77,14 @@ def test_help_and_cfg_job(tmp_path):
     "overrides, message",
     [
         (["algorithm=ppx"], "Could not find 'algorithm/ppx'"),
-        (["algorithm.learning_rat=1e-3"], "Key 'learning_rat' not in 'PPOConfig'"),
+        (["algorithm.learning_rat=1e-3"], "Invalid config: algorithm.learning_rat=1e-3: learning_rat is not a setting of "
+                                          "algorithm=ppo (did you mean algorithm.learning_rate=1e-3?)"),
         (["env.num_envs=many"], "Value 'many' of type 'str' could not be converted to Integer"),
         (["algorithm.clip_coef=-1"], "algorithm.clip_coef=-1.0 is not allowed: expected a number > 0"),
         (["env.num_envs=0"], "env.num_envs=0 is not allowed: expected an integer > 0"),
         (["trainer.iterations=0"], "trainer.iterations=0 is not allowed: expected an integer > 0"),
-        (["algorithm=grpo", "algorithm.reset_every_rollout=false"], "Key 'reset_every_rollout' not in 'GRPOConfig'"),
+        (["algorithm=grpo", "algorithm.reset_every_rollout=false"],
+         "algorithm.reset_every_rollout=false: reset_every_rollout is not a setting of algorithm=grpo"),
         (["algorithm=grpo", "algorithm.advantage_norm=max"],
          "algorithm.advantage_norm='max' is not allowed: expected one of 'std', 'none', 'rollout_std'"),
         (["algorithm=grpo", "algorithm.group_size=3", "env.num_envs=64"],
@@ -98,6 +99,16 @@ def test_bad_input_gives_one_clear_message_and_no_traceback(tmp_path, overrides,
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not list(tmp_path.rglob("*.pt")), "no checkpoint may be left behind"
+
+
+def test_a_cpu_with_an_index_is_refused_before_any_step(tmp_path):
+    # device=cpu:1 trained, then called its good best.pt "unreadable as a torch checkpoint" (loaded onto cpu:1)
+    proc = run_cli(["device=cpu:1", *TINY, "trainer.fresh_eval=true"], tmp_path)
+    assert proc.returncode == 1 and "unreadable" not in proc.stdout + proc.stderr
+    assert proc.stderr.strip() == ("Invalid config: device='cpu:1' is not supported: the CPU is one device, 'cpu' "
+                                   "without an index; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")  # fmt: skip
+    assert not list(tmp_path.rglob("*.pt"))
+    assert not (tmp_path / "outputs").exists()  # refused before its first step: no run directory is left
 
 
 def test_a_job_rejected_at_build_still_records_its_failure_for_the_sweep_tables(tmp_path):
@@ -170,6 +181,24 @@ def test_a_task_without_success_shows_and_logs_none(tmp_path):
     assert rows and not [key for row in rows for key in row if "success" in key]
     summary = RunSummary.read(run_dir)
     assert summary.best_eval_success_rate is None and summary.best_objective is not None
+
+
+def test_train_log_holds_the_runs_notices_warnings_and_result_line(tmp_path):
+    # train.log was empty: the notices and the result line were printed, never logged
+    first = run_cli([*TINY, "env._target_=tests.helpers.user_components.warning_push_cube", "hydra.run.dir=first"],
+                    tmp_path)  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    second = run_cli([*TINY, f"trainer.init_from={tmp_path / 'first'}", "hydra.run.dir=second"], tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert second.stderr.count("rlchain: policy initialised from ") == 1  # shown once
+    for proc, name, lines in ((first, "first", ["UserWarning: the simulator's contact model is deprecated"]),
+                              (second, "second", ["rlchain: policy initialised from "])):  # fmt: skip
+        log = (tmp_path / name / "train.log").read_text()
+        result = proc.stdout.strip().splitlines()[-1]
+        assert result.startswith("rlchain: completed ") and proc.stdout.count(result) == 1
+        assert f"[rlchain.console][INFO] - {result}\n" in log
+        for line in lines:  # as often in the log as on the console (stderr), where Python's warnings showed it
+            assert (proc.stdout + proc.stderr).count(line) == log.count(line) >= 1, (proc.stderr, log)
 
 
 def _running_site_dirs() -> list[str]:

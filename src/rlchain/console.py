@@ -1,22 +1,76 @@
-"""What a run shows on its console: one-line notices and the progress of its iterations."""
+"""What a run shows on its console: one-line notices and the progress of its iterations; and its log file.
+
+The lines a run shows (its notices, Python's warnings, its result or error
+line) are also written to its log file, ``train.log`` in the run directory
+(``<job>.log`` in a sweep's job directory): the file handlers of the root
+logger, which Hydra's job logging sets up, receive them through
+:data:`RUN_LOG`, which reaches no console handler, so the console shows each
+line once.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 import time
+import warnings
+from typing import Iterator, TextIO
 
-__all__ = ["Progress", "notice"]
+__all__ = ["RUN_LOG", "Progress", "logged_warnings", "notice", "show"]
+
+
+class _RootFiles(logging.Handler):
+    """Hands each record to the file handlers of the root logger as they are at that moment (Hydra's job
+    logging replaces them for each job of a sweep)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.FileHandler) and record.levelno >= handler.level:
+                handler.handle(record)
+
+
+#: The run's log file, for the lines its console shows already: records go to the root logger's file handlers
+#: alone (none: nowhere), never to a console.
+RUN_LOG = logging.getLogger("rlchain.console")
+RUN_LOG.propagate = False
+RUN_LOG.setLevel(logging.INFO)
+if not RUN_LOG.handlers:
+    RUN_LOG.addHandler(_RootFiles())
+
+
+def show(line: str, stream: TextIO | None = None, level: int = logging.INFO) -> None:
+    """Print ``line`` on ``stream`` (stdout by default; flushed) and write it to the run's log file at ``level``."""
+    print(line, file=sys.stdout if stream is None else stream, flush=True)
+    RUN_LOG.log(level, line)
 
 
 def notice(text: str) -> None:
-    """Print ``rlchain: <text>`` as one line on stderr (flushed): what a user must know, that is no failure.
+    """Show ``rlchain: <text>`` as one line on stderr (flushed), and in the run's log file: what a user must know,
+    that is no failure.
 
     Rank 0 alone speaks for a multi-process run (torchrun's ``RANK`` and ``WORLD_SIZE``).
     """
     if os.environ.get("RANK", "0") != "0" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return
-    print(f"rlchain: {text}", file=sys.stderr, flush=True)
+    show(f"rlchain: {text}", sys.stderr)
+
+
+@contextlib.contextmanager
+def logged_warnings() -> Iterator[None]:
+    """Within it, each Python warning shown (on stderr, as before) is also written to the run's log file."""
+    shown = warnings.showwarning
+
+    def show_and_log(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+        shown(message, category, filename, lineno, file, line)
+        RUN_LOG.warning(warnings.formatwarning(message, category, filename, lineno, line).rstrip())
+
+    warnings.showwarning = show_and_log
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
 
 
 def _in_foreground(stream) -> bool:

@@ -46,7 +46,9 @@ class EvalConfig(Settings):
     checkpoint: str = "best"
     """'best', 'latest' (of the run directory) or a checkpoint path."""
     num_episodes: int | None = setting(None, gt=0)
-    """Episodes to run (rounded up to a multiple of the env's num_envs); None: the run's trainer.num_eval_episodes."""
+    """Episodes to run, on min(num_episodes, the run's num_eval_envs) envs unless env.num_envs is given (every env
+    runs as many; a count rounded up to a multiple of env.num_envs is said in one line); None: the run's
+    trainer.num_eval_episodes on its num_eval_envs envs (its evaluation)."""
     deterministic: bool = True
     """The policy's deterministic actions (the Gaussian's mean, the likeliest category); false samples them."""
     seed: int | None = setting(None, ge=0, le=MAX_SEED)
@@ -82,6 +84,7 @@ def run_eval(source: str | Path, overrides: Sequence[str] = (), allowed: Sequenc
     """
     import torch
 
+    from rlchain.console import notice
     from rlchain.evaluation import check_renders, evaluate_checkpoint, fresh_seed
     from rlchain.files import write_json
     from rlchain.saved_run import SavedRunError, open_run
@@ -108,6 +111,8 @@ def run_eval(source: str | Path, overrides: Sequence[str] = (), allowed: Sequenc
         raise SavedRunError(f"video=True{check_video_support()}")
     run = open_run(source, cfg.checkpoint, allowed)
     settings: dict[str, Any] = {"num_envs": run.trainer_setting("num_eval_envs", run.config["env"].get("num_envs"))}
+    if cfg.num_episodes is not None and settings["num_envs"] is not None:  # no more envs than episodes asked for
+        settings["num_envs"] = min(int(settings["num_envs"]), cfg.num_episodes)
     if cfg.device is not None:
         settings["device"] = cfg.device
     if cfg.video:
@@ -129,6 +134,9 @@ def run_eval(source: str | Path, overrides: Sequence[str] = (), allowed: Sequenc
         policy = run.build_policy(env)
         seed = cfg.seed if cfg.seed is not None else fresh_seed(int(run.trainer_setting("seed", 0)))
         episodes = cfg.num_episodes or int(run.trainer_setting("num_eval_episodes", env.num_envs))
+        if episodes % env.num_envs:
+            notice(f"{-(-episodes // env.num_envs) * env.num_envs} episodes: num_episodes={episodes} rounded up to a "
+                   f"multiple of env.num_envs={env.num_envs} (every env runs as many)")  # fmt: skip
         torch.manual_seed(seed)  # the sampled actions of deterministic=false
         result, _ = evaluate_checkpoint(env, policy, run.checkpoint, episodes, seed, deterministic=cfg.deterministic,
                                         video_episodes=cfg.video_episodes if cfg.video else 0)  # fmt: skip

@@ -22,13 +22,16 @@ where a launcher wrote one), and writes into the sweep directory:
   budget: the plotted metric at that budget, linearly interpolated between the
   evaluations around it (empty for a job whose evaluations do not reach it), so
   runs that evaluate at different steps compare at equal experience.
-* ``learning_curves.png``: eval success rate against env steps for each
-  configuration, the mean across seeds with a band of one std.
+* ``learning_curves.png``: the sweep's objective (the jobs' ``trainer.objective``,
+  e.g. ``eval/avg_reward`` on a task without success; ``--metric`` another
+  ``metrics.jsonl`` key) against env steps for each configuration, the mean
+  across seeds with a band of one std; beyond a few configurations the legend
+  goes below the axes, in columns.
 
 Usage::
 
     rlchain-report multirun/2026-11-21/10-00-00
-    rlchain-report multirun/2026-11-21/10-00-00 --metric eval/avg_reward --no-plot
+    rlchain-report multirun/2026-11-21/10-00-00 --metric eval/success_rate --no-plot
     rlchain-report multirun/2026-11-21/10-00-00 --at-steps 1e6 5e6
 """
 
@@ -57,8 +60,8 @@ from rlchain.files import write_text
 from rlchain.summary import STOPPED, JobRecord, RunSummary, error_line
 
 __all__ = [
-    "JobResult", "SweepFailed", "SweepSummary", "failure_lines", "learning_curves", "load_jobs", "main",
-    "plot_learning_curves", "write_summary",
+    "JobResult", "SweepFailed", "SweepSummary", "failure_lines", "learning_curves", "learning_curves_figure",
+    "load_jobs", "main", "plot_learning_curves", "sweep_objective", "write_summary",
 ]
 
 #: Result columns: (summary field, title); `final/...` reads summary.final[...].
@@ -72,6 +75,10 @@ RESULTS = [
 #: The objective's column in RESULTS, by which jobs and configurations are ranked.
 OBJECTIVE_COLUMN = [key for key, _ in RESULTS].index("objective")
 SEED_KEYS = {"seed"}
+#: What the curves and the ``at_steps`` columns show when no job names its objective (every job failed early).
+DEFAULT_METRIC = "eval/success_rate"
+#: Legend entries that the curves' axes hold; more go below the axes, in columns.
+LEGEND_INSIDE = 4
 log = logging.getLogger(__name__)
 
 
@@ -286,8 +293,16 @@ def failure_lines(jobs: Sequence[JobResult], nums: set[int] | None = None) -> li
     ]  # fmt: skip
 
 
+def sweep_objective(jobs: Sequence[JobResult]) -> str:
+    """The metric the sweep's jobs optimise: the ``objective_name`` most of their summaries give (the resolved
+    ``trainer.objective``), else :data:`DEFAULT_METRIC`."""
+    names = [j.summary.objective_name for j in jobs if j.summary is not None and j.summary.objective_name
+             and j.summary.objective_name != "auto"]  # fmt: skip
+    return max(dict.fromkeys(names), key=names.count) if names else DEFAULT_METRIC
+
+
 def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: bool = True,
-                  metric: str = "eval/success_rate", jobs: Sequence[JobResult] | None = None,
+                  metric: str | None = None, jobs: Sequence[JobResult] | None = None,
                   at_steps: Sequence[float] = ()) -> dict[str, Path]:  # fmt: skip
     """Write ``summary.csv``, ``summary.md`` (and ``learning_curves.png``) into ``sweep_dir``.
 
@@ -298,7 +313,8 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
             when they minimise).
         plot: also draw the learning curves of ``metric``.
         metric: the ``metrics.jsonl`` key plotted against env steps (and
-            reported at ``at_steps``).
+            reported at ``at_steps``); None: the sweep's objective
+            (:func:`sweep_objective`).
         jobs: the sweep's jobs when already loaded (:func:`load_jobs`).
         at_steps: env-step budgets (> 0) at which ``metric`` is reported, one
             column each (see :meth:`JobResult.value_at`).
@@ -313,10 +329,11 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
     bad = [b for b in at_steps if not isinstance(b, (int, float)) or isinstance(b, bool) or not b > 0]
     if bad:
         raise ValueError(f"at_steps={list(at_steps)!r}: expected env-step budgets > 0, got {bad[0]!r}")
-    columns: list[tuple[str, Any]] = [(title, lambda job, key=key: job.value(key)) for key, title in RESULTS]
-    columns += [(f"{metric} at {_steps_label(b)} steps", lambda job, b=b: job.value_at(metric, b)) for b in at_steps]
     sweep_dir = Path(sweep_dir)
     jobs = load_jobs(sweep_dir) if jobs is None else jobs
+    metric = metric or sweep_objective(jobs)
+    columns: list[tuple[str, Any]] = [(title, lambda job, key=key: job.value(key)) for key, title in RESULTS]
+    columns += [(f"{metric} at {_steps_label(b)} steps", lambda job, b=b: job.value_at(metric, b)) for b in at_steps]
     keys = varying_keys(jobs)
     summaries = [j.summary for j in jobs if j.summary is not None]
     if maximize is None:
@@ -436,28 +453,50 @@ def learning_curves(jobs: Sequence[JobResult], metric: str = "eval/success_rate"
 
 
 def plot_learning_curves(sweep_dir: str | Path, jobs: Sequence[JobResult] | None = None,
-                         metric: str = "eval/success_rate", max_curves: int = 10,
+                         metric: str | None = None, max_curves: int = 10,
                          name: str = "learning_curves.png") -> Path | None:  # fmt: skip
-    """Draw :func:`learning_curves` (mean line, band of one std) into ``<sweep_dir>/<name>``.
-
-    With more than ``max_curves`` configurations that ran to their end, the
-    ``max_curves`` with the highest mean final value are drawn (the title says
-    so). Pruned configurations are drawn as thin dashed grey lines that end
-    where the pruner stopped them, under one legend entry.
+    """Draw :func:`learning_curves` of ``metric`` (None: the sweep's objective, :func:`sweep_objective`) into
+    ``<sweep_dir>/<name>``, as :func:`learning_curves_figure` lays them out.
 
     Returns:
         The PNG path, or None when no job logged ``metric``.
     """
-    from matplotlib.figure import Figure
-
     sweep_dir = Path(sweep_dir)
-    curves = learning_curves(load_jobs(sweep_dir) if jobs is None else jobs, metric)
+    jobs = load_jobs(sweep_dir) if jobs is None else jobs
+    metric = metric or sweep_objective(jobs)
+    curves = learning_curves(jobs, metric)
     if not curves:
         return None
+    path = sweep_dir / name
+    learning_curves_figure(curves, metric, max_curves).savefig(path, dpi=120)
+    return path
+
+
+def learning_curves_figure(curves: dict[str, tuple[list[float], list[float], list[float] | None, int]], metric: str,
+                           max_curves: int = 10) -> Any:  # fmt: skip
+    """A matplotlib ``Figure`` of ``curves`` (:func:`learning_curves` of ``metric``): mean line, band of one std.
+
+    With more than ``max_curves`` configurations that ran to their end, the
+    ``max_curves`` with the highest mean final value are drawn (the title says
+    so). Pruned configurations are drawn as thin dashed grey lines that end
+    where the pruner stopped them, under one legend entry. Up to
+    :data:`LEGEND_INSIDE` legend entries stand in the axes; more stand below
+    them, in as many columns as their labels fit side by side (the figure
+    grows to hold their rows), so that no entry covers a curve or leaves the
+    figure.
+    """
+    from matplotlib.figure import Figure
+
     pruned = {label: curve for label, curve in curves.items() if label.endswith(PRUNED_LABEL)}
     ran = {label: curve for label, curve in curves.items() if label not in pruned}
     shown = sorted(ran.items(), key=lambda kv: -kv[1][1][-1])[:max_curves]
-    fig = Figure(figsize=(8, 4.8), layout="constrained")
+    labels = [f"{label} (n={n})" for label, (_, _, _, n) in shown]
+    labels += [f"pruned ({len(pruned)} configurations)"] if pruned else []
+    inside = len(labels) <= LEGEND_INSIDE
+    width = 8.0
+    columns = 1 if inside else max(1, min(4, int(width * 15) // (max(map(len, labels)) + 6)))  # ~15 chars an inch
+    rows = 0 if inside else math.ceil(len(labels) / columns)
+    fig = Figure(figsize=(width, 4.8 + 0.17 * rows), layout="constrained")
     ax = fig.add_subplot()
     for i, (steps, mean, _, _) in enumerate(pruned.values()):
         ax.plot(steps, mean, color="0.55", linestyle="--", linewidth=0.9,
@@ -477,10 +516,11 @@ def plot_learning_curves(sweep_dir: str | Path, jobs: Sequence[JobResult] | None
         title += f" (best {len(shown)} of {len(ran)} configurations that ran to the end)"
     ax.set_title(title, fontsize="medium")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small", loc="best")
-    path = sweep_dir / name
-    fig.savefig(path, dpi=120)
-    return path
+    if inside:
+        ax.legend(fontsize="small", loc="best")
+    else:
+        fig.legend(loc="outside lower center", ncols=columns, fontsize="x-small", frameon=False)
+    return fig
 
 
 @contextlib.contextmanager
@@ -520,12 +560,12 @@ class SweepSummary(Callback):
 
     Args:
         plot: draw ``learning_curves.png``.
-        metric: the metric plotted and reported at ``at_steps`` (a sweep preset
-            of a task without success sets ``eval/avg_reward``).
+        metric: the metric plotted and reported at ``at_steps``; None: the
+            sweep's objective (:func:`sweep_objective`).
         at_steps: env-step budgets, see :func:`write_summary`.
     """
 
-    def __init__(self, plot: bool = True, metric: str = "eval/success_rate", at_steps: Sequence[float] = ()) -> None:
+    def __init__(self, plot: bool = True, metric: str | None = None, at_steps: Sequence[float] = ()) -> None:
         self.plot, self.metric, self.at_steps = plot, metric, [float(b) for b in at_steps]
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -562,7 +602,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Write summary.csv, summary.md and learning_curves.png for an rlchain-train multirun.",
     )
     parser.add_argument("sweep_dir", type=Path, help="the multirun directory, e.g. multirun/2026-11-21/10-00-00")
-    parser.add_argument("--metric", default="eval/success_rate", help="metrics.jsonl key to plot (default: %(default)s)")
+    parser.add_argument("--metric", help="metrics.jsonl key to plot (default: the jobs' objective, trainer.objective)")
     parser.add_argument("--minimize", action="store_true",
                         help="rank jobs by lowest objective first (default: as the jobs' trainer.objective_direction)")
     parser.add_argument("--no-plot", action="store_true", help="write the tables only")
@@ -580,7 +620,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if kind in paths:
             print(f"wrote {paths[kind]}")
     if "png" not in paths and not args.no_plot:
-        print(f"no job logged {args.metric!r}: no plot drawn")
+        print(f"no job logged {args.metric or 'its objective'!r}: no plot drawn")
     return 0
 
 

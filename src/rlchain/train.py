@@ -19,6 +19,7 @@ turns the errors a user can fix into one line and returns the objective
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -37,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlchain import distributed, tuning
 from rlchain.config import RunConfig, check_top_level_keys
+from rlchain.console import logged_warnings, show
 from rlchain.distributed import CollectiveError, rank_seed
 from rlchain.run_dir import remove_if_unused
 from rlchain.settings import rejection
@@ -204,7 +206,7 @@ def _train(cfg: DictConfig) -> RunSummary:
         where = "the traceback is in its summary.json" if ended is not None else "no summary.json could be written"
         raise RunFailed(f"rlchain: failed: {error} | {trainer.output_dir} ({where})") from err
     if trainer.world.main:
-        print(_result_line(summary, trainer), flush=True)
+        show(_result_line(summary, trainer))
     return summary
 
 
@@ -245,7 +247,7 @@ def _one_line_errors() -> Iterator[None]:
     except (ConfigError, RunFailed) as err:
         if not _single_run() or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        print(err, file=sys.stderr, flush=True)
+        show(str(err), sys.stderr, logging.ERROR)
         raise SystemExit(1) from None
 
 
@@ -263,7 +265,7 @@ def main(cfg: DictConfig) -> float | None:
     preemption signal is then handed to submitit's handler, which requeues
     the job and exits; the requeued job goes on from its ``latest.pt``.
     """
-    with _one_line_errors():
+    with _one_line_errors(), logged_warnings():
         summary = train(cfg)
     requeue = requeue_signal()
     if requeue is not None and summary.signal == requeue.name:

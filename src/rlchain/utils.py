@@ -40,8 +40,9 @@ def resolve_device(device: str | torch.device, name: str = "device") -> torch.de
     ``"auto"`` means ``cuda`` when a CUDA device is visible, else ``cpu``.
 
     Raises:
-        SettingError: for an unparsable spec, or a CUDA device when CUDA is not
-            available or the index is out of range.
+        SettingError: for an unparsable spec, a CPU with an index (``cpu:1``: torch
+            has one CPU device, and loading a checkpoint onto ``cpu:1`` fails), or a
+            CUDA device when CUDA is not available or the index is out of range.
     """
     if isinstance(device, str) and device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -55,6 +56,9 @@ def resolve_device(device: str | torch.device, name: str = "device") -> torch.de
         count = torch.cuda.device_count()
         if dev.index is not None and dev.index >= count:
             raise SettingError(name, device, f" is not available: visible CUDA devices are cuda:0..cuda:{count - 1}")
+    elif dev.type == "cpu" and dev.index is not None:
+        raise SettingError(name, device, " is not supported: the CPU is one device, 'cpu' without an index; "
+                                         "expected 'auto', 'cpu', 'cuda' or 'cuda:N'")  # fmt: skip
     elif dev.type != "cpu":
         raise SettingError(name, device, " is not supported: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
     return dev

@@ -29,13 +29,15 @@ USER = ["--config-dir", str(HELPERS / "user_conf"), "env=fault_line", *TINY]
 MEET = "env._target_=tests.helpers.sweep_barrier.meeting_push_cube"
 
 
-def subprocess_env(**extra: str) -> dict[str, str]:
+def subprocess_env(**extra: str | None) -> dict[str, str]:
     """The environment of an ``rlchain-train`` subprocess: W&B off, no ``HYDRA_FULL_ERROR``, and the checkout's
-    root on ``PYTHONPATH`` so that ``_target_: tests.helpers....`` imports."""
+    root on ``PYTHONPATH`` so that ``_target_: tests.helpers....`` imports; then ``extra`` (None: unset)."""
     env = {**os.environ, "WANDB_MODE": "disabled"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     env.pop("HYDRA_FULL_ERROR", None)
-    env.update(extra)
+    env.update({key: value for key, value in extra.items() if value is not None})
+    for key in [key for key, value in extra.items() if value is None]:
+        env.pop(key, None)
     return env
 
 
@@ -49,7 +51,7 @@ def sigint_as_in_a_terminal() -> None:
 
 
 def run_cli(args: list[str], cwd: Path, module: str = "rlchain", timeout: float = 300,
-            **env_extra: str) -> subprocess.CompletedProcess:  # fmt: skip
+            **env_extra: str | None) -> subprocess.CompletedProcess:  # fmt: skip
     """Run ``python -m <module> *args`` in ``cwd`` the way a user's shell would (see :func:`subprocess_env`)."""
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=subprocess_env(**env_extra),
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip

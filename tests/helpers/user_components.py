@@ -55,3 +55,13 @@ class FailingPPO(PPO):
         if self.calls == self.fail_at:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return super().update(rollout)
+
+
+def warning_push_cube(**kwargs):
+    """An env ``_target_`` that warns as it builds a PushCubeEnv, as a simulator's own warning would."""
+    import warnings
+
+    from rlchain.envs import PushCubeEnv
+
+    warnings.warn("the simulator's contact model is deprecated", UserWarning, stacklevel=1)
+    return PushCubeEnv(**kwargs)

@@ -34,7 +34,8 @@ def one_job_at_a_time_per_slot(records) -> bool:
     return all(end <= start for s in spans for (_, end), (start, _) in zip(s, s[1:]))
 
 
-def test_slots_spread_over_devices_and_share_the_cores():
+def test_slots_spread_over_devices_and_share_the_cores(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     slots = make_slots([0, 1], jobs_per_device=2, threads_per_job="auto", visible=["0", "1"])
     assert [s.device for s in slots] == ["0", "1", "0", "1"]
     assert [s.environ()["CUDA_VISIBLE_DEVICES"] for s in slots] == ["0", "1", "0", "1"]
@@ -47,7 +48,8 @@ def test_slots_spread_over_devices_and_share_the_cores():
     assert make_slots("auto", 1, "auto")[0].device == ("0" if _cuda_count() else "cpu")
 
 
-def test_devices_per_job_gives_each_job_a_group_of_devices_and_shares_the_cores_over_its_processes():
+def test_devices_per_job_gives_each_job_a_group_of_devices_and_shares_the_cores_over_its_processes(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     slots = make_slots([0, 1, 2, 3], 2, "auto", devices_per_job=2, visible=["0", "1", "2", "3"])
     assert [s.environ()["CUDA_VISIBLE_DEVICES"] for s in slots] == ["0,1", "2,3", "0,1", "2,3"]
     assert [s.label for s in slots] == ["cuda:0,1", "cuda:2,3", "cuda:0,1", "cuda:2,3"] and {s.ranks for s in slots} == {2}
@@ -96,6 +98,30 @@ def test_bad_launcher_settings_name_the_field(devices, jobs_per_device, threads,
         settings = DevicesLauncherConf(devices=devices, jobs_per_device=jobs_per_device, threads_per_job=threads)
         make_slots(settings.devices, settings.jobs_per_device, settings.threads_per_job)
     assert message in str(info.value)
+
+
+def test_an_exported_omp_num_threads_is_each_jobs_thread_count(tmp_path):
+    # the launcher set every job's OMP_NUM_THREADS to cores // slots, over the one the user had exported
+    exported = max(1, len(os.sched_getaffinity(0)) // 2) + 1  # not what auto would share out
+    proc = run_cli(["-m", "seed=0,1", "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", *TINY,
+                    "env.episode_length=8", MEET], tmp_path, OMP_NUM_THREADS=str(exported),
+                   **barrier_env(1, tmp_path / "barrier"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    runs = summaries(sweep_dir_of(tmp_path))
+    assert sorted(runs) == [0, 1] and {r.record.num_threads for r in runs.values()} == {exported}
+    assert {int((tmp_path / "barrier" / str(n)).read_text()) for n in runs} == {exported}  # torch's threads in the job
+    assert f"2 slot(s) (cpu; {exported} thread(s) each, as exported in OMP_NUM_THREADS)" in proc.stdout
+
+
+def test_threads_per_job_wins_over_an_exported_omp_num_threads_and_a_bad_one_is_named(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert {s.environ()["OMP_NUM_THREADS"] for s in make_slots(["cpu"], 2, "auto")} == {"3"}
+    assert {s.environ()["OMP_NUM_THREADS"] for s in make_slots(["cpu"], 2, 2)} == {"2"}
+    monkeypatch.setenv("OMP_NUM_THREADS", "4,2")
+    with pytest.raises(LauncherConfigError, match=r"^OMP_NUM_THREADS='4,2', exported to the launcher, is not allowed "
+                                                  r"with hydra.launcher.threads_per_job='auto'"):  # fmt: skip
+        make_slots(["cpu"], 2, "auto")
+    assert make_slots(["cpu"], 2, 1)[0].num_threads == 1
 
 
 @pytest.mark.parametrize("name", ["stagger_s", "kill_after_s"])

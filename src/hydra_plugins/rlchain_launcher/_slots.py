@@ -57,6 +57,23 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
+def exported_threads() -> int | None:
+    """The ``OMP_NUM_THREADS`` exported to the launcher's process, or None where it is unset or empty.
+
+    Raises:
+        LauncherConfigError: a value that is not an integer >= 1 (naming it and
+            ``hydra.launcher.threads_per_job``, which would use it).
+    """
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise LauncherConfigError(f"OMP_NUM_THREADS={value!r}, exported to the launcher, is not allowed with "
+                                  "hydra.launcher.threads_per_job='auto', which gives it to every job: expected an "
+                                  "integer >= 1 (or unset it, or set threads_per_job)")  # fmt: skip
+    return int(value)
+
+
 def visible_cuda_devices() -> list[str]:
     """The CUDA devices this process can hand to a worker, named as ``CUDA_VISIBLE_DEVICES`` takes them.
 
@@ -144,13 +161,14 @@ def make_slots(devices: Any, jobs_per_device: int, threads_per_job: Any, devices
     devices. With ``devices_per_job`` > 1 the CUDA devices go to jobs in
     consecutive groups of that many (``[0,1,2,3]`` by 2: ``0,1`` and
     ``2,3``), and a CPU slot runs that many processes. ``threads_per_job="auto"``
-    shares the usable cores evenly over every process (at least one thread
-    each). The other settings are checked already
+    gives every process the ``OMP_NUM_THREADS`` exported to the launcher
+    (:func:`exported_threads`), else shares the usable cores evenly over every
+    process (at least one thread each). The other settings are checked already
     (:class:`~.config.DevicesLauncherConf`). ``visible``: see :func:`resolve_devices`.
 
     Raises:
-        LauncherConfigError: see :func:`resolve_devices`; fewer CUDA devices
-            than ``devices_per_job``, or a count it does not divide.
+        LauncherConfigError: see :func:`resolve_devices` and :func:`exported_threads`;
+            fewer CUDA devices than ``devices_per_job``, or a count it does not divide.
     """
     ids = resolve_devices(devices, visible)
     if devices_per_job > 1 and ids != ["cpu"]:
@@ -161,5 +179,8 @@ def make_slots(devices: Any, jobs_per_device: int, threads_per_job: Any, devices
             )
         ids = [",".join(ids[i : i + devices_per_job]) for i in range(0, len(ids), devices_per_job)]
     n_slots = len(ids) * jobs_per_device
-    threads = max(1, usable_cpus() // (n_slots * devices_per_job)) if threads_per_job == "auto" else threads_per_job
+    if threads_per_job != "auto":
+        threads = threads_per_job
+    else:
+        threads = exported_threads() or max(1, usable_cpus() // (n_slots * devices_per_job))
     return [Slot(i, ids[i % len(ids)], threads, devices_per_job) for i in range(n_slots)]

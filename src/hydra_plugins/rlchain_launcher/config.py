@@ -41,8 +41,9 @@ class DevicesLauncherConf:
     ``torchrun --nproc_per_node`` would start them, each on a device of its own (CUDA: consecutive groups of
     ``devices``, slots = devices // devices_per_job x jobs_per_device) or, on the CPU, sharing the slot."""
     threads_per_job: Any = "auto"
-    """Torch/OpenMP CPU threads of each job's process(es): ``auto`` = usable cores // (slots x devices_per_job)
-    (at least 1), or an integer >= 1."""
+    """Torch/OpenMP/MKL CPU threads of each job's process(es), set as its ``OMP_NUM_THREADS`` and
+    ``MKL_NUM_THREADS``: ``auto`` = the ``OMP_NUM_THREADS`` exported to the launcher where there is one, else
+    usable cores // (slots x devices_per_job) (at least 1); or an integer >= 1 (it wins over an exported one)."""
     stagger_s: float = 0.0
     """Seconds to wait between two job starts (>= 0; spreads start-up load)."""
     kill_after_s: float = 30.0

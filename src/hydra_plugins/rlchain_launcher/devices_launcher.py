@@ -158,6 +158,7 @@ class DevicesLauncher(Launcher):
         import cloudpickle
         from hydra.core.singleton import Singleton
 
+        from hydra_plugins.rlchain_launcher._slots import exported_threads
         from rlchain.summary import error_line
 
         pool = self.pool
@@ -165,7 +166,9 @@ class DevicesLauncher(Launcher):
         devices = sorted({s.label for s in pool.slots})
         slot = pool.slots[0]
         each = f"{slot.ranks} processes of {slot.num_threads} thread(s)" if slot.ranks > 1 else f"{slot.num_threads} thread(s)"
-        log.info(f"devices launcher: {len(pool.slots)} slot(s) ({', '.join(devices)}; {each} each); sweep dir {sweep_dir}")
+        each += " each" + (", as exported in OMP_NUM_THREADS" if self.settings.threads_per_job == "auto"
+                           and exported_threads() is not None else "")  # fmt: skip
+        log.info(f"devices launcher: {len(pool.slots)} slot(s) ({', '.join(devices)}; {each}); sweep dir {sweep_dir}")
         ran = 0
         with pool.signals.handling():
             context = cloudpickle.dumps((self.task_function, self.hydra_context, Singleton.get_state()))
