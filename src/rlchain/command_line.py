@@ -24,7 +24,7 @@ import difflib
 import os
 from typing import Any, Sequence
 
-__all__ = ["HIDDEN_GROUPS", "help_groups", "unknown_keys"]
+__all__ = ["HIDDEN_GROUPS", "help_groups", "register_help_resolver", "unknown_keys"]
 
 #: Config groups that ``--help`` and the lines of :func:`unknown_keys` leave out: their options are chosen by other
 #: options' defaults lists (``algorithm=grpo`` selects ``algorithm_defaults/grpo``), never on the command line.
@@ -132,6 +132,15 @@ def help_groups(*groups: str) -> str:
         if options:
             lines.append(f"{group}: {', '.join(options)}")
     return "\n".join(lines) + "\n"
+
+
+def register_help_resolver() -> None:
+    """Register ``${rlchain_groups:...}`` (:func:`help_groups`): the option lists of conf/train.yaml's
+    ``hydra.help.template`` (registered by :mod:`rlchain.train`, whose ``--help`` resolves it)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("rlchain_groups"):
+        OmegaConf.register_new_resolver("rlchain_groups", help_groups)
 
 
 def _missing_key(cfg: Any, key: str) -> str | None:

@@ -8,9 +8,8 @@ one place. They are stored as ``<group>/<name>_schema``; the YAML options under
 misspelt key or a value of the wrong type fails at composition (a key on
 ``rlchain-train``'s command line in one line with a close match:
 :mod:`rlchain.command_line`). :class:`TrainConfig` is the top-level schema.
-Importing this module registers the schemas and the ``${rlchain_id:}`` and
-``${rlchain_groups:}`` resolvers (the latter lists the options of
-``rlchain-train --help``: :func:`rlchain.command_line.help_groups`).
+Importing this module registers the schemas and the ``${rlchain_id:}``
+resolver.
 
 Importing it, and so starting ``rlchain-train``, loads no tensordict: the
 modules of the schemas import tensordict where they build a TensorDict,
@@ -33,7 +32,6 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rlchain.algorithms import GRPOConfig, PPOConfig
-from rlchain.command_line import help_groups
 from rlchain.envs import CartPoleConfig, GymEnvConfig, PushCubeConfig
 from rlchain.policies import ActorCriticConfig, ActorOnlyConfig
 from rlchain.run_dir import register_resolver
@@ -166,5 +164,3 @@ def check_top_level_keys(cfg: DictConfig) -> None:
 
 register_configs()
 register_resolver()
-if not OmegaConf.has_resolver("rlchain_groups"):
-    OmegaConf.register_new_resolver("rlchain_groups", help_groups)

@@ -37,6 +37,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rlchain import distributed, tuning
+from rlchain.command_line import register_help_resolver
 from rlchain.config import RunConfig, check_top_level_keys
 from rlchain.console import logged_warnings, show
 from rlchain.distributed import CollectiveError, rank_seed
@@ -49,6 +50,8 @@ from rlchain.utils import resolve_device
 from rlchain.video import prefer_headless_gl
 
 __all__ = ["ConfigError", "RunFailed", "build", "main", "train"]
+
+register_help_resolver()
 
 
 class ConfigError(CompactHydraException):
