@@ -13,7 +13,7 @@ from rlchain.trainer import Trainer
 
 def train_push_cube(tmp_path, policy_cls, make_algorithm, iterations: int, rollout_steps: int) -> tuple[float, float]:
     """Eval success rate before and after a short, seeded PushCube run."""
-    from rlchain.trainer import evaluate
+    from rlchain.evaluation import evaluate
 
     torch.manual_seed(0)
     env = PushCubeEnv(num_envs=512, seed=0)

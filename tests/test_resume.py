@@ -11,10 +11,17 @@ from rlchain.algorithms import GRPO, PPO
 from rlchain.envs import CartPoleEnv, GymVecEnv, PushCubeEnv
 from rlchain.policies import ActorCritic, ActorOnly
 from rlchain.summary import RunSummary
+from rlchain.starting import start
 from rlchain.trainer import Trainer
 from tests.helpers.runs import TINY, USER, rows, run_cli, summary_of
 from tests.helpers.toy_env import LineEnv, ScoredByEvaluation
 from tests.helpers.user_components import FailingPPO
+
+
+def started(trainer: Trainer) -> Trainer:
+    """``trainer`` once :func:`rlchain.starting.start` resumed or initialised it (as rlchain-train's build does)."""
+    start(trainer)
+    return trainer
 
 
 def make_push_cube_ppo(tmp_path, iterations, resume_from=None, seed=3):
@@ -22,8 +29,8 @@ def make_push_cube_ppo(tmp_path, iterations, resume_from=None, seed=3):
     env = PushCubeEnv(num_envs=32, seed=seed)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[32, 32], obs_normalization=True)
     algo = PPO(policy, batch_size=256, n_epochs=2, seed=seed)
-    return Trainer(env, policy, algo, iterations=iterations, rollout_steps=16, save_freq=100,
-                   output_dir=str(tmp_path), seed=seed, progress=False, resume_from=resume_from)  # fmt: skip
+    return started(Trainer(env, policy, algo, iterations=iterations, rollout_steps=16, save_freq=100,
+                           output_dir=str(tmp_path), seed=seed, progress=False, resume_from=resume_from))  # fmt: skip
 
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
@@ -48,8 +55,8 @@ def test_resume_on_an_env_that_cannot_save_its_state_restarts_it_fresh(tmp_path,
     def make(out, iterations, resume_from=None):
         env = GymVecEnv("Pendulum-v1", num_envs=4, seed=0)  # 200-step episodes: in progress at every checkpoint
         policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-        return Trainer(env, policy, PPO(policy, batch_size=16), iterations=iterations, rollout_steps=8,
-                       output_dir=str(out), progress=False, resume_from=resume_from)  # fmt: skip
+        return started(Trainer(env, policy, PPO(policy, batch_size=16), iterations=iterations, rollout_steps=8,
+                               output_dir=str(out), progress=False, resume_from=resume_from))  # fmt: skip
 
     make(tmp_path / "a", iterations=2).train()
     capsys.readouterr()
@@ -119,8 +126,8 @@ def test_a_resume_takes_the_configs_learning_rate_unless_the_schedule_adapts_it(
         policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
         extra = {"target_kl": 1e-9} if schedule == "adaptive" else {}  # adaptive: the rate falls at every update
         algorithm = PPO(policy, learning_rate=lr, lr_schedule=schedule, batch_size=16, total_iterations=iterations, **extra)
-        return Trainer(env, policy, algorithm, iterations=iterations, rollout_steps=4, output_dir=str(out),
-                       progress=False, resume_from=resume_from)  # fmt: skip
+        return started(Trainer(env, policy, algorithm, iterations=iterations, rollout_steps=4, output_dir=str(out),
+                               progress=False, resume_from=resume_from))  # fmt: skip
 
     first = make(tmp_path / "a", 1e-3, iterations=1)
     first.train()
@@ -267,8 +274,9 @@ def _cart_pole_run(tmp_path, name, **trainer_kwargs):
     env = CartPoleEnv(num_envs=4, max_episode_steps=8, seed=0)
     policy = ActorCritic(env.single_observation_space, env.single_action_space)
     algorithm = GRPO(policy, group_size=2, kl_coef=0.1) if name == "grpo" else PPO(policy)
-    return Trainer(env, policy, algorithm, iterations=1, rollout_steps=8, eval_freq=1, num_eval_envs=2,
-                   num_eval_episodes=2, output_dir=str(tmp_path / name), progress=False, **trainer_kwargs)  # fmt: skip
+    return started(Trainer(env, policy, algorithm, iterations=1, rollout_steps=8, eval_freq=1, num_eval_envs=2,
+                           num_eval_episodes=2, output_dir=str(tmp_path / name), progress=False,
+                           **trainer_kwargs))  # fmt: skip
 
 
 def test_bad_init_from_paths_are_refused_before_any_step(tmp_path):

@@ -247,13 +247,16 @@ def test_a_submitit_job_goes_on_from_its_own_latest_checkpoint_and_a_plain_run_r
     from rlchain.algorithms import PPO
     from rlchain.envs import CartPoleEnv
     from rlchain.policies import ActorCritic
+    from rlchain.starting import start
     from rlchain.trainer import Trainer
 
     def make():
         env = CartPoleEnv(num_envs=4, max_episode_steps=8)
         policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-        return Trainer(env, policy, PPO(policy, batch_size=16), iterations=2, rollout_steps=4,
-                       output_dir=str(tmp_path), progress=False)  # fmt: skip
+        trainer = Trainer(env, policy, PPO(policy, batch_size=16), iterations=2, rollout_steps=4,
+                          output_dir=str(tmp_path), progress=False)  # fmt: skip
+        start(trainer)  # as rlchain-train's build does
+        return trainer
 
     make().train()
     with pytest.raises(ValueError, match="already holds a run"):

@@ -240,7 +240,7 @@ def evaluate_checkpoint(env: VecEnv, policy: Policy, path: str | Path, num_episo
     """Load the policy of the checkpoint at ``path`` into ``policy`` and :func:`evaluate` it on ``env``.
 
     What ``rlchain-eval`` runs, and the trainer's final score of ``best.pt``
-    (:meth:`rlchain.trainer.Trainer.fresh_score`). The checkpoint is read as
+    (:meth:`rlchain.evaluator.Evaluator.fresh_score`). The checkpoint is read as
     data (``weights_only=True``).
 
     Returns:

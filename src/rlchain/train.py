@@ -43,6 +43,7 @@ from rlchain.console import logged_warnings, show
 from rlchain.distributed import CollectiveError, rank_seed
 from rlchain.run_dir import remove_if_unused
 from rlchain.settings import rejection
+from rlchain.starting import start
 from rlchain.stopping import requeue_signal
 from rlchain.summary import STOPPED, RunSummary, error_line, placement
 from rlchain.trainer import Trainer, TrainerConfig
@@ -80,7 +81,8 @@ def _component(group: str) -> Iterator[None]:
 
 
 def build(cfg: DictConfig) -> Trainer:
-    """Seed torch's global RNG with ``cfg.seed``, then instantiate env, policy, algorithm and trainer.
+    """Seed torch's global RNG with ``cfg.seed``, instantiate env, policy, algorithm and trainer, then start the
+    trainer (:func:`rlchain.starting.start`: resume, ``init_from`` or a fresh start, and ``compile``).
 
     In a process that torchrun started, first join the run's other processes
     (:func:`rlchain.distributed.setup`): ``device`` becomes this rank's, its
@@ -94,8 +96,10 @@ def build(cfg: DictConfig) -> Trainer:
         ConfigError: a top-level key no schema field or selected config group
             accounts for (see :func:`rlchain.config.check_top_level_keys`); a
             value a component rejects, naming ``group.key``, the value and
-            what is allowed; a job's trial that cannot be opened (naming
-            ``hydra.sweeper.trial``); all raised before any env step is taken.
+            what is allowed (a checkpoint to resume from or start from that
+            does not exist or does not fit, naming it); a job's trial that
+            cannot be opened (naming ``hydra.sweeper.trial``); all raised
+            before any env step is taken.
     """
     with _component(""):
         check_top_level_keys(cfg)
@@ -124,10 +128,12 @@ def build(cfg: DictConfig) -> Trainer:
         torch.manual_seed(rank_seed(cfg.seed, world.rank))
     config = OmegaConf.to_container(cfg, resolve=True)
     with _component("trainer"):
-        return instantiate(
+        trainer = instantiate(
             cfg.trainer, env=env, policy=policy, algorithm=algorithm, eval_env=eval_env, run_config=config, trial=trial,
             **_sweep_wandb(cfg), _convert_="all", _recursive_=False,  # run_config holds _target_ keys: keep it data
         )
+        start(trainer)  # resume, init_from or a fresh start; compile
+    return trainer
 
 
 def _sweep_wandb(cfg: DictConfig) -> dict[str, str]:
@@ -204,8 +210,8 @@ def _train(cfg: DictConfig) -> RunSummary:
             raise
         if not trainer.world.main:  # rank 0 says what ended the run, and writes it down
             raise RunFailed(f"rlchain: rank {trainer.world.rank} stopped: {error_line(str(err))}") from err
-        ended = RunSummary.read(trainer.output_dir)
-        error = ended.error if ended is not None and ended.status == "failed" else error_line(err)
+        ended: RunSummary | None = getattr(err, "run_summary", None)
+        error = ended.error if ended is not None and ended.error else error_line(err)
         where = "the traceback is in its summary.json" if ended is not None else "no summary.json could be written"
         raise RunFailed(f"rlchain: failed: {error} | {trainer.output_dir} ({where})") from err
     if trainer.world.main:

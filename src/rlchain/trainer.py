@@ -18,7 +18,10 @@ runs this loop on its own envs with the same policy; rank 0 alone evaluates,
 logs and writes the run directory, and every rank's envs go into its
 checkpoints.
 
-What surrounds the loop is a component each: :class:`~rlchain.stopping.StopSignals`
+What surrounds the loop is a component each: :func:`rlchain.starting.start`
+(afresh, resumed or from another run's policy, before the first step),
+:class:`~rlchain.evaluator.Evaluator` (the evaluations, their videos, the
+best success rate, the fresh final score), :class:`~rlchain.stopping.StopSignals`
 (Ctrl-C, SIGTERM, a cluster's requeue signal), :class:`~rlchain.objective.Objective`
 (the objective and the best evaluation), :class:`~rlchain.checkpoint.Checkpoints`
 and :class:`~rlchain.summary.RunSummary`.
@@ -37,7 +40,6 @@ generator of its reset seeds) continue as saved.
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import time
 import traceback
@@ -48,20 +50,20 @@ from typing import Any, Callable
 import torch
 
 from rlchain.algorithms.base import Algorithm, NonFiniteError, first_non_finite
-from rlchain.checkpoint import Checkpoints, check_state_matches, load_checkpoint
+from rlchain.checkpoint import Checkpoints
 from rlchain.collector import Episodes, EpisodeWindow, SyncCollector
 from rlchain.console import Progress, notice
 from rlchain.distributed import CollectiveError, World, world
 from rlchain.envs.base import VecEnv
-from rlchain.evaluation import check_renders, evaluate, evaluate_checkpoint, fresh_seed
-from rlchain.objective import OBJECTIVE_DIRECTIONS, Best, Objective, ObjectiveError
+from rlchain.evaluator import Evaluator
+from rlchain.objective import OBJECTIVE_DIRECTIONS, Objective, ObjectiveError
 from rlchain.policies import Policy
-from rlchain.run_dir import taken
 from rlchain.settings import SettingError, Settings, setting
-from rlchain.stopping import Abort, StopSignals, in_submitit_job
+from rlchain.starting import start
+from rlchain.stopping import Abort, StopSignals
 from rlchain.summary import RunSummary, error_line, placement
-from rlchain.utils import MAX_SEED
-from rlchain.video import check_video_support, write_mp4
+from rlchain.utils import MAX_SEED, to_device
+from rlchain.video import check_video_support
 from rlchain.writer import MetricWriter
 
 __all__ = ["WANDB_MODES", "Trainer", "TrainerConfig"]
@@ -179,18 +181,20 @@ class Trainer:
             ``pruned`` (``latest.pt`` saved, no fresh evaluation).
         settings: fields of :class:`TrainerConfig` (``self.cfg``).
 
+    Building a trainer starts nothing: :func:`rlchain.starting.start`
+    resumes it (``resume_from``), starts its policy from another run
+    (``init_from``) or checks that its fresh start may use ``output_dir``, and
+    compiles (``compile``); the entry calls it once the trainer is built, and
+    :meth:`train` calls it where nobody did.
+
     Raises:
         SettingError: a setting out of its range (naming it), an env the
             algorithm rejects (e.g. GRPO's ``group_size`` not dividing
             ``num_envs``), a ``rollout_steps`` below the env's
             ``max_episode_steps`` for an algorithm that resets every env each
-            rollout (GRPO), an ``output_dir`` that holds another run while not
-            resuming, a ``resume_from`` or ``init_from`` that is not an
-            rlchain checkpoint or whose policy does not match this one (naming
-            the parameters and shapes), ``use_wandb``
-            without the wandb package, ``video`` without an evaluation env
-            that renders (or without imageio), a ``resume_from`` that does not
-            exist; all before any step.
+            rollout (GRPO), ``use_wandb`` without the wandb package, ``video``
+            without an evaluation env that renders (or without imageio); all
+            before any step.
     """
 
     def __init__(
@@ -209,22 +213,17 @@ class Trainer:
         self.world: World = world()
         algorithm.check_env(env)
         self.collector = SyncCollector(env, policy, cfg.rollout_steps, reset_options=algorithm.reset_options)
-        if not self.world.main:  # rank 0 alone evaluates
-            eval_env = None
-        if callable(eval_env) and not isinstance(eval_env, VecEnv):
-            eval_env = _build_eval_env(eval_env, cfg)
-        self.eval_env = eval_env
-        if cfg.video and self.world.main:
-            check_renders(eval_env)
         self.output_dir = Path(cfg.output_dir)
+        self.evaluator = Evaluator(eval_env if self.world.main else None, cfg.num_eval_envs, cfg.num_eval_episodes,
+                                   seed=cfg.seed + 1, video_episodes=cfg.video_episodes if cfg.video else 0,
+                                   video_dir=self.output_dir / "videos")  # fmt: skip
+        """Rank 0's evaluations (no evaluation env on the other ranks)."""
         self.checkpoints = Checkpoints(self.output_dir / "checkpoints", writer=self.world.main)
         self.objective = Objective(cfg.objective, cfg.objective_direction)
-        self.best_success = Best("maximize")
         self.episodes = EpisodeWindow(cfg.stats_min_episodes)
         self.global_step = 0
         self.iteration = 0
         self.last_train: dict[str, float] = {}
-        self.last_eval: dict[str, float] = {}
         self.best_fresh: dict[str, Any] | None = None
         self.init_from: str | None = None
         self.wandb_id: str | None = None
@@ -232,88 +231,15 @@ class Trainer:
         self._objective_checked = False
         self.trial = trial if self.world.main else None
         self.pruned = False
-        self._start()
-        self.compile_s = self._compile() if cfg.compile else None
+        self.compile_s: float | None = None
         """Seconds that compiling took before the first step (``compile``), logged once as ``time/compile_s``."""
+        self.started = False
+        """Whether :func:`rlchain.starting.start` prepared the run (resumed, initialised or fresh, compiled)."""
 
-    def _compile(self) -> float:
-        """Compile the acting forward pass and the minibatch loss (``compile``); return the seconds it took.
-
-        Raises:
-            SettingError: ``compile=True`` where compiling fails (no C++ compiler for the CPU backend, an op
-                torch cannot compile), with the cause on the same line, before any step.
-        """
-        start = time.perf_counter()
-        try:
-            self.collector.compile()
-            self.algorithm.compile(self.collector.buffer.data)
-        except Exception as err:  # noqa: BLE001 - torch's compiler raises many kinds; each becomes this one line
-            cause = " ".join(str(err).split("\n")[0].split()) or type(err).__name__
-            raise SettingError("compile", True, f" cannot run here: {type(err).__name__}: {cause[:300]}; "
-                                                "expected false (eager PyTorch)") from None  # fmt: skip
-        seconds = time.perf_counter() - start
-        notice(f"compiled the acting forward pass and the update's loss in {seconds:.1f} s (time/compile_s)")
-        return seconds
-
-    def _start(self) -> None:
-        """Resume, start the policy from another run (``init_from``), or start afresh.
-
-        In a multi-process run rank 0 alone reads the files and sends what it
-        read to every rank; a fresh start sends rank 0's initial policy.
-        """
-        world, cfg = self.world, self.cfg
-        start = None
-        if world.main:
-            resume_from = self._resume_source()
-            if resume_from is not None:
-                start = ("resume_from", str(resume_from), self._read(resume_from, "resume_from"))
-            elif cfg.init_from is not None:
-                path = self._init_source(cfg.init_from)
-                start = ("init_from", str(path), self._read(path, "init_from"))
-        if world.distributed:
-            start = world.share((str(self.output_dir), start), "the broadcast of the run's start")
-            self.output_dir, start = Path(start[0]), start[1]
-            self.checkpoints = Checkpoints(self.output_dir / "checkpoints", writer=world.main)
-            if start is not None:
-                start = (start[0], start[1], _to_device(start[2], self.env.device))
-        if start is None:
-            if world.distributed:
-                world.broadcast_(self.policy.state_dict().values(), "the broadcast of the initial policy")
-                self.algorithm.reset_reference()
-        elif start[0] == "resume_from":
-            exact = self._restore(start[2], start[1])
-            restart = "" if exact or start[2].get("world_size", 1) != world.world_size else (
-                f"; {type(self.env).__name__} cannot restore its state: every env reset "
-                "(episodes in progress at the checkpoint are dropped)"
-            )  # fmt: skip
-            notice(f"resumed from {start[1]} at iteration {self.iteration} (global_step {self.global_step:,}){restart}")
-        else:
-            self._init_policy(start[2], start[1])
-
-    def _resume_source(self) -> Path | None:
-        """The checkpoint this run resumes from, or None for a fresh start (refused in a directory that holds a run).
-
-        Raises:
-            SettingError: a fresh start in an ``output_dir`` that holds a run; a ``resume_from`` that names neither
-                a checkpoint nor a run directory with ``checkpoints/latest.pt``.
-        """
-        resume_from = self.cfg.resume_from
-        if resume_from is None and in_submitit_job():
-            resume_from = "auto"  # a requeued job goes on from its own latest.pt
-        if resume_from is None:
-            reason = taken(self.output_dir)
-            if reason is not None:
-                raise SettingError("output_dir", str(self.output_dir), reason)
-            return None
-        if resume_from == "auto":
-            return self.checkpoints.latest if self.checkpoints.latest.is_file() else None
-        path = Path(resume_from)
-        if path.is_dir():
-            path = path / "checkpoints" / "latest.pt"
-        if not path.is_file():
-            raise SettingError("resume_from", resume_from, " does not exist: expected an rlchain checkpoint file, a run "
-                                                          "directory with checkpoints/latest.pt, or 'auto'")  # fmt: skip
-        return path
+    @property
+    def eval_env(self) -> VecEnv | None:
+        """The evaluation env (:attr:`evaluator`'s; None on a rank other than 0 or without evaluation)."""
+        return self.evaluator.env
 
     # ------------------------------------------------------------ the loop
     def train(self) -> RunSummary:
@@ -335,14 +261,17 @@ class Trainer:
                 error), ended, or did not join a collective within
                 ``dist_timeout_s`` (see :mod:`rlchain.distributed`).
             In every case ``summary.json`` first records ``status="failed"``,
-            the one-line ``error`` and the ``traceback``, and the logs are flushed.
+            the one-line ``error`` and the ``traceback``, and the logs are
+            flushed; the error raised carries that summary as its
+            ``run_summary`` attribute (a :class:`~rlchain.summary.RunSummary`).
 
         In a multi-process run (torchrun) every rank calls this; the ranks
         stop after the same iteration, and rank 0 alone logs and writes
         ``summary.json`` (every rank returns its summary).
         """
+        start(self)  # where the entry has not already
         cfg = self.cfg
-        start_time, start, start_step = time.time(), time.perf_counter(), self.global_step
+        start_time, began, start_step = time.time(), time.perf_counter(), self.global_step
         ending: dict[str, Any] = {"status": "completed"}
         failure: BaseException | None = None
         writer = progress = None
@@ -360,7 +289,7 @@ class Trainer:
                     notice(f"the run has already reached trainer.iterations={cfg.iterations}: nothing to train")
                 stopped = None  # the stop signal every rank agreed on
                 while self.iteration < cfg.iterations and stopped is None and not self.pruned:
-                    row, stopped = self._iteration(writer, start, stop)
+                    row, stopped = self._iteration(writer, began, stop)
                     progress.update(self.iteration, self.global_step, row)
                 if self.pruned:
                     ending = {"status": "pruned"}
@@ -369,7 +298,7 @@ class Trainer:
                     ending = {"status": "interrupted", "signal": stopped}
                 self.save()
                 if ending["status"] == "completed" and cfg.fresh_eval:
-                    self.best_fresh = self._fresh_score_or_error()
+                    self.best_fresh = self.evaluator.fresh_score(self.policy, self.checkpoints.best, cfg.seed)
             except Abort:
                 ending = {"status": "aborted", "signal": stop.received}
             except Exception as err:
@@ -379,7 +308,7 @@ class Trainer:
             with stop.held():  # the summary and the logs are written whatever arrives now
                 if progress is not None:
                     progress.close()
-                summary = self._summary(ending, start_time, time.perf_counter() - start, self.global_step - start_step)
+                summary = self._summary(ending, start_time, time.perf_counter() - began, self.global_step - start_step)
                 try:
                     if self.world.main:
                         summary.write(self.output_dir)
@@ -387,6 +316,7 @@ class Trainer:
                     if writer is not None:
                         writer.close()
         if failure is not None:
+            failure.run_summary = summary  # what the entry says of it, without reading summary.json back
             raise failure
         return summary
 
@@ -441,9 +371,10 @@ class Trainer:
         """Rank 0's part of an iteration: evaluate (when due), log, report to the trial; return
         ``(pruned, checkpoint to write: "best", "latest" or None, the objective's value)``."""
         cfg = self.cfg
-        evaluated = self.eval_env is not None and (self.iteration % cfg.eval_freq == 0 or self.iteration == cfg.iterations)
+        evaluated = self.evaluator.env is not None and (self.iteration % cfg.eval_freq == 0 or self.iteration == cfg.iterations)
         if evaluated:
-            self._evaluate(row, writer)
+            row.update(self.evaluator.evaluate(self.policy, self.global_step, writer))
+            self.objective.resolve(self.evaluator.last)
         writer.log(row, self.global_step)
         if not self._objective_checked:
             self._objective_checked = True
@@ -475,49 +406,6 @@ class Trainer:
         self.last_train = row
         return row
 
-    def _evaluate(self, row: dict[str, float], writer: MetricWriter) -> None:
-        """Evaluate the policy into ``row`` (``eval/*``, ``time/eval_s``); with ``video``, write and log its video."""
-        cfg, t0 = self.cfg, time.perf_counter()
-        result = evaluate(self.eval_env, self.policy, cfg.num_eval_episodes, seed=cfg.seed + 1,
-                          video_episodes=cfg.video_episodes if cfg.video else 0)  # fmt: skip
-        stats = result.means()
-        self.last_eval = {f"eval/{k}": v for k, v in stats.items()}
-        self.last_eval["eval/global_step"] = self.global_step
-        row.update(self.last_eval)
-        self.best_success.offer(stats.get("success_rate"), self.global_step)
-        self.objective.resolve(self.last_eval)
-        if result.frames is not None:
-            path = write_mp4(self.output_dir / "videos" / f"step_{self.global_step:012d}.mp4", result.frames, result.fps)
-            writer.log_video("eval/video", path, result.frames, result.fps, self.global_step)
-        row["time/eval_s"] = time.perf_counter() - t0
-
-    def _fresh_score_or_error(self) -> dict[str, Any] | None:
-        """:meth:`fresh_score`, or ``{"error": <one line>}`` when it fails: the trained run stays completed."""
-        try:
-            return self.fresh_score()
-        except Exception as err:  # noqa: BLE001 - training is done and saved; the score alone is lost, and said so
-            notice(f"the fresh evaluation of best.pt failed (the run is complete): {error_line(err)}")
-            return {"error": error_line(err)}
-
-    def fresh_score(self) -> dict[str, Any] | None:
-        """Evaluate ``best.pt`` on fresh start states: what ``summary.json`` records as ``best_fresh``.
-
-        The same path as ``rlchain-eval`` (:func:`~rlchain.evaluation.evaluate_checkpoint`),
-        on the evaluation env, with ``num_eval_episodes`` deterministic
-        episodes from :func:`~rlchain.evaluation.fresh_seed` of the run's
-        seed, and a copy of the policy (this one is left as it is).
-
-        Returns:
-            ``{"checkpoint", "global_step", "seed", "episodes", "deterministic",
-            "metrics": {name: {"mean", "std", "ci95_low", "ci95_high", "n"}}}``,
-            or None without an evaluation env or ``best.pt``.
-        """
-        if self.eval_env is None or not self.checkpoints.best.is_file():
-            return None
-        result, state = evaluate_checkpoint(self.eval_env, copy.deepcopy(self.policy), self.checkpoints.best,
-                                            self.cfg.num_eval_episodes, seed=fresh_seed(self.cfg.seed))  # fmt: skip
-        return {"checkpoint": str(self.checkpoints.best), "global_step": state["global_step"], **result.to_json()}
-
     def _save_best(self, value: float) -> Path:
         """Take ``value`` as the objective's best and write ``best.pt`` (and ``latest.pt``) with it.
 
@@ -541,21 +429,13 @@ class Trainer:
     def _check_objective(self, row: dict[str, float]) -> None:
         """Raise :class:`ObjectiveError` unless the objective is a key this run logs (after its first iteration).
 
-        The evaluation's names are known before any evaluation ran: ``eval/``
-        plus ``avg_reward``, ``avg_length``, ``episodes``, ``global_step``,
-        ``success_rate`` (for an env that reports success) and every task
-        metric. A run without an evaluation env has no ``eval/`` metrics; its
-        ``eval/`` objective stays None.
+        The evaluation's names are known before any evaluation ran
+        (:meth:`Evaluator.metric_names`). A run without an evaluation env has
+        no ``eval/`` metrics; its ``eval/`` objective stays None.
         """
-        if self.eval_env is None and self.objective.name.startswith("eval/"):
+        if self.evaluator.env is None and self.objective.name.startswith("eval/"):
             return
-        names = set(row)
-        if self.eval_env is not None:
-            names |= {f"eval/{k}" for k in ("avg_reward", "avg_length", "episodes", "global_step")}
-            names |= {f"eval/{k.removeprefix('metrics/')}" for k in row if k.startswith("metrics/")}
-            if self.eval_env.reports_success:
-                names.add("eval/success_rate")
-        self.objective.check(names)
+        self.objective.check(set(row) | self.evaluator.metric_names(row))
 
     def _failure(self, err: Exception) -> tuple[dict[str, Any], BaseException]:
         """The summary fields of a failed iteration, and what :meth:`train` raises for it."""
@@ -572,15 +452,15 @@ class Trainer:
         return {"status": "failed", "error": error, "traceback": trace}, failure
 
     def _summary(self, ending: dict[str, Any], start_time: float, elapsed: float, steps: int) -> RunSummary:
-        final = {**self.last_train, **self.last_eval}
+        final = {**self.last_train, **self.evaluator.last}
         return RunSummary(
             **ending, exp_name=self.cfg.exp_name, **placement(self.env.device), world_size=self.world.world_size,
             global_step=self.global_step, iteration=self.iteration, elapsed_s=elapsed,
             SPS=steps / elapsed if elapsed > 0 else 0.0, start_time=start_time, end_time=time.time(),
             init_from=self.init_from, objective_name=self.objective.name, objective_direction=self.objective.direction,
             objective=self.objective.value(final), best_objective=self.objective.best.value,
-            best_objective_step=self.objective.best.step, best_eval_success_rate=self.best_success.value,
-            best_eval_step=self.best_success.step, best_fresh=self.best_fresh, final=final,
+            best_objective_step=self.objective.best.step, best_eval_success_rate=self.evaluator.best_success.value,
+            best_eval_step=self.evaluator.best_success.step, best_fresh=self.best_fresh, final=final,
             checkpoints=self.checkpoints.files(),
         )  # fmt: skip
 
@@ -594,7 +474,7 @@ class Trainer:
         """
         own = self._rank_state()
         if self.world.distributed:
-            others = self.world.gather(_to_device(own, "cpu"), "the gather of the ranks' states for the checkpoint")
+            others = self.world.gather(to_device(own, "cpu"), "the gather of the ranks' states for the checkpoint")
             if not self.world.main:
                 return None
         state = {
@@ -604,13 +484,13 @@ class Trainer:
             "episodes": self.episodes.state_dict(),
             "global_step": self.global_step,
             "iteration": self.iteration,
-            "best_success": self.best_success.value,
-            "best_step": self.best_success.step,
+            "best_success": self.evaluator.best_success.value,
+            "best_step": self.evaluator.best_success.step,
             "best_objective": self.objective.best.value,
             "best_objective_step": self.objective.best.step,
             "best_objective_id": self.objective.best.id,
             "last_train": self.last_train,
-            "last_eval": self.last_eval,
+            "last_eval": self.evaluator.last,
             "config": self.config,
             "wandb_id": self.wandb_id,
         }
@@ -655,129 +535,3 @@ class Trainer:
         """
         state = self._checked_state()
         return self.checkpoints.save(state) if state is not None else None
-
-    def _restore(self, state: dict[str, Any], path: str | Path) -> bool:
-        """Take the checkpoint ``state`` (read from ``path`` by :meth:`_read`) as this run's: training goes on
-        with its step count.
-
-        With an env that does not restore its episodes
-        (:attr:`~rlchain.envs.base.VecEnv.resumes_episodes`), or a checkpoint
-        without env state, the collector starts afresh instead of acting on
-        the saved observation: every env is reset before the next rollout and
-        no episode is carried over. The same happens for a checkpoint of a run
-        with another number of processes (``world_size``), whose envs were
-        not these. ``best.pt`` is made the checkpoint of the best evaluation
-        the state records (:meth:`Checkpoints.align_best`, rank 0).
-
-        Returns:
-            True when the env went on with its episodes (an exact resume).
-
-        Raises:
-            ValueError: env state of another env (see the env's ``load_state_dict``).
-            OSError: ``best.pt`` cannot be written or removed.
-        """
-        self.policy.load_state_dict(state["policy"])
-        self.algorithm.load_state_dict(state["algorithm"])
-        saved_world = state.get("world_size", 1)
-        own = None
-        if saved_world == self.world.world_size:
-            own = state if self.world.rank == 0 else state["ranks"][self.world.rank - 1]
-        else:
-            notice(f"{path} was saved by a run of {saved_world} process(es) and this one has {self.world.world_size}: "
-                   "policy, optimiser, observation statistics and step count go on; every env is reset "
-                   "(episodes in progress at the checkpoint are dropped) and each rank's random stream starts "
-                   "from its seed")  # fmt: skip
-        exact = False
-        if own is not None:
-            self.collector.load_state_dict(own["collector"])
-            if "env" in own:
-                self.env.load_state_dict(own["env"])
-            exact = "env" in own and self.env.resumes_episodes
-            if exact:  # the envs go on with their episodes, and so do the returns the algorithm carries for them
-                self.algorithm.load_rank_state_dict(own.get("algorithm_rank", {}))
-            torch.set_rng_state(own["torch_rng"].cpu())
-            if "cuda_rng" in own and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all([s.cpu() for s in own["cuda_rng"]])
-        if not exact:
-            self.collector.restart()
-        self.episodes.load_state_dict(state["episodes"])
-        self.global_step, self.iteration = state["global_step"], state["iteration"]
-        self.best_success.load_state_dict({"value": state["best_success"], "step": state["best_step"]})
-        self.objective.best.load_state_dict({"value": state.get("best_objective"), "step": state.get("best_objective_step"),
-                                             "id": state.get("best_objective_id")})  # fmt: skip
-        self.last_train, self.last_eval = state.get("last_train", {}), state.get("last_eval", {})
-        self.wandb_id = state.get("wandb_id")
-        self.objective.resolve(self.last_eval)
-        if self.world.main and not self.checkpoints.align_best(state, path):
-            notice(f"the best evaluation of {path} (global_step {self.objective.best.step:,}) has no checkpoint "
-                   "there or here: best.pt starts afresh")  # fmt: skip
-            self.objective.best.load_state_dict({})
-        return exact
-
-    def _init_source(self, source: str | Path) -> Path:
-        """The checkpoint file ``init_from=source`` names: a checkpoint, or a run directory's ``checkpoints/latest.pt``.
-
-        Raises:
-            SettingError: ``init_from=...``: the path does not exist, or is a
-                directory without ``checkpoints/latest.pt``.
-        """
-        path = Path(source)
-        if path.is_dir():
-            path = path / "checkpoints" / "latest.pt"
-            if not path.is_file():
-                raise SettingError("init_from", str(source), " is a directory without checkpoints/latest.pt: "
-                                                             "expected an rlchain run directory or a checkpoint file")
-        elif not path.exists():
-            raise SettingError("init_from", str(source), " does not exist: expected an rlchain checkpoint file or run directory")
-        return path
-
-    def _init_policy(self, state: dict[str, Any], path: str | Path) -> None:
-        """Take the policy (weights and observation normaliser) of the checkpoint ``state`` (read from ``path``) as
-        this run's start. Only the policy is taken: optimiser, step count and collector start fresh, and the
-        algorithm re-takes its reference policy from the loaded one (GRPO's KL anchor,
-        :meth:`~rlchain.algorithms.Algorithm.reset_reference`)."""
-        self.policy.load_state_dict(state["policy"])
-        self.algorithm.reset_reference()
-        self.init_from = str(path)
-        notice(f"policy initialised from {path} (trained for {state['global_step']:,} env steps there)")
-
-    def _read(self, path: str | Path, name: str) -> dict[str, Any]:
-        """Read the checkpoint at ``path`` and check that its policy fits this run's (on the CPU in a multi-process
-        run, whose rank 0 sends it to the others).
-
-        Raises:
-            FileNotFoundError: ``path`` does not exist.
-            SettingError: ``<name>=...``: not an rlchain checkpoint, or a policy
-                whose names or shapes differ from this run's (naming them).
-        """
-        device = "cpu" if self.world.distributed else self.env.device
-        state = load_checkpoint(path, map_location=device, name=name)
-        check_state_matches(self.policy, state["policy"], name, path)
-        return state
-
-
-def _build_eval_env(factory: Callable[..., VecEnv], cfg: TrainerConfig) -> VecEnv:
-    """The evaluation env from ``factory``: ``num_eval_envs`` envs seeded ``seed + 1``, rendering for ``video``.
-
-    Raises:
-        SettingError: ``video`` with an env whose settings have no ``render_mode``.
-    """
-    if not cfg.video:
-        return factory(num_envs=cfg.num_eval_envs, seed=cfg.seed + 1)
-    try:
-        return factory(num_envs=cfg.num_eval_envs, seed=cfg.seed + 1, render_mode="rgb_array")
-    except TypeError as err:
-        if "render_mode" not in str(err):
-            raise
-        raise SettingError("video", True, f" needs an env that renders: its settings have no render_mode ({err})") from None
-
-
-def _to_device(state: Any, device: torch.device | str) -> Any:
-    """``state`` (nested dicts, lists and tuples) with every tensor moved to ``device``."""
-    if isinstance(state, torch.Tensor):
-        return state.to(device)
-    if isinstance(state, dict):
-        return {key: _to_device(value, device) for key, value in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_to_device(value, device) for value in state)
-    return state

@@ -14,7 +14,7 @@ import torch
 
 from rlchain.settings import SettingError
 
-__all__ = ["MAX_SEED", "check_positive", "resolve_device"]
+__all__ = ["MAX_SEED", "check_positive", "resolve_device", "to_device"]
 
 #: Seeds are unsigned 32-bit integers: every generator rlchain seeds (torch,
 #: numpy, gymnasium) takes them.
@@ -62,3 +62,14 @@ def resolve_device(device: str | torch.device, name: str = "device") -> torch.de
     elif dev.type != "cpu":
         raise SettingError(name, device, " is not supported: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
     return dev
+
+
+def to_device(state: Any, device: torch.device | str) -> Any:
+    """``state`` (nested dicts, lists and tuples) with every tensor moved to ``device``."""
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return {key: to_device(value, device) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(to_device(value, device) for value in state)
+    return state
