@@ -11,20 +11,22 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
-from hydra.utils import get_class
+from hydra.errors import ConfigCompositionException
+from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
 import rlchain.conf
 import tests.helpers.gym_toy_envs  # noqa: F401  (registers the toy gymnasium ids)
 from rlchain.algorithms import GRPO, PPO, GRPOConfig
-from rlchain.config import SCHEMAS
-from rlchain.envs import PushCubeEnv
+from rlchain.config import SCHEMAS, register_schema
+from rlchain.envs import PushCubeConfig, PushCubeEnv
 from rlchain.policies import ActorCritic, ActorOnly
-from rlchain.settings import Settings
+from rlchain.settings import Settings, setting
 from rlchain.summary import RunSummary
 from rlchain.train import ConfigError, build, train
 from rlchain.trainer import Trainer, TrainerConfig
 from tests.helpers.runs import HELPERS, TINY, run_cli
+from tests.helpers.toy_env import LineEnv
 
 #: Arguments given at instantiate time, never written in YAML.
 RUNTIME_ONLY = {"observation_space", "action_space", "policy", "env", "algorithm", "eval_env", "run_config", "trial"}
@@ -267,3 +269,55 @@ def test_task_options_work_with_the_defaults(compose_cfg, overrides):
     cfg = compose_cfg([*overrides, *TINY, "trainer.num_eval_envs=2", "trainer.num_eval_episodes=2"])
     trainer = build(cfg)
     assert trainer.train().status == "completed"
+
+
+@dataclasses.dataclass
+class ToyLineConfig(Settings):
+    """A user's schema of :class:`tests.helpers.toy_env.LineEnv` (registered by the test below)."""
+
+    _target_: str = "tests.helpers.toy_env.LineEnv"
+    num_envs: int = setting(8, gt=0)
+    device: str = "cpu"
+    seed: int = setting(0, ge=0)
+    max_episode_steps: int = setting(5, gt=0)
+    discrete: bool = False
+
+
+def test_register_schema_checks_the_options_of_a_users_config_dir_that_extend_it(tmp_path):
+    register_schema("env", "toy_line", ToyLineConfig)
+    register_schema("env", "toy_line", ToyLineConfig)  # again: nothing changes
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "short_line.yaml").write_text("defaults:\n  - toy_line_schema\n  - _self_\n\n"
+                                                      "seed: ${seed}\nmax_episode_steps: 3\n")  # fmt: skip
+    (tmp_path / "env" / "misspelt_line.yaml").write_text("defaults:\n  - toy_line_schema\n  - _self_\n\n"
+                                                         "max_episode_step: 3\n")  # fmt: skip
+
+    def composed(*overrides: str):
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_module("rlchain.conf", version_base="1.3"):
+                return compose("train", overrides=[f"hydra.searchpath=[file://{tmp_path}]", *overrides])
+        finally:
+            GlobalHydra.instance().clear()
+
+    cfg = composed("env=short_line", "seed=4")
+    expected = {**dataclasses.asdict(ToyLineConfig()), "seed": 4, "max_episode_steps": 3}
+    assert OmegaConf.to_container(cfg.env, resolve=True) == expected
+    env = instantiate(cfg.env)
+    assert isinstance(env, LineEnv) and (env.num_envs, env.max_episode_steps) == (8, 3)
+    # the schema checks the user's option, its overrides and the command line at composition, as rlchain's own
+    with pytest.raises(ConfigCompositionException) as err:
+        composed("env=misspelt_line")
+    assert "max_episode_step" in str(err.value.__cause__ or err.value)
+    with pytest.raises(ConfigCompositionException, match="env.max_episode_step"):
+        composed("env=short_line", "env.max_episode_step=4")
+    with pytest.raises(ConfigCompositionException, match="env.num_envs"):
+        composed("env=short_line", "env.num_envs=many")
+    # rlchain's own options keep their schemas
+    register_schema("env", "push_cube", PushCubeConfig)
+    with pytest.raises(ValueError, match=r"^env/push_cube_schema is rlchain's schema of env=push_cube"):
+        register_schema("env", "push_cube", ToyLineConfig)
+    with pytest.raises(TypeError, match="expected a dataclass type"):
+        register_schema("env", "toy_line", dict)
+    with pytest.raises(ValueError, match="non-empty strings"):
+        register_schema("", "toy_line", ToyLineConfig)

@@ -39,7 +39,9 @@ from rlchain.settings import Settings, setting
 from rlchain.trainer import TrainerConfig
 from rlchain.utils import MAX_SEED
 
-__all__ = ["SCHEMAS", "RunConfig", "TrainConfig", "TopLevelKeyError", "check_top_level_keys", "register_configs"]
+__all__ = [
+    "SCHEMAS", "RunConfig", "TrainConfig", "TopLevelKeyError", "check_top_level_keys", "register_configs", "register_schema",
+]  # fmt: skip
 
 
 @dataclass
@@ -88,6 +90,38 @@ def register_configs() -> None:
     cs.store(name="rlchain_config", node=TrainConfig)
     for group, name, schema in SCHEMAS:
         cs.store(group=group, name=f"{name}_schema", node=schema)
+
+
+def register_schema(group: str, name: str, schema: type) -> None:
+    """Register a user's component schema, as rlchain registers its own: ``<group>/<name>_schema`` in Hydra's
+    ConfigStore.
+
+    A YAML option of ``group`` in a ``--config-dir`` then extends it (``defaults: [<name>_schema, _self_]``), so
+    that a misspelt key or a value of the wrong type fails at composition, naming the key, as it does for the
+    built-in options. Call it before Hydra composes the config: in the module of a script that then runs
+    :func:`rlchain.train.main` (see the docs page "Extending rlchain"). Registering the same schema again
+    changes nothing.
+
+    Args:
+        group: the config group, e.g. ``"env"`` (a nested one as ``"robot/arm"``).
+        name: the option's name; the schema is stored as ``<name>_schema``.
+        schema: a dataclass, best a :class:`rlchain.settings.Settings` subclass, with a ``_target_`` field
+            naming the class it builds when the group is a component's.
+
+    Raises:
+        TypeError: ``schema`` is not a dataclass type.
+        ValueError: an empty ``group`` or ``name``, or a built-in option's (see :data:`SCHEMAS`) with another
+            schema.
+    """
+    if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+        raise TypeError(f"register_schema({group!r}, {name!r}, {schema!r}): expected a dataclass type as the schema")
+    if not (isinstance(group, str) and group and isinstance(name, str) and name):
+        raise ValueError(f"register_schema({group!r}, {name!r}, ...): expected a group and a name, non-empty strings")
+    builtin = {(g, n): s for g, n, s in SCHEMAS}.get((group, name))
+    if builtin is not None and builtin is not schema:
+        raise ValueError(f"{group}/{name}_schema is rlchain's schema of {group}={name} ({builtin.__name__}): "
+                         "expected another option name")  # fmt: skip
+    ConfigStore.instance().store(group=group, name=f"{name}_schema", node=schema)
 
 
 class TopLevelKeyError(ValueError):

@@ -6,7 +6,8 @@
   scripted controller is in :mod:`rlchain.envs.push_cube_controller`.
 * :class:`GymVecEnv` (``env=gym env.id=...``): any registered gymnasium id
   through ``gymnasium.make_vec``.
-* :func:`check_vec_env`: checks a user's env against the VecEnv contract.
+* :func:`check_vec_env`: checks a user's env against the VecEnv contract;
+  :class:`VecEnvConfig` holds the settings every env has (a user's env schema extends it).
 
 Every env takes ``render_mode`` (None or ``"rgb_array"``); built with
 ``"rgb_array"``, ``env.render(env_ids=None)`` returns uint8 RGB frames
@@ -27,7 +28,7 @@ numpy :class:`PushCubeGymEnv`; ``rlchain/CartPole-v1`` likewise gives
 :class:`CartPoleEnv` and :class:`CartPoleGymEnv`.
 """
 
-from rlchain.envs.base import TorchVecEnv, VecEnv, check_group_size
+from rlchain.envs.base import TorchVecEnv, VecEnv, VecEnvConfig, check_group_size
 from rlchain.envs.cart_pole import CartPoleConfig, CartPoleEnv, CartPoleGymEnv
 from rlchain.envs.checker import VecEnvContractError, check_vec_env
 from rlchain.envs.gym_adapter import GymEnvConfig, GymVecEnv
@@ -35,7 +36,7 @@ from rlchain.envs.push_cube import PushCubeConfig, PushCubeEnv, PushCubeGymEnv
 
 __all__ = [
     "CartPoleConfig", "CartPoleEnv", "CartPoleGymEnv", "GymEnvConfig", "GymVecEnv", "PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv",
-    "TorchVecEnv", "VecEnv", "VecEnvContractError", "check_group_size", "check_vec_env",
+    "TorchVecEnv", "VecEnv", "VecEnvConfig", "VecEnvContractError", "check_group_size", "check_vec_env",
 ]
 
 # The gymnasium ids rlchain/PushCube-v0 and rlchain/CartPole-v1 are registered
