@@ -260,10 +260,11 @@ class Trainer:
             CollectiveError: a multi-process run whose other rank failed (its
                 error), ended, or did not join a collective within
                 ``dist_timeout_s`` (see :mod:`rlchain.distributed`).
-            In every case ``summary.json`` first records ``status="failed"``,
-            the one-line ``error`` and the ``traceback``, and the logs are
-            flushed; the error raised carries that summary as its
-            ``run_summary`` attribute (a :class:`~rlchain.summary.RunSummary`).
+
+        In every case of failure ``summary.json`` first records
+        ``status="failed"``, the one-line ``error`` and the ``traceback``, and
+        the logs are flushed; the error raised carries that summary as its
+        ``run_summary`` attribute (a :class:`~rlchain.summary.RunSummary`).
 
         In a multi-process run (torchrun) every rank calls this; the ranks
         stop after the same iteration, and rank 0 alone logs and writes
