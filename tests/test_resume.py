@@ -365,3 +365,18 @@ def test_a_sweep_job_of_an_earlier_release_resumes_without_its_trainer_trial(tmp
     proc = run_cli([f"trainer.resume_from={run}", "trainer.iterations=3"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert summary_of(run).iteration == 3
+
+
+def test_a_resume_lets_through_the_option_the_saved_run_has_so_that_its_keys_compose(tmp_path):
+    # A run of the push_cube_grpo preset: algorithm.group_size composes only with algorithm=grpo on the command line,
+    # and naming that option (the preset chose it, the command line did not) was refused as a change of the run.
+    run = tmp_path / "run"
+    first = run_cli(["experiment=push_cube_grpo", *TINY, "env.episode_length=8", f"hydra.run.dir={run}"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    proc = run_cli([f"trainer.resume_from={run}", "algorithm=grpo", "algorithm.group_size=4", "trainer.iterations=3"],
+                   tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    state = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    assert state["config"]["algorithm"]["group_size"] == 4 and state["iteration"] == 3
+    other = run_cli([f"trainer.resume_from={run}", "algorithm=ppo"], tmp_path)
+    assert other.returncode == 1 and "algorithm=ppo is not allowed when resuming" in other.stderr

@@ -193,7 +193,9 @@ def resume_in_place(config: DictConfig) -> Path | None:
     The run's task config becomes its saved ``.hydra/config.yaml`` with this command's overrides on top; an
     override the run was composed with (in its ``.hydra/overrides.yaml``) is already in it, and the others may set
     only :data:`RESUME_SETTINGS`. Hydra's config group choices are the saved run's, so the saved config resolves as
-    it did (``exp_name``, the top-level keys its groups added). The run goes on in its own directory
+    it did (``exp_name``, the top-level keys its groups added); an override that chooses the option the saved run
+    has (``algorithm=grpo`` for a run of the ``push_cube_grpo`` preset, so that ``algorithm.group_size=16``
+    composes) changes nothing and is let through. The run goes on in its own directory
     (``hydra.run.dir``), and Hydra writes no ``.hydra/`` files there: the saved ones stay the run's.
 
     Raises:
@@ -209,6 +211,8 @@ def resume_in_place(config: DictConfig) -> Path | None:
     hydra_dir = run / ".hydra"
     saved = OmegaConf.load(hydra_dir / "config.yaml")
     original = [str(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml")] if (hydra_dir / "overrides.yaml").is_file() else []
+    choices = OmegaConf.select(OmegaConf.load(hydra_dir / "hydra.yaml"), "hydra.runtime.choices") if (
+        hydra_dir / "hydra.yaml").is_file() else None  # fmt: skip
     own = list(config.hydra.overrides.task)
     OmegaConf.set_struct(saved, True)
     added = []
@@ -216,6 +220,9 @@ def resume_in_place(config: DictConfig) -> Path | None:
         key, line = override.key_or_group, override.input_line
         if key == "trainer.resume_from" or line in original:
             continue
+        if choices is not None and key in choices and not override.is_sweep_override() and (
+                str(override.value()) == str(choices[key])):  # fmt: skip
+            continue  # the option the saved run has (algorithm=grpo, which a preset chose): its keys compose
         changes_setting = (not (override.is_add() or override.is_force_add() or override.is_delete())
                            and key not in _RESUME_FIXED and (key == "device" or key.startswith(RESUME_SETTINGS[:2])))  # fmt: skip
         if not changes_setting:
@@ -237,10 +244,8 @@ def resume_in_place(config: DictConfig) -> Path | None:
         config.hydra.run.dir = str(run)
         config.hydra.output_subdir = None
         config.hydra.overrides.task = [*original, *added, f"trainer.resume_from={checkpoint}"]
-        if (hydra_dir / "hydra.yaml").is_file():
-            choices = OmegaConf.select(OmegaConf.load(hydra_dir / "hydra.yaml"), "hydra.runtime.choices")
-            if choices is not None:
-                config.hydra.runtime.choices = choices
+        if choices is not None:
+            config.hydra.runtime.choices = choices
     return run
 
 
