@@ -44,7 +44,7 @@ from rlchain.distributed import CollectiveError, rank_seed
 from rlchain.run_dir import remove_if_unused
 from rlchain.settings import rejection
 from rlchain.starting import start
-from rlchain.stopping import requeue_signal
+from rlchain.stopping import in_submitit_job, requeue_signal
 from rlchain.summary import STOPPED, RunSummary, error_line, placement
 from rlchain.trainer import Trainer, TrainerConfig
 from rlchain.utils import resolve_device
@@ -281,10 +281,13 @@ def main(cfg: DictConfig) -> float | None:
         # The trainer held the signal back until latest.pt and summary.json were
         # written; its handler, submitit's again, requeues the job and exits.
         signal.raise_signal(requeue)
-    if "TORCHELASTIC_RUN_ID" in os.environ and distributed.from_environment()[0] > 0:
-        # A rank other than 0 of torchrun has nothing left to write; it leaves without the interpreter's
-        # teardown, where a thread of torch.distributed's C++ side, destroyed while joinable, sometimes aborted
-        # the process after its run had completed (twice in about 60 runs of the tests, under load).
+    if distributed.from_environment()[0] > 0 and not in_submitit_job():
+        # A rank other than 0 (of torchrun, or of processes started with its variables) has nothing left to
+        # write; it leaves without the interpreter's teardown, where a thread of torch.distributed's C++ side,
+        # destroyed while joinable, sometimes aborted the process after its run had ended ("terminate called
+        # without an active exception": twice in about 60 runs of the tests under load, and once at a stop by
+        # SIGTERM of two ranks started without torchrun). A task of submitit returns, so that submitit records
+        # its result.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(summary.exit_code if summary.status in STOPPED else 0)
