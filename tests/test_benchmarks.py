@@ -12,6 +12,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
+@pytest.mark.slow
 def test_vs_rsl_rl_runs_both_sides_and_evaluates_them(tmp_path):
     """Both sides train 2 iterations and evaluate after the last; results.json has each side's SPS and eval."""
     pytest.importorskip("rsl_rl")

@@ -14,6 +14,7 @@ from rlchain.checkpoint import Checkpoints, save_checkpoint
 from tests.helpers.runs import USER, run_cli, subprocess_env, summary_of
 
 
+@pytest.mark.slow
 def test_a_checkpoint_directory_that_cannot_be_written_fails_the_run_in_one_line(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
@@ -24,6 +25,7 @@ def test_a_checkpoint_directory_that_cannot_be_written_fails_the_run_in_one_line
     assert summary_of(run).status == "failed"
 
 
+@pytest.mark.slow
 def test_a_full_disk_keeps_the_last_good_checkpoint_and_fails_in_one_line(tmp_path):
     run = tmp_path / "run"
     first = run_cli([*USER, f"hydra.run.dir={run}"], tmp_path)

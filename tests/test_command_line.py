@@ -32,6 +32,7 @@ USER_CONF = ["--config-dir", str(HELPERS / "user_conf")]
      "Invalid config: hydra.launcher.jobs_per_devic=2: jobs_per_devic is not a setting of hydra/launcher=devices "
      "(did you mean hydra.launcher.jobs_per_device=2?)"),
 ])  # fmt: skip
+@pytest.mark.slow
 def test_a_key_the_config_lacks_is_one_line_with_a_close_match(tmp_path, args, line):
     proc = run_cli([*args, *TINY], tmp_path)
     assert proc.returncode == 1
@@ -69,6 +70,7 @@ def test_a_composition_that_fails_otherwise_is_left_to_hydra(tmp_path):
     assert proc.returncode == 1 and "Value 'many' of type 'str' could not be converted to Integer" in proc.stderr
 
 
+@pytest.mark.slow
 def test_help_lists_the_options_a_user_chooses_and_the_launchers_and_sweepers(tmp_path):
     proc = run_cli(["--help", *USER_CONF], tmp_path)
     assert proc.returncode == 0, proc.stderr

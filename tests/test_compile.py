@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from rlchain.algorithms import PPO
@@ -13,6 +14,7 @@ from rlchain.trainer import Trainer
 from tests.helpers.runs import TINY, run_cli
 
 
+@pytest.mark.slow
 def test_a_compiled_run_trains_with_the_eager_loss_and_logs_its_compile_time_once(tmp_path):
     """The compiled minibatch loss and its gradients match the eager ones on a real minibatch.
 
@@ -49,6 +51,7 @@ def test_a_compiled_run_trains_with_the_eager_loss_and_logs_its_compile_time_onc
     assert [("time/compile_s" in row) for row in rows] == [True, False, False] and rows[0]["time/compile_s"] > 0
 
 
+@pytest.mark.slow
 def test_a_run_that_cannot_compile_says_so_in_one_line_before_any_step(tmp_path):
     """No C++ compiler for the CPU backend (CXX names none): one line naming trainer.compile, exit 1, no step."""
     proc = run_cli([*TINY, "trainer.compile=true", "hydra.run.dir=run"], tmp_path, CXX="/nonexistent/g++")

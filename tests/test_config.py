@@ -103,6 +103,7 @@ def test_the_algorithm_checks_its_env_once(compose_cfg):
     assert EnvCheckCountingPPO.checks == 1
 
 
+@pytest.mark.slow
 def test_presets_fill_their_slots(tmp_path, compose_cfg):
     # experiment, study, sweep, hparams_search and debug have slots in the defaults list: `experiment=x`
     # selects a preset, and debug comes last, so it shrinks whatever preset the run chose.
@@ -161,6 +162,7 @@ def test_a_new_top_level_key_is_rejected_with_one_clear_message(tmp_path, overri
     assert not (tmp_path / "outputs").exists()  # refused before its first step: no run directory is left
 
 
+@pytest.mark.slow
 def test_a_users_config_group_may_add_a_top_level_key(tmp_path):
     # robot_train.yaml, a primary config of the user's, selects their group `robot` (key `robot`).
     user = ["--config-dir", str(HELPERS / "user_conf"), "--config-name", "robot_train", "trainer.iterations=2",

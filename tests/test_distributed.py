@@ -103,6 +103,7 @@ def _rank(rank: int, port: int, out: str) -> None:
     distributed.shutdown()
 
 
+@pytest.mark.slow
 def test_two_ranks_keep_one_policy_and_update_as_one_process_on_all_the_envs(tmp_path):
     """2 ranks x 8 envs give the update of 1 process x 16 envs, and the same parameters on both ranks after each.
 
@@ -143,6 +144,7 @@ def test_two_ranks_keep_one_policy_and_update_as_one_process_on_all_the_envs(tmp
     assert all(not torch.equal(first[name], last[name]) for name in first if name.endswith("weight"))  # it learnt
 
 
+@pytest.mark.slow
 def test_torchrun_trains_one_run_whose_files_rank_0_alone_writes(tmp_path):
     """``torchrun --nproc_per_node=2 -m rlchain.train``: one run directory, global_step over both ranks, and
     every rank's envs in the checkpoint, from which a second torchrun run goes on."""
@@ -194,6 +196,7 @@ def _ended(procs: list[subprocess.Popen], timeout: float = 120) -> list[tuple[in
     return [(p.wait(timeout), p.communicate()[1]) for p in procs]
 
 
+@pytest.mark.slow
 def test_sigterm_to_every_rank_stops_both_after_one_iteration_saves_once_and_resumes(tmp_path):
     """SIGTERM to both ranks (as SLURM sends it) while rank 1 is inside iteration 2 and rank 0 waits for it: both
     stop after iteration 2, one latest.pt holds it, and the same command goes on to the end."""
@@ -227,6 +230,7 @@ def test_sigterm_to_every_rank_stops_both_after_one_iteration_saves_once_and_res
     assert [row["charts/iteration"] for row in rows(run)] == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.slow
 def test_ctrl_c_at_torchrun_stops_both_ranks_after_the_same_iteration_and_saves_once(tmp_path):
     """Ctrl-C reaches torchrun (its ranks run in a session of their own), which forwards it to both ranks once:
     they stop after the iteration rank 1 is in, and one latest.pt holds it (torchrun then exits non-zero)."""
@@ -250,6 +254,7 @@ def test_ctrl_c_at_torchrun_stops_both_ranks_after_the_same_iteration_and_saves_
     assert out.count("rlchain: interrupted by SIGINT at 256 env steps") == 1
 
 
+@pytest.mark.slow
 def test_a_rank_that_raises_ends_the_run_with_its_error(tmp_path):
     """Rank 1's env raises at its 10th step (iteration 2): rank 0, waiting for it in a collective, ends the run
     with rank 1's error in its one line and in summary.json; both exit 1."""
@@ -264,6 +269,7 @@ def test_a_rank_that_raises_ends_the_run_with_its_error(tmp_path):
     assert "Traceback" not in err0 and "the simulator exploded" in err1
 
 
+@pytest.mark.slow
 def test_a_rank_whose_others_never_come_writes_nothing_and_says_so_in_one_line(tmp_path):
     """Rank 1 alone (rank 0 never starts): the rendezvous fails after dist_timeout_s; rank 1 writes no file, not even
     the summary.json a refused one-process run leaves (rank 0 writes it)."""
@@ -279,6 +285,7 @@ def test_a_rank_whose_others_never_come_writes_nothing_and_says_so_in_one_line(t
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_a_rank_that_hangs_ends_the_run_within_dist_timeout_s_naming_it_and_the_collective(tmp_path):
     """Rank 1 never ends its first step: rank 0 waits trainer.dist_timeout_s in its first collective, then ends
     the run with a line that names the collective, rank 1 and where rank 1 was."""

@@ -41,6 +41,7 @@ def test_the_example_env_keeps_the_vec_env_contract(my_rl):
         LineEnv(speed=-1)
 
 
+@pytest.mark.slow
 def test_the_example_components_train_evaluate_and_export(tmp_path, my_rl):
     from rlchain import export
     from rlchain.eval_cli import run_eval
@@ -61,6 +62,7 @@ def test_the_example_components_train_evaluate_and_export(tmp_path, my_rl):
     assert (run / "checkpoints" / "best.torchscript.pt").is_file()
 
 
+@pytest.mark.slow
 def test_the_registered_schemas_check_the_example_options(tmp_path):
     path = os.pathsep.join([str(EXAMPLES), str(REPO)])
     proc = run_cli([*COMMAND, "debug=tiny", "env.sped=0.2"], tmp_path, module="my_rl.train", PYTHONPATH=path)

@@ -38,6 +38,7 @@ def in_process(capsys):
     return _run
 
 
+@pytest.mark.slow
 def test_defaults_reproduce_the_runs_fresh_score_of_best_pt(trained, tmp_path):
     summary = summary_of(trained)
     assert summary.best_fresh is not None and summary.best_fresh["checkpoint"].endswith("best.pt")
@@ -84,6 +85,7 @@ def test_a_checkpoint_file_without_its_run_directory_evaluates_from_its_own_conf
     assert json.loads((loose.parent / "eval.json").read_text())["episodes"] == 4
 
 
+@pytest.mark.slow
 def test_a_users_targets_need_their_module_allowed(user_run, in_process):
     line = _one_line_error(in_process([user_run]),
                            "env._target_='tests.helpers.toy_env.LineEnv'", "is not allowed",
@@ -169,6 +171,7 @@ def test_a_directory_without_a_config(trained, tmp_path, in_process):
                     "holds no config nor", ".hydra/config.yaml")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_a_config_takes_the_run_directorys_hydra_config(trained, tmp_path, in_process):
     run = tmp_path / "run"
     shutil.copytree(trained / ".hydra", run / ".hydra")
@@ -195,11 +198,13 @@ def test_a_file_that_is_no_checkpoint(tmp_path, in_process):
     _one_line_error(in_process([tmp_path / "notes.pt"]), "is not an rlchain checkpoint")
 
 
+@pytest.mark.slow
 def test_video_on_an_env_that_cannot_render(user_run, in_process):
     _one_line_error(in_process([user_run, "--allow-target", "tests.helpers", "video=true"]),
                     "video=True needs an env that renders")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     import signal
     import subprocess

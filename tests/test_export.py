@@ -95,6 +95,7 @@ def test_metadata_names_spaces_layout_source_and_version(trained, tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+@pytest.mark.slow
 def test_a_discrete_policy_exports_its_likeliest_action(cart_pole_run, tmp_path, fmt):
     out = tmp_path / f"cart_pole.{fmt}"
     assert main([str(cart_pole_run), "--format", fmt, "--output", str(out), "--checkpoint", "latest"]) == 0

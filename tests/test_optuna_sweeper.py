@@ -122,6 +122,7 @@ def _kill_while_trial_2_runs(command: list[str], storage: str, tmp_path: Path) -
 
 # ------------------------------------------------------------------ resume
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
+@pytest.mark.slow
 def test_a_killed_sweep_resumes_its_study(tmp_path, kind):
     """Stop a sweep (SIGKILL) while trial 2 runs; the same command then ends the study with exactly n_trials
     finished trials: the first two kept as they were, trial 2 marked failed, no number twice."""
@@ -150,6 +151,7 @@ def test_a_killed_sweep_resumes_its_study(tmp_path, kind):
 
 
 @pytest.mark.parametrize("kind, sampler", [("sqlite", "tpe"), ("journal", "random")])
+@pytest.mark.slow
 def test_a_resumed_seeded_search_continues_and_is_reproduced(tmp_path, kind, sampler):
     """hydra.sweeper.seed=0, 3 trials, then the same command with n_trials=5: trials 3 and 4 drew the parameters of
     trials 0 and 1 again (the sampler was rebuilt with the same seed). Now no trial repeats another's, and the
@@ -266,6 +268,7 @@ def test_a_grid_point_that_always_fails_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
+@pytest.mark.slow
 def test_a_killed_grid_search_runs_exactly_the_missing_points(tmp_path, kind):
     """Grid y in {8, 9, 10, 11}, killed while trial 2 (y=10) runs: the same command runs y=10 and y=11, once each
     (Optuna's grid sampler took the killed trial's point as visited: [8, 8, 9, 10] completed, 11 missing)."""
@@ -391,6 +394,7 @@ def test_bad_settings_name_the_field_and_value(tmp_path, case):
 
 
 # ------------------------------------------------------------------ pruning, in rlchain-train
+@pytest.mark.slow
 def test_a_hopeless_trial_is_pruned_and_its_files_say_so(tmp_path):
     """cart_pole PPO: trial 0 (learning_rate 3e-3; eval return 76 then 167) runs to its end; trial 1 (1e-9:
     nothing is learned, 9) is worse at its first report (iteration 2 of 4), where the median pruner stops it:

@@ -164,6 +164,7 @@ def test_a_resumed_gym_run_continues_its_reset_seeds(tmp_path):
 @pytest.mark.parametrize("content, reason", [(b"\x00\x9f random bytes \xff" * 10, "unreadable as a torch checkpoint"),
                                              (b"a text file\n", "unreadable as a torch checkpoint"),
                                              (b"", "an empty file")])  # fmt: skip
+@pytest.mark.slow
 def test_resuming_from_a_file_that_is_not_a_checkpoint_names_it(tmp_path, content, reason):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(content)
@@ -172,6 +173,7 @@ def test_resuming_from_a_file_that_is_not_a_checkpoint_names_it(tmp_path, conten
     assert f"Invalid config: trainer.resume_from='{bad}' is not an rlchain checkpoint: {reason}" in proc.stderr
 
 
+@pytest.mark.slow
 def test_resuming_with_a_policy_that_does_not_match_names_the_shapes(tmp_path):
     run = tmp_path / "run"
     assert run_cli([*USER, "policy.hidden_sizes=[16]", f"hydra.run.dir={run}"], tmp_path).returncode == 0
@@ -182,6 +184,7 @@ def test_resuming_with_a_policy_that_does_not_match_names_the_shapes(tmp_path):
     assert "the checkpoint's policy does not match this run's: actor.0.weight is (16, 2) there, (128, 2) here" in proc.stderr
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_keeps_its_final_metrics_and_objective(tmp_path):
     run = tmp_path / "run"
     assert run_cli([*USER, f"hydra.run.dir={run}"], tmp_path).returncode == 0
@@ -224,6 +227,7 @@ def test_a_run_resumed_into_its_directory_does_not_repeat_logged_rows(tmp_path):
 GRPO_SHORT = [*TINY, "env=push_cube", "env.episode_length=8"]
 
 
+@pytest.mark.slow
 def test_grpo_fine_tunes_a_ppo_policy_against_the_loaded_reference(tmp_path):
     ppo_dir, grpo_dir = tmp_path / "ppo", tmp_path / "grpo"
     # Without observation normalisation, so that the first rollout's statistics
@@ -257,6 +261,7 @@ def test_grpo_fine_tunes_a_ppo_policy_against_the_loaded_reference(tmp_path):
     assert summary.status == "completed" and summary.init_from == str(loaded)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_whose_policy_does_not_match_is_refused_naming_the_shapes(tmp_path):
     ppo_dir = tmp_path / "ppo"
     proc = run_cli(["algorithm=ppo", *GRPO_SHORT, "policy.hidden_sizes=[32]", f"trainer.output_dir={ppo_dir}"], tmp_path)
@@ -312,6 +317,7 @@ def _saved_files(run) -> dict:
 
 
 @pytest.mark.parametrize("target", ["run directory", "checkpoint"])
+@pytest.mark.slow
 def test_resuming_a_run_rebuilds_it_from_its_saved_config_and_goes_on_in_its_directory(tmp_path, target):
     # The resume needed the run's overrides typed again (a shape mismatch said nothing of it), and went on in a new
     # directory.
@@ -332,6 +338,7 @@ def test_resuming_a_run_rebuilds_it_from_its_saved_config_and_goes_on_in_its_dir
 
 
 @pytest.mark.parametrize("override", ["policy.hidden_sizes=[32]", "env.num_envs=8", "seed=9", "experiment=push_cube_ppo"])
+@pytest.mark.slow
 def test_a_resume_refuses_what_would_change_the_saved_run_and_writes_nothing(tmp_path, override):
     # A failed resume attempt overwrote the run's .hydra/config.yaml and overrides.yaml with a config that did not
     # match its checkpoints.
@@ -355,6 +362,7 @@ def test_a_resume_from_a_path_that_does_not_exist_is_one_line_and_leaves_nothing
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_job_of_an_earlier_release_resumes_without_its_trainer_trial(tmp_path):
     # Sweep jobs of the release before this one carry the Optuna sweeper's link as trainer.trial in their saved
     # config; the trainer has no such setting now.
@@ -367,6 +375,7 @@ def test_a_sweep_job_of_an_earlier_release_resumes_without_its_trainer_trial(tmp
     assert summary_of(run).iteration == 3
 
 
+@pytest.mark.slow
 def test_a_resume_lets_through_the_option_the_saved_run_has_so_that_its_keys_compose(tmp_path):
     # A run of the push_cube_grpo preset: algorithm.group_size composes only with algorithm=grpo on the command line,
     # and naming that option (the preset chose it, the command line did not) was refused as a change of the run.

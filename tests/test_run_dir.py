@@ -30,6 +30,7 @@ def test_every_run_gets_its_own_directory(tmp_path):
     assert all(re.fullmatch(r"outputs/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d_[0-9a-f]{6}", d) for d in dirs), dirs
 
 
+@pytest.mark.slow
 def test_a_fresh_run_refuses_a_directory_that_holds_a_run_and_a_resume_is_let_in(tmp_path):
     run = tmp_path / "run"
     assert run_cli([*USER, "seed=1", f"hydra.run.dir={run}"], tmp_path).returncode == 0
@@ -55,6 +56,7 @@ def test_a_refused_run_leaves_the_summary_of_the_run_it_found(compose_cfg, tmp_p
     assert (tmp_path / "summary.json").read_text() == before
 
 
+@pytest.mark.slow
 def test_a_single_run_refused_before_its_first_step_leaves_no_directory(tmp_path):
     # Each refused command left outputs/<date>/<time>_<id>/ behind (13 in one session).
     proc = run_cli([*USER, "trainer.iterations=0"], tmp_path)
@@ -62,6 +64,7 @@ def test_a_single_run_refused_before_its_first_step_leaves_no_directory(tmp_path
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow
 def test_a_run_refused_before_its_first_step_does_not_block_the_corrected_command(tmp_path):
     # With a fixed run directory the corrected command was refused: the directory "held a run" that never stepped.
     run = tmp_path / "run"

@@ -51,6 +51,7 @@ print(t.train().status, flush=True)
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_flushes_logs_and_exits_cleanly(tmp_path):
     script = CTRL_C_SCRIPT.format(out=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -81,6 +82,7 @@ def start(args: list[str], cwd: Path, **popen) -> tuple[subprocess.Popen, Path]:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.slow
 def test_a_stop_signal_ends_the_run_after_its_iteration_with_a_checkpoint(tmp_path, signum):
     # SIGTERM (scancel, Kubernetes, preemption) used to kill the run at once: no
     # checkpoint at the stop, no summary.json. Ctrl-C exited 0, like a completed run.
@@ -100,6 +102,7 @@ def test_a_stop_signal_ends_the_run_after_its_iteration_with_a_checkpoint(tmp_pa
     assert last.endswith(f"resume with: rlchain-train trainer.resume_from={run_dir(tmp_path)}")
 
 
+@pytest.mark.slow
 def test_the_resume_command_printed_at_a_stop_continues_the_run_in_its_directory(tmp_path):
     # The hint gave a command that, run as printed, started a new run directory.
     proc, _ = start(ENDLESS, tmp_path)
@@ -117,6 +120,7 @@ def test_the_resume_command_printed_at_a_stop_continues_the_run_in_its_directory
     assert (summary.status, summary.iteration) == ("completed", stopped.iteration + 1)
 
 
+@pytest.mark.slow
 def test_a_second_signal_aborts_at_once_and_still_writes_the_summary(tmp_path):
     hold = tmp_path / "hold"
     proc, err = start([*ENDLESS, f"env.hold_step={hold}"], tmp_path)
@@ -145,6 +149,7 @@ def test_ctrl_c_during_start_up_exits_130_without_a_traceback(tmp_path):
     assert "Traceback" not in text and "rlchain: interrupted by SIGINT before training started" in text
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_a_sweep_of_the_basic_launcher_instead_of_starting_its_next_job(tmp_path):
     # hydra/launcher=basic runs the jobs in this process: the first Ctrl-C used to stop
     # only the running job, the next one started, and the multirun exited 0.
@@ -198,6 +203,7 @@ def run_preempted_sweep(tmp_path: Path, *overrides: str) -> tuple[Path, str]:
     return run_dir, job_log
 
 
+@pytest.mark.slow
 def test_a_requeued_slurm_job_goes_on_from_its_own_latest_checkpoint(tmp_path):
     # latest.pt after every iteration: the signal in iteration 3 finds at least the one of iteration 2
     run_dir, job_log = run_preempted_sweep(tmp_path, "trainer.save_freq=1")
@@ -205,6 +211,7 @@ def test_a_requeued_slurm_job_goes_on_from_its_own_latest_checkpoint(tmp_path):
     assert logged_iterations(run_dir) == [1, 2, 3, 4]  # not 1, 2 and then 1, 2, 3, 4 again
 
 
+@pytest.mark.slow
 def test_a_preempted_slurm_job_finishes_its_iteration_and_saves_before_it_is_requeued(tmp_path):
     # The default save_freq (50) wrote no latest.pt by iteration 3: only the
     # trainer's own save after the signal keeps iterations 1 to 3.
@@ -216,6 +223,7 @@ def test_a_preempted_slurm_job_finishes_its_iteration_and_saves_before_it_is_req
 
 
 
+@pytest.mark.slow
 def test_a_run_started_again_in_its_directory_with_resume_from_auto_goes_on(tmp_path):
     # What a requeued job does, by hand: the same run directory, trainer.resume_from=auto.
     run_dir = tmp_path / "run"

@@ -18,6 +18,7 @@ from rlchain.summary import RunSummary
 from tests.helpers.runs import HELPERS, REPO, TINY, USER, run_cli, run_dir, summary_of
 
 
+@pytest.mark.slow
 def test_single_run_end_to_end(tmp_path):
     proc = run_cli(["algorithm=grpo", *TINY, "env.episode_length=8"], tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -32,6 +33,7 @@ def test_single_run_end_to_end(tmp_path):
     assert f"final eval success rate {summary.final['eval/success_rate']:.3f}" in proc.stdout
 
 
+@pytest.mark.slow
 def test_multirun_runs_four_jobs_each_in_its_own_directory(tmp_path):
     proc = run_cli(["-m", "algorithm=ppo,grpo", "seed=0,1", *TINY, "env.episode_length=8"], tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -48,6 +50,7 @@ def test_multirun_runs_four_jobs_each_in_its_own_directory(tmp_path):
     assert seen == {("ppo_push_cube", False), ("ppo_push_cube", True), ("grpo_push_cube", False), ("grpo_push_cube", True)}
 
 
+@pytest.mark.slow
 def test_users_own_env_policy_and_algorithm_from_their_config_dir(tmp_path):
     proc = run_cli(["--config-dir", str(HELPERS / "user_conf"), "env=line", "policy=wide", "algorithm=counting_ppo",
                     "device=cpu", "trainer.iterations=3", "trainer.rollout_steps=6", "trainer.num_eval_envs=4",
@@ -59,6 +62,7 @@ def test_users_own_env_policy_and_algorithm_from_their_config_dir(tmp_path):
     assert "metrics/distance" in rows[-1]
 
 
+@pytest.mark.slow
 def test_help_and_cfg_job(tmp_path):
     proc = run_cli(["--help"], tmp_path)
     assert proc.returncode == 0
@@ -93,6 +97,7 @@ def test_help_and_cfg_job(tmp_path):
                      marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_gives_one_clear_message_and_no_traceback(tmp_path, overrides, message):
     proc = run_cli([*overrides, "trainer.progress=false"], tmp_path)
     assert proc.returncode != 0
@@ -138,12 +143,14 @@ def test_hydra_full_error_shows_the_traceback(tmp_path):
          "Invalid config: seed=99999999999999999999999 is not allowed: expected an integer in [0, 4294967295]"),
     ],
 )  # fmt: skip
+@pytest.mark.slow
 def test_the_last_bad_inputs_are_one_clear_line(tmp_path, overrides, message):
     proc = run_cli([*USER, *overrides], tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert message in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_a_failed_training_is_one_line_and_its_traceback_is_in_the_summary(tmp_path):
     failing = [*USER, "trainer.iterations=5", "env.fail_at_step=20"]  # in iteration 3
     proc = run_cli(failing, tmp_path)
@@ -158,6 +165,7 @@ def test_a_failed_training_is_one_line_and_its_traceback_is_in_the_summary(tmp_p
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_diverging_ppo_stops_at_the_first_non_finite_value(tmp_path):
     # The case: algorithm.learning_rate=2e4 "completed" with grad_norm = inf in every row.
     proc = run_cli(["algorithm.learning_rate=2e4", "device=cpu", "trainer.progress=false"], tmp_path)
@@ -167,6 +175,7 @@ def test_a_diverging_ppo_stops_at_the_first_non_finite_value(tmp_path):
     assert not list(run_dir(tmp_path).rglob("*.pt"))
 
 
+@pytest.mark.slow
 def test_a_task_without_success_shows_and_logs_none(tmp_path):
     # Pendulum has no success signal: no "success 0.00" in the progress lines,
     # the final line or the logs; the objective (eval/avg_reward) instead.
@@ -183,6 +192,7 @@ def test_a_task_without_success_shows_and_logs_none(tmp_path):
     assert summary.best_eval_success_rate is None and summary.best_objective is not None
 
 
+@pytest.mark.slow
 def test_train_log_holds_the_runs_notices_warnings_and_result_line(tmp_path):
     # train.log was empty: the notices and the result line were printed, never logged
     first = run_cli([*TINY, "env._target_=tests.helpers.user_components.warning_push_cube", "hydra.run.dir=first"],
@@ -213,6 +223,7 @@ def _running_site_dirs() -> list[str]:
     return [d for d in dict.fromkeys(dirs) if Path(d).is_dir()]
 
 
+@pytest.mark.slow
 def test_wheel_ships_the_configs_and_runs_outside_the_repo(tmp_path):
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
@@ -249,6 +260,7 @@ def test_wheel_ships_the_configs_and_runs_outside_the_repo(tmp_path):
     assert "_target_: rlchain.algorithms.GRPO" in proc.stdout and "_target_: rlchain.policies.ActorOnly" in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_sweeps_jobs_are_grouped_in_wandb_each_under_its_own_name(tmp_path):
     # Every job of a sweep got the same W&B name, with no group.
     sweep = tmp_path / "multirun" / "day" / "sweep_1"

@@ -51,6 +51,7 @@ def test_a_written_mp4_decodes_to_its_frames(tmp_path):
     assert gif.shape[0] == 9
 
 
+@pytest.mark.slow
 def test_training_with_video_writes_one_mp4_per_evaluation(tmp_path):
     run = tmp_path / "run"
     proc = run_cli(["algorithm=ppo", "env=push_cube", *TINY, "env.episode_length=10", "trainer.video=true",

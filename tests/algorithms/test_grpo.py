@@ -84,6 +84,7 @@ def test_grpo_rejects_bad_group_sizes_before_any_step(tmp_path):
     assert torch.equal(env.elapsed_steps, steps_before) and not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_grpo_rejects_rollouts_shorter_than_an_episode_naming_both(tmp_path):
     # GRPO resets every env when a rollout starts: a 100-step rollout on
     # 500-step episodes only ever sees failed episodes end (success 0 while

@@ -70,6 +70,7 @@ def _refused(proc: subprocess.CompletedProcess, prog: str, *fragments: str) -> s
     (["env.id=line_envs/Line-v0", "env.imports=[line_envs]"], "env.imports[0]", "'line_envs'"),
     (["env.id=line_envs:line_envs/Line-v0"], "env.id", "'line_envs:line_envs/Line-v0'"),
 ])  # fmt: skip
+@pytest.mark.slow
 def test_an_id_a_users_package_registers_trains_and_is_evaluated_and_exported_once_allowed(
     tmp_path, line_envs, settings, key, value
 ):

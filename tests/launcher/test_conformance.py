@@ -75,6 +75,7 @@ class TestDevicesLauncher(LauncherTestSuite):
     """Hydra's launcher test suite on ``hydra/launcher=devices``, as it stands."""
 
 
+@pytest.mark.slow
 def test_idle_workers_exit_once_hydra_lets_go_of_the_launcher(hydra_sweep_runner: TSweepRunner, tmpdir: Path) -> None:
     """A program that runs several multiruns (a notebook, a driver script) must not pile up idle workers,
     each holding torch and perhaps a CUDA context, until it exits."""

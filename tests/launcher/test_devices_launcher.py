@@ -61,6 +61,7 @@ def test_devices_per_job_gives_each_job_a_group_of_devices_and_shares_the_cores_
         DevicesLauncherConf(devices_per_job=0)
 
 
+@pytest.mark.slow
 def test_a_sweep_of_two_jobs_of_two_processes_each(tmp_path):
     """devices_per_job=2 on the CPU: each job is one run trained by two ranks; only rank 0 wrote its files."""
     proc = run_cli(["-m", "seed=0,1", "hydra.launcher.devices=[cpu]", "hydra.launcher.devices_per_job=2",
@@ -100,6 +101,7 @@ def test_bad_launcher_settings_name_the_field(devices, jobs_per_device, threads,
     assert message in str(info.value)
 
 
+@pytest.mark.slow
 def test_an_exported_omp_num_threads_is_each_jobs_thread_count(tmp_path):
     # the launcher set every job's OMP_NUM_THREADS to cores // slots, over the one the user had exported
     exported = max(1, len(os.sched_getaffinity(0)) // 2) + 1  # not what auto would share out
@@ -137,6 +139,7 @@ def test_bad_launcher_setting_on_the_command_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_two_slots_run_exactly_two_jobs_at_a_time(cpu_sweep):
     sweep, proc = cpu_sweep
     runs = summaries(sweep)
@@ -215,6 +218,7 @@ def test_a_cuda_device_that_is_not_there_is_refused_before_any_job(tmp_path):
     assert "started on" not in proc.stdout and not list(tmp_path.glob("multirun/*/*/*/summary.json"))
 
 
+@pytest.mark.slow
 def test_failed_jobs_are_listed_in_one_line_each_and_keep_their_tracebacks(tmp_path):
     """A config error (env.num_envs=0) and a training failure (the env raises): one line each at the end of
     the sweep, the completed job goes on, the tracebacks are in the jobs' own summary.json and log."""
@@ -255,6 +259,7 @@ def test_failed_jobs_are_listed_in_one_line_each_and_keep_their_tracebacks(tmp_p
     assert all(f"- {line}" in md for line in expected.values())
 
 
+@pytest.mark.slow
 def test_a_killed_worker_fails_its_job_and_the_sweep_goes_on(tmp_path):
     proc = run_cli(["-m", "env._target_=rlchain.envs.push_cube.PushCubeEnv,tests.helpers.user_components.process_killing_env",
                     "seed=0,1", *TINY], tmp_path)  # fmt: skip
@@ -266,6 +271,7 @@ def test_a_killed_worker_fails_its_job_and_the_sweep_goes_on(tmp_path):
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+@pytest.mark.slow
 def test_a_worker_that_died_while_idle_is_replaced_for_the_next_job(tmp_path):
     # batches of 2 on 2 slots: in the first, job 1 kills job 0's worker once it is idle; the second batch's
     # job must run on a fresh worker in that slot, not end the sweep with the dead pool's error
@@ -321,6 +327,7 @@ def stderr_of(cwd: Path) -> str:
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.slow
 def test_a_stop_signal_stops_the_jobs_gracefully_and_keeps_finished_work(tmp_path, sig, code):
     """Ctrl-C or SIGTERM to the launcher: running jobs save and stop after their iteration, no new job starts,
     the tables are written, and the multirun exits with 128 + the signal's number."""
@@ -341,6 +348,7 @@ def test_a_stop_signal_stops_the_jobs_gracefully_and_keeps_finished_work(tmp_pat
     assert f"{sig.name}: stopping the sweep" in stderr_of(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_aborts_the_jobs_and_the_sweep_exits_130(tmp_path):
     """The jobs are held inside their first iteration: the first Ctrl-C cannot end it, the second aborts them."""
     args = ["hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", "seed=0,1", *ENDLESS,
@@ -362,6 +370,7 @@ def test_a_second_ctrl_c_aborts_the_jobs_and_the_sweep_exits_130(tmp_path):
         assert [r["status"] for r in csv.DictReader(f)] == ["aborted", "aborted"]
 
 
+@pytest.mark.slow
 def test_workers_that_do_not_stop_are_killed_after_kill_after_s(tmp_path):
     """Jobs that ignore SIGINT and SIGTERM: after the second SIGTERM and kill_after_s, the launcher kills them."""
     args = ["hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", "hydra.launcher.kill_after_s=1",
@@ -406,6 +415,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+@pytest.mark.slow
 def test_workers_die_with_their_launcher(tmp_path):
     """kill -9 of the launcher: its workers stop their jobs (recorded as interrupted, latest.pt saved) and exit."""
     args = ["hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", "seed=0,1", *ENDLESS]
@@ -429,6 +439,7 @@ def test_workers_die_with_their_launcher(tmp_path):
         assert (sweep / str(n) / "checkpoints" / "latest.pt").is_file()
 
 
+@pytest.mark.slow
 def test_optuna_search_runs_trials_in_parallel_and_reports_the_best(tmp_path):
     """The preset's search on 2 slots: trials run side by side (pairs meet at a barrier, so on distinct slots),
     each a trial of the study, and optimization_results.yaml names the best."""
@@ -452,6 +463,7 @@ def test_optuna_search_runs_trials_in_parallel_and_reports_the_best(tmp_path):
     assert (sweep / "summary.csv").is_file() and (sweep / "optimization_history.png").is_file()
 
 
+@pytest.mark.slow
 def test_submitit_local_runs_a_two_job_sweep(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     proc = run_cli(["-m", "hydra/launcher=slurm_local", "seed=0,1", *TINY], tmp_path)
@@ -465,6 +477,7 @@ def test_submitit_local_runs_a_two_job_sweep(tmp_path):
         assert len(list(csv.DictReader(f))) == 2
 
 
+@pytest.mark.slow
 def test_a_submitit_job_of_two_tasks_trains_one_run_over_both(tmp_path):
     """tasks_per_node=2 (slurm.yaml's recipe for several GPUs or nodes per job): one run of world size 2."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
@@ -475,6 +488,7 @@ def test_a_submitit_job_of_two_tasks_trains_one_run_over_both(tmp_path):
     assert (job.status, job.summary.world_size, job.summary.global_step) == ("completed", 2, 2 * 2 * 8 * 16)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_an_optuna_search_and_the_same_command_resumes_it(tmp_path):
     """Ctrl-C while two trials train: both stop after their iteration and are failed in the study as interrupted
     (not counted), the results are written, the sweep exits 130; the same command then runs the whole budget."""
