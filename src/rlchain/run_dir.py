@@ -186,6 +186,12 @@ def _saved_run(config: DictConfig) -> tuple[Path, Path] | None:
     return (run, path) if path.parent.name == "checkpoints" and saved(run) else None
 
 
+def _resume_may_set(key: str) -> bool:
+    """Whether a resume's override may set ``key``: one of :data:`RESUME_SETTINGS` (an entry ending in ``.`` is a
+    prefix), unless it is one of the trainer settings a resume keeps."""
+    return key not in _RESUME_FIXED and any(key == s or (s.endswith(".") and key.startswith(s)) for s in RESUME_SETTINGS)
+
+
 def resume_in_place(config: DictConfig) -> Path | None:
     """Make ``config`` (the composed config, Hydra's node included) the resume of the saved run that
     ``trainer.resume_from`` names (see :func:`_saved_run`); return its directory, or None when it names none.
@@ -223,9 +229,7 @@ def resume_in_place(config: DictConfig) -> Path | None:
         if choices is not None and key in choices and not override.is_sweep_override() and (
                 str(override.value()) == str(choices[key])):  # fmt: skip
             continue  # the option the saved run has (algorithm=grpo, which a preset chose): its keys compose
-        changes_setting = (not (override.is_add() or override.is_force_add() or override.is_delete())
-                           and key not in _RESUME_FIXED and (key == "device" or key.startswith(RESUME_SETTINGS[:2])))  # fmt: skip
-        if not changes_setting:
+        if override.is_add() or override.is_force_add() or override.is_delete() or not _resume_may_set(key):
             raise RunDirError(f"rlchain: {line} is not allowed when resuming {run}: a resumed run keeps its saved config "
                               "(env, policy, seed, presets); overrides may set trainer.<key>, algorithm.<key> and device "
                               "(trainer.output_dir and trainer.init_from excepted)")  # fmt: skip
