@@ -34,7 +34,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlchain.summary import RunSummary
+from rlchain.run.summary import RunSummary
 
 
 def run(name: str, ranks: int, args: argparse.Namespace, repeat: int) -> dict:
@@ -54,7 +54,7 @@ def run(name: str, ranks: int, args: argparse.Namespace, repeat: int) -> dict:
         cmd = [sys.executable, "-m", "rlchain", *overrides]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-               "-m", "rlchain.train", *overrides]  # fmt: skip
+               "-m", "rlchain.commands.train", *overrides]  # fmt: skip
     threads = max(1, (os.cpu_count() or 1) // ranks) if args.device == "cpu" else 1
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from rlchain.envs import PushCubeEnv
+from rlchain.core.envs import PushCubeEnv
 
 
 def measure(num_envs: int, device: str, steps: int, repeats: int) -> float:

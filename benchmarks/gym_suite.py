@@ -168,8 +168,8 @@ def overhead_round(env_id: str, num_envs: int, block: int = 256, repeats: int = 
     ``rollout_steps=block`` for rlchain), and each side reports its fastest
     block: on a shared machine the minimum is the stable statistic.
     """
-    from rlchain.collector import SyncCollector
-    from rlchain.envs import GymVecEnv
+    from rlchain.core.collector import SyncCollector
+    from rlchain.core.envs import GymVecEnv
 
     raw = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})  # fmt: skip
@@ -217,7 +217,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="rounds of each overhead row (its median is reported)")
     args = parser.parse_args()
     rows = []
-    from rlchain.envs.gym_adapter import resolve_spec
+    from rlchain.core.envs.gym_adapter import resolve_spec
 
     overhead = [(spec, True) for spec in OVERHEAD if args.only in (None, "overhead")]
     if args.only in (None, "reference"):

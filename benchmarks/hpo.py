@@ -30,8 +30,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from rlchain.report import load_jobs
-from rlchain.summary import RunSummary
+from rlchain.commands.report import load_jobs
+from rlchain.run.summary import RunSummary
 
 
 def run_search(name: str, extra: list[str], args: argparse.Namespace) -> dict:

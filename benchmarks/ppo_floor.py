@@ -48,8 +48,8 @@ from tensordict import TensorDict
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vs_rsl_rl import compose_config
 
-from rlchain.buffer import minibatches
-from rlchain.collector import SyncCollector
+from rlchain.core.buffer import minibatches
+from rlchain.core.collector import SyncCollector
 
 WARMUP = 2
 

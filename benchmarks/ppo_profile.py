@@ -36,8 +36,8 @@ import torch
 from hydra.utils import instantiate
 from ppo_floor import build_preset
 
-import rlchain.algorithms.ppo as ppo_module
-from rlchain.evaluation import evaluate
+import rlchain.core.algorithms.ppo as ppo_module
+from rlchain.core.evaluation import evaluate
 
 WARMUP = 2
 

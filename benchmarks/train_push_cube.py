@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_module
 
-from rlchain.train import train
+from rlchain.commands.train import train
 
 RUNS = {
     "main": ["algorithm=grpo", "env=push_cube"],

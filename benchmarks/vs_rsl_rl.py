@@ -20,7 +20,7 @@ and (when given) ``trainer.iterations`` and ``env.num_envs``:
   ``time/collect_s``, ``time/update_s`` and, every ``eval_freq`` iterations,
   ``eval/success_rate`` at ``eval/global_step``.
 * rsl_rl: this file with ``--side rsl_rl``. It builds the env as
-  ``rlchain.train.build`` does (``instantiate(cfg.env)``: ``PushCubeEnv`` with
+  ``rlchain.commands.train.build`` does (``instantiate(cfg.env)``: ``PushCubeEnv`` with
   ``num_envs`` 512 and ``seed=S``), seeds torch's global RNG with S before
   building and again before training (as rlchain's ``train`` and ``Trainer``
   do), wraps the env in rsl_rl's ``VecEnv`` (observations a TensorDict with
@@ -182,7 +182,7 @@ def compose_config(hydra_overrides: list[str]):
     """The configuration ``rlchain-train`` would compose from ``hydra_overrides``."""
     from hydra import compose, initialize_config_module
 
-    import rlchain.config  # noqa: F401  (registers the schemas the YAML options extend, as rlchain.train does)
+    import rlchain.commands.config  # noqa: F401  (registers the schemas the YAML options extend, as rlchain.commands.train does)
 
     with initialize_config_module("rlchain.conf", version_base="1.3"):
         return compose("train", overrides=hydra_overrides)
@@ -320,9 +320,9 @@ def run_rsl_rl(seed: int, out: Path, device: str, iterations: int | None, num_en
     from rsl_rl.runners import OnPolicyRunner
 
     try:
-        from rlchain.evaluation import evaluate
+        from rlchain.core.evaluation import evaluate
     except ImportError:
-        from rlchain.trainer import evaluate
+        from rlchain.run.trainer import evaluate
 
     torch.set_num_threads(1)
     cfg = compose_config(overrides(experiment_override(), seed, device, iterations, num_envs))
@@ -332,8 +332,8 @@ def run_rsl_rl(seed: int, out: Path, device: str, iterations: int | None, num_en
     out.mkdir(parents=True, exist_ok=True)
 
     RslRlVecEnv, RslRlPolicy = _rsl_rl_classes()
-    torch.manual_seed(cfg.seed)  # as rlchain.train.train, before anything is built
-    env = instantiate(cfg.env, _convert_="all")  # as rlchain.train.build: seed=cfg.seed
+    torch.manual_seed(cfg.seed)  # as rlchain.commands.train.train, before anything is built
+    env = instantiate(cfg.env, _convert_="all")  # as rlchain.commands.train.build: seed=cfg.seed
     eval_env = instantiate(cfg.env, _partial_=True, _convert_="all")(num_envs=int(cfg.trainer.num_eval_envs), seed=seed + 1)
     runner = OnPolicyRunner(RslRlVecEnv(env), train_cfg, log_dir=str(out / "log"), device=str(env.device))
     policy = RslRlPolicy(runner.alg.actor, runner.alg.critic)

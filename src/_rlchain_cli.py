@@ -3,9 +3,9 @@
 
 A top-level module, so that nothing of rlchain runs before its ``try``:
 importing ``rlchain`` registers the built-in tasks with gymnasium, and
-``rlchain.train`` imports torch, Hydra and tensordict, seconds of start-up
+``rlchain.commands.train`` imports torch, Hydra and tensordict, seconds of start-up
 during which Python would otherwise answer Ctrl-C with a traceback. Once the
-trainer runs, its own handler takes SIGINT (see :mod:`rlchain.stopping`).
+trainer runs, its own handler takes SIGINT (see :mod:`rlchain.run.stopping`).
 """
 
 from __future__ import annotations
@@ -13,19 +13,19 @@ from __future__ import annotations
 import importlib
 import sys
 
-#: ``rlchain.summary.signal_exit_code("SIGINT")``, which cannot be imported before the ``try``.
+#: ``rlchain.run.summary.signal_exit_code("SIGINT")``, which cannot be imported before the ``try``.
 SIGINT_EXIT = 130
 
 
 def train() -> None:
-    """Run ``rlchain.train.main``, imported inside the ``try``, once the command line's keys are known to exist.
+    """Run ``rlchain.commands.train.main``, imported inside the ``try``, once the command line's keys are known to exist.
 
     An override of a key that the config lacks is one line and exit status 1
-    (:func:`rlchain.command_line.unknown_keys`), before Hydra runs the command.
+    (:func:`rlchain.commands.command_line.unknown_keys`), before Hydra runs the command.
     """
     try:
-        from rlchain.command_line import unknown_keys
-        from rlchain.train import main
+        from rlchain.commands.command_line import unknown_keys
+        from rlchain.commands.train import main
 
         unknown = unknown_keys(sys.argv[1:])
         if unknown:
@@ -38,13 +38,13 @@ def train() -> None:
 
 
 def evaluate() -> None:
-    """``rlchain-eval``: run ``rlchain.eval_cli.main``, imported inside the ``try``."""
-    _command("rlchain.eval_cli", "rlchain-eval")
+    """``rlchain-eval``: run ``rlchain.commands.eval.main``, imported inside the ``try``."""
+    _command("rlchain.commands.eval", "rlchain-eval")
 
 
 def export() -> None:
-    """``rlchain-export``: run ``rlchain.export.main``, imported inside the ``try``."""
-    _command("rlchain.export", "rlchain-export")
+    """``rlchain-export``: run ``rlchain.commands.export.main``, imported inside the ``try``."""
+    _command("rlchain.commands.export", "rlchain-export")
 
 
 def _command(module: str, prog: str) -> None:

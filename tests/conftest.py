@@ -11,7 +11,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-import rlchain.config  # noqa: F401  (registers the schemas that every composition here needs)
+import rlchain.commands.config  # noqa: F401  (registers the schemas that every composition here needs)
 from tests.helpers.runs import FRESH, HELPERS, MEET, SHORT, TINY, run_cli, sweep_dir_of
 from tests.helpers.sweep_barrier import barrier_env
 

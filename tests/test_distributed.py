@@ -1,7 +1,7 @@
 """One run over two processes (gloo on the CPU): the update's maths, torchrun, stop signals and faults.
 
 The rank processes are real: ``torchrun`` itself for the whole run, and for
-the fault tests two ``python -m rlchain.train`` processes started with the
+the fault tests two ``python -m rlchain.commands.train`` processes started with the
 variables torchrun sets (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...), so
 that the test holds each rank's pid and exit status. Nothing waits on a
 clock: a held step (a marker file, :mod:`tests.helpers.fault_env`) puts a
@@ -22,11 +22,11 @@ import pytest
 import torch
 
 from rlchain import distributed
-from rlchain.algorithms import GRPO, PPO
-from rlchain.checkpoint import load_checkpoint
-from rlchain.collector import SyncCollector
-from rlchain.envs import PushCubeEnv
-from rlchain.policies import ActorCritic
+from rlchain.core.algorithms import GRPO, PPO
+from rlchain.run.checkpoint import load_checkpoint
+from rlchain.core.collector import SyncCollector
+from rlchain.core.envs import PushCubeEnv
+from rlchain.core.policies import ActorCritic
 from tensordict import TensorDict
 from tests.helpers.runs import TINY, USER, rows, sigint_as_in_a_terminal, subprocess_env, summary_of, wait_for
 
@@ -146,9 +146,9 @@ def test_two_ranks_keep_one_policy_and_update_as_one_process_on_all_the_envs(tmp
 
 @pytest.mark.slow
 def test_torchrun_trains_one_run_whose_files_rank_0_alone_writes(tmp_path):
-    """``torchrun --nproc_per_node=2 -m rlchain.train``: one run directory, global_step over both ranks, and
+    """``torchrun --nproc_per_node=2 -m rlchain.commands.train``: one run directory, global_step over both ranks, and
     every rank's envs in the checkpoint, from which a second torchrun run goes on."""
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "rlchain.train"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "rlchain.commands.train"]
     args = [*TINY, "device=cpu", "hydra.run.dir=run"]
     done = subprocess.run([*torchrun, *args], cwd=tmp_path, env=subprocess_env(OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -169,7 +169,7 @@ def test_torchrun_trains_one_run_whose_files_rank_0_alone_writes(tmp_path):
     assert summary_of(run).global_step == 3 * 8 * 16 * 2
 
     # One process goes on from the two ranks' checkpoint: the policy and the step count go on, the envs restart.
-    alone = subprocess.run([sys.executable, "-m", "rlchain.train", *args, "trainer.resume_from=auto", "trainer.iterations=4"],
+    alone = subprocess.run([sys.executable, "-m", "rlchain.commands.train", *args, "trainer.resume_from=auto", "trainer.iterations=4"],
                            cwd=tmp_path, env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
                            timeout=300)  # fmt: skip
     assert alone.returncode == 0, alone.stderr
@@ -186,7 +186,7 @@ def _start_ranks(tmp_path: Path, args: list[str], port: int | None = None) -> li
     for rank in range(2):
         env = subprocess_env(OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
                              LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, "-m", "rlchain.train", *args, "hydra.run.dir=run"], cwd=tmp_path,
+        procs.append(subprocess.Popen([sys.executable, "-m", "rlchain.commands.train", *args, "hydra.run.dir=run"], cwd=tmp_path,
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
     return procs
 
@@ -236,7 +236,7 @@ def test_ctrl_c_at_torchrun_stops_both_ranks_after_the_same_iteration_and_saves_
     they stop after the iteration rank 1 is in, and one latest.pt holds it (torchrun then exits non-zero)."""
     hold = tmp_path / "hold"
     hold.touch()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "rlchain.train",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "rlchain.commands.train",
            *USER, "device=cpu", "trainer.iterations=6", "env.fault_rank=1", f"env.hold_step={hold}", "hydra.run.dir=run"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=subprocess_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_in_a_terminal)  # fmt: skip
@@ -275,7 +275,7 @@ def test_a_rank_whose_others_never_come_writes_nothing_and_says_so_in_one_line(t
     the summary.json a refused one-process run leaves (rank 0 writes it)."""
     env = subprocess_env(OMP_NUM_THREADS="1", RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                          MASTER_PORT=str(_free_port()))  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "rlchain.train", *TINY, "device=cpu", "trainer.dist_timeout_s=1"],
+    done = subprocess.run([sys.executable, "-m", "rlchain.commands.train", *TINY, "device=cpu", "trainer.dist_timeout_s=1"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 1
     assert list(tmp_path.iterdir()) == []

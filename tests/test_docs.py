@@ -12,7 +12,7 @@ from tests.helpers.runs import REPO
 
 README = REPO / "README.md"
 PAGES = [README, REPO / "benchmarks" / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
-#: A path of the repository in a code span: `src/rlchain/envs/base.py`, `conf/experiment/`, `benchmarks/README.md`.
+#: A path of the repository in a code span: `src/rlchain/core/envs/base.py`, `conf/experiment/`, `benchmarks/README.md`.
 REPO_PATH = re.compile(r"`((?:src|conf|tests|benchmarks|docs)/[^`\s<>*]*)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 

@@ -33,7 +33,7 @@ def test_the_page_includes_every_example_file_and_each_exists():
 def test_the_example_env_keeps_the_vec_env_contract(my_rl):
     from my_rl.line_env import LineEnv
 
-    from rlchain.envs import check_vec_env
+    from rlchain.core.envs import check_vec_env
     from rlchain.settings import SettingError
 
     check_vec_env(LineEnv(num_envs=8))
@@ -44,7 +44,7 @@ def test_the_example_env_keeps_the_vec_env_contract(my_rl):
 @pytest.mark.slow
 def test_the_example_components_train_evaluate_and_export(tmp_path, my_rl):
     from rlchain import export
-    from rlchain.eval_cli import run_eval
+    from rlchain.commands.eval import run_eval
 
     path = os.pathsep.join([str(EXAMPLES), str(REPO)])
     args = [*COMMAND, "debug=tiny", "trainer.fresh_eval=false"]
@@ -58,7 +58,7 @@ def test_the_example_components_train_evaluate_and_export(tmp_path, my_rl):
     # a run directory is data: the user's package is allowed by name
     record = run_eval(run, ["num_episodes=4"], allowed=["my_rl"])
     assert record["episodes"] == 4 and "success_rate" in record["metrics"]
-    assert export.main([str(run), "--format", "torchscript", "--allow-target", "my_rl"]) == 0
+    assert export.main([str(run), "format=torchscript", "--allow-target", "my_rl"]) == 0
     assert (run / "checkpoints" / "best.torchscript.pt").is_file()
 
 
@@ -71,8 +71,8 @@ def test_the_registered_schemas_check_the_example_options(tmp_path):
 
 
 def test_the_page_documents_every_hook_of_the_algorithm_and_policy_base_classes():
-    from rlchain.algorithms import Algorithm
-    from rlchain.policies import Policy
+    from rlchain.core.algorithms import Algorithm
+    from rlchain.core.policies import Policy
 
     text = PAGE.read_text()
     hooks = {name for name in vars(Algorithm) if not name.startswith("__") and name not in vars(object)}

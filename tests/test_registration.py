@@ -35,7 +35,7 @@ single.step(1)
 cart_pole = gym.make_vec("rlchain/CartPole-v1", num_envs=8, vectorization_mode="vector_entry_point")
 
 import torch  # only now: the makes above must not depend on anything imported before them
-from rlchain.envs import CartPoleEnv, PushCubeEnv
+from rlchain.core.envs import CartPoleEnv, PushCubeEnv
 
 assert isinstance(push_cube, PushCubeEnv) and push_cube.num_envs == 8
 assert isinstance(cart_pole, CartPoleEnv) and cart_pole.num_envs == 8 and cart_pole.max_episode_steps == 500
@@ -53,13 +53,13 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 
 def test_import_rlchain_registers_every_task_without_importing_torch():
     # Before: gymnasium.make("rlchain/PushCube-v0") after `import rlchain` raised NamespaceNotFound
-    # (only `import rlchain.envs` registered it) and rlchain/CartPole-v1 was registered nowhere.
+    # (only `import rlchain.core.envs` registered it) and rlchain/CartPole-v1 was registered nowhere.
     proc = run_python(
         textwrap.dedent(
             """
             import sys
             import rlchain
-            heavy = sorted({"torch", "rlchain.envs"} & set(sys.modules))
+            heavy = sorted({"torch", "rlchain.core.envs"} & set(sys.modules))
             assert not heavy, f"import rlchain imported {heavy}"
             """
         )
@@ -71,7 +71,7 @@ def test_import_rlchain_registers_every_task_without_importing_torch():
 @pytest.mark.parametrize("first", ["rlchain", "gymnasium"])
 def test_registration_is_idempotent_and_never_overrides(first):
     # Whichever is imported first, rlchain/... is registered once: importing rlchain again,
-    # reloading it or importing rlchain.envs warns nothing.
+    # reloading it or importing rlchain.core.envs warns nothing.
     proc = run_python(
         f"""
         import importlib
@@ -83,7 +83,7 @@ def test_registration_is_idempotent_and_never_overrides(first):
         import rlchain
         import rlchain
         importlib.reload(rlchain)
-        import rlchain.envs
+        import rlchain.core.envs
         ids = sorted(env_id for env_id in gymnasium.registry if env_id.startswith("rlchain/"))
         assert ids == ["rlchain/CartPole-v1", "rlchain/PushCube-v0"], ids
         """
@@ -92,10 +92,10 @@ def test_registration_is_idempotent_and_never_overrides(first):
 
 
 def test_starting_the_command_loads_neither_tensordict_nor_torchs_compiler():
-    # Half of the start-up of --help, --cfg and a rejected config (see rlchain.config).
+    # Half of the start-up of --help, --cfg and a rejected config (see rlchain.commands.config).
     proc = run_python("""
     import sys
-    import rlchain.train
+    import rlchain.commands.train
     print(sorted(m for m in ("tensordict", "torch._dynamo", "torch._inductor") if m in sys.modules))
     """)
     assert proc.returncode == 0, proc.stderr
@@ -125,7 +125,7 @@ def test_rlchain_ids_are_registered_with_their_time_limits_and_truncate_once():
     import numpy as np
     import torch
 
-    from rlchain.envs import CartPoleConfig, GymVecEnv, PushCubeConfig, PushCubeEnv
+    from rlchain.core.envs import CartPoleConfig, GymVecEnv, PushCubeConfig, PushCubeEnv
 
     assert gym.spec("rlchain/PushCube-v0").max_episode_steps == PushCubeConfig().episode_length == 100
     assert gym.spec("rlchain/CartPole-v1").max_episode_steps == CartPoleConfig().max_episode_steps == 500

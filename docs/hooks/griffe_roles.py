@@ -1,6 +1,6 @@
 """Griffe extension: rlchain's docstrings (Google style, with Sphinx's habits) as Markdown reads them.
 
-Cross-reference roles (``:class:`~rlchain.envs.VecEnv```) become code spans, a ``<placeholder>`` outside code
+Cross-reference roles (``:class:`~rlchain.core.envs.VecEnv```) become code spans, a ``<placeholder>`` outside code
 stays text instead of an HTML tag, and a paragraph that ends with reStructuredText's ``::`` before its literal
 block ends with one colon.
 """

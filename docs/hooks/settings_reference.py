@@ -3,7 +3,8 @@
 ``docs/configuration.md`` holds the line ``<!-- settings-reference -->``; this hook replaces it with one table per
 schema: every field's name, type, default (and the value the YAML option gives it, where that differs), the range
 that :func:`rlchain.settings.setting` declares, and the doc string written under the field. The schemas are those
-of :data:`rlchain.config.SCHEMAS`, :class:`rlchain.config.RunConfig`, :class:`rlchain.eval_cli.EvalConfig` and the
+of :data:`rlchain.commands.config.SCHEMAS`, :class:`rlchain.commands.config.RunConfig`, :class:`rlchain.commands.eval.EvalConfig`,
+:class:`rlchain.commands.export.ExportConfig` and the
 Hydra plugins' config dataclasses; the presets are the YAML files of ``conf/`` with their header comments. Nothing
 here repeats what a schema says, so the page cannot go stale: a build reads the code it documents.
 """
@@ -43,8 +44,9 @@ def reference() -> str:
     from hydra_plugins.rlchain_launcher.config import DevicesLauncherConf
     from hydra_plugins.rlchain_optuna.config import OptunaSweeperConf
 
-    from rlchain.config import SCHEMAS, RunConfig
-    from rlchain.eval_cli import EvalConfig
+    from rlchain.commands.config import SCHEMAS, RunConfig
+    from rlchain.commands.eval import EvalConfig
+    from rlchain.commands.export import ExportConfig
 
     out = ["## Top level {#top-level}", "", _doc_paragraph(RunConfig), "", _table(RunConfig, _composed(None, None)), ""]
     groups: dict[str, list[tuple[str, type]]] = {}
@@ -93,6 +95,12 @@ def reference() -> str:
         f"Schema `{_path(EvalConfig)}`. {_doc_paragraph(EvalConfig)}",
         "",
         _table(EvalConfig, {}),
+        "",
+        "## `rlchain-export` options {#rlchain-export}",
+        "",
+        f"Schema `{_path(ExportConfig)}`. {_doc_paragraph(ExportConfig)}",
+        "",
+        _table(ExportConfig, {}),
         "",
     ]
     return "\n".join(out)

@@ -1,13 +1,13 @@
 """Registration of rlchain's built-in tasks with gymnasium, done by ``import rlchain``.
 
 * ``rlchain/PushCube-v0``: ``gymnasium.make`` gives one numpy
-  :class:`rlchain.envs.PushCubeGymEnv` (time limit 100, ``episode_length``'s
+  :class:`rlchain.core.envs.PushCubeGymEnv` (time limit 100, ``episode_length``'s
   default, by gymnasium's ``TimeLimit``), ``gymnasium.make_vec(...,
-  vectorization_mode="vector_entry_point")`` a batched :class:`rlchain.envs.PushCubeEnv`
+  vectorization_mode="vector_entry_point")`` a batched :class:`rlchain.core.envs.PushCubeEnv`
   (``episode_length`` from ``max_episode_steps``);
-* ``rlchain/CartPole-v1``: one numpy :class:`rlchain.envs.cart_pole.CartPoleGymEnv`
+* ``rlchain/CartPole-v1``: one numpy :class:`rlchain.core.envs.cart_pole.CartPoleGymEnv`
   (time limit 500 by gymnasium's ``TimeLimit``, as ``CartPole-v1``), or a
-  batched :class:`rlchain.envs.CartPoleEnv` (``max_episode_steps=500``).
+  batched :class:`rlchain.core.envs.CartPoleEnv` (``max_episode_steps=500``).
 
 Each id's ``max_episode_steps`` is its env's own time limit, which the single
 env leaves to gymnasium's ``TimeLimit`` alone (one limit, never two).
@@ -29,15 +29,15 @@ __all__ = ["ENVS", "register_envs"]
 ENVS: dict[str, dict[str, Any]] = {
     # PushCubeConfig.episode_length's default (a test holds the two together).
     "rlchain/PushCube-v0": {
-        "entry_point": "rlchain.envs.push_cube:PushCubeGymEnv",
-        "vector_entry_point": "rlchain.envs.push_cube:make_vec_entry_point",
+        "entry_point": "rlchain.core.envs.push_cube:PushCubeGymEnv",
+        "vector_entry_point": "rlchain.core.envs.push_cube:make_vec_entry_point",
         "max_episode_steps": 100,
     },
     # The limit and threshold of gymnasium's CartPole-v1. gymnasium.make wraps
     # the single env in TimeLimit(500); make_vec passes max_episode_steps=500.
     "rlchain/CartPole-v1": {
-        "entry_point": "rlchain.envs.cart_pole:CartPoleGymEnv",
-        "vector_entry_point": "rlchain.envs.cart_pole:CartPoleEnv",
+        "entry_point": "rlchain.core.envs.cart_pole:CartPoleGymEnv",
+        "vector_entry_point": "rlchain.core.envs.cart_pole:CartPoleEnv",
         "max_episode_steps": 500,
         "reward_threshold": 475.0,
     },

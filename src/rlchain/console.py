@@ -18,7 +18,7 @@ import time
 import warnings
 from typing import Iterator, TextIO
 
-__all__ = ["RUN_LOG", "Progress", "logged_warnings", "notice", "show"]
+__all__ = ["RUN_LOG", "Progress", "error_line", "logged_warnings", "notice", "show"]
 
 
 class _RootFiles(logging.Handler):
@@ -136,3 +136,12 @@ class Progress:
         """Stop the bar (a no-op for plain lines)."""
         if self._rich is not None:
             self._rich.stop()
+
+
+def error_line(err: BaseException | str) -> str:
+    """``err`` on one line: ``<type>: <message>`` with the message's lines joined (the type alone without a
+    message); a string: its lines joined."""
+    text = " ".join(str(err).split())
+    if isinstance(err, str):
+        return text
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__

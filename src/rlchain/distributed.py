@@ -1,6 +1,6 @@
 """One run over several processes (``torchrun``): its ranks, their collectives and their faults.
 
-``torchrun --nproc_per_node=N -m rlchain.train ...`` (or the devices
+``torchrun --nproc_per_node=N -m rlchain.commands.train ...`` (or the devices
 launcher's ``hydra.launcher.devices_per_job``, or a submitit job of several
 tasks, :func:`from_environment`) starts one process per rank
 with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and

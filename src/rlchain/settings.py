@@ -5,7 +5,7 @@ once, and its doc in the string under it::
 
     @dataclass
     class PPOConfig(AlgorithmConfig):
-        _target_: str = "rlchain.algorithms.PPO"
+        _target_: str = "rlchain.core.algorithms.PPO"
         gae_lambda: float = setting(0.95, ge=0, le=1)
         \"\"\"GAE lambda (Schulman et al. 2016).\"\"\"
 

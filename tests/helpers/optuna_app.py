@@ -1,5 +1,5 @@
 """A small ``@hydra.main`` app for rlchain's Optuna sweeper: each job returns ``(x - 0.3) ** 2`` at once, or
-waits, releases or raises as its config says (by the number of its trial, :func:`rlchain.tuning.trial`).
+waits, releases or raises as its config says (by the number of its trial, :func:`rlchain.run.tuning.trial`).
 
     python -m tests.helpers.optuna_app -m hydra/sweeper=rlchain_optuna 'x=interval(0, 1)' [hold=0 release=2 ...]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from rlchain.envs import CartPoleEnv
+from rlchain.core.envs import CartPoleEnv
 
 
 def preemption_signal() -> signal.Signals:

@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from rlchain.report import JobResult, load_jobs
-from rlchain.summary import RunSummary
+from rlchain.commands.report import JobResult, load_jobs
+from rlchain.run.summary import RunSummary
 
 #: The checkout's root (its ``tests`` package is importable from there) and this folder.
 REPO = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from hydra.core.hydra_config import HydraConfig
 
-from rlchain.envs import PushCubeEnv
+from rlchain.core.envs import PushCubeEnv
 
 BARRIER_DIR_ENV = "RLCHAIN_TEST_BARRIER"
 PARTIES_ENV = "RLCHAIN_TEST_BARRIER_PARTIES"

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from hydra.core.hydra_config import HydraConfig
 
-from rlchain.envs import PushCubeEnv
+from rlchain.core.envs import PushCubeEnv
 
 GATE_DIR_ENV = "RLCHAIN_TEST_GATE"
 #: Seconds a job waits at the gate before it fails instead of hanging the test.

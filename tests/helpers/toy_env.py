@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlchain.envs.base import VecEnv, check_group_size
+from rlchain.core.envs.base import VecEnv, check_group_size
 
 
 class LineEnv(VecEnv):

@@ -1,6 +1,6 @@
 """A researcher's own small Hydra app, as rlchain's Optuna sweeper must run it: its ``trainer`` node is a
 structured config that it instantiates (a ``_target_`` and no ``trial`` key), and it reports its loss at every
-step with :func:`rlchain.tuning.report`, ending early when the study's pruner prunes its trial.
+step with :func:`rlchain.run.tuning.report`, ending early when the study's pruner prunes its trial.
 
     python -m tests.helpers.user_app -m hydra/sweeper=rlchain_optuna 'trainer.lr=interval(0, 1)'
 

@@ -2,8 +2,8 @@
 
 import torch
 
-from rlchain.algorithms import PPO
-from rlchain.policies import ActorCritic
+from rlchain.core.algorithms import PPO
+from rlchain.core.policies import ActorCritic
 
 
 class WidePolicy(ActorCritic):
@@ -61,7 +61,7 @@ def warning_push_cube(**kwargs):
     """An env ``_target_`` that warns as it builds a PushCubeEnv, as a simulator's own warning would."""
     import warnings
 
-    from rlchain.envs import PushCubeEnv
+    from rlchain.core.envs import PushCubeEnv
 
     warnings.warn("the simulator's contact model is deprecated", UserWarning, stacklevel=1)
     return PushCubeEnv(**kwargs)

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlchain.envs import VecEnv, VecEnvConfig, check_group_size
+from rlchain.core.envs import VecEnv, VecEnvConfig, check_group_size
 from rlchain.settings import setting
 from rlchain.utils import resolve_device
 

@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from rlchain.policies import Policy
+from rlchain.core.policies import Policy
 from rlchain.settings import Settings, setting
 
 

@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from rlchain.algorithms import Algorithm, AlgorithmConfig
-from rlchain.algorithms.functional import compute_gae
-from rlchain.policies import Policy
+from rlchain.core.algorithms import Algorithm, AlgorithmConfig
+from rlchain.core.algorithms.functional import compute_gae
+from rlchain.core.policies import Policy
 from rlchain.settings import setting
 
 

@@ -1,7 +1,7 @@
 """rlchain's Hydra launcher plugin: ``hydra/launcher=devices`` (see :mod:`.devices_launcher`).
 
 It depends on Hydra, the standard library, cloudpickle and one module of
-rlchain's, :mod:`rlchain.summary` (stop signals, exit codes and the job
+rlchain's, :mod:`rlchain.run.summary` (stop signals, exit codes and the job
 record it writes). Modules, in the order a sweep meets them:
 
 - :mod:`.config`: the settings (``hydra.launcher.*``), their defaults and checks.

@@ -6,7 +6,7 @@ a worker that died (killed, out of memory, crashed) fails its job and is
 replaced for the next one. :class:`DevicePool` hands the pending jobs of a
 batch to idle slots as soon as one frees, relays the launcher's stop signals
 to the running jobs (:mod:`._signals`), and as each job ends logs it, writes
-the launcher's record of it (:class:`~rlchain.summary.JobRecord`, in the
+the launcher's record of it (:class:`~rlchain.run.summary.JobRecord`, in the
 sweep directory) and yields its ``JobReturn`` as it ends
 (:meth:`DevicePool.stream`), so that a sweeper can choose the next job from
 the results so far.
@@ -36,7 +36,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 from hydra_plugins.rlchain_launcher._signals import StopSignals
 from hydra_plugins.rlchain_launcher._slots import Slot
 from hydra_plugins.rlchain_launcher._worker import Job, Outcome, describe_error, execute, init_worker
-from rlchain.summary import JobRecord
+from rlchain.run.summary import JobRecord
 
 log = logging.getLogger(__name__)
 

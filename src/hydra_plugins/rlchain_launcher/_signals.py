@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Iterator
 
-from rlchain.summary import STOP_SIGNALS, signal_exit_code
+from rlchain.run.summary import STOP_SIGNALS, signal_exit_code
 
 #: Stop signals forwarded to a running job: the first (stop after the iteration) and the second (abort).
 FORWARDED = 2

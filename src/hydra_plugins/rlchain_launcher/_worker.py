@@ -53,7 +53,8 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.errors import CompactHydraException
 from omegaconf import open_dict, read_write
 
-from rlchain.summary import STOP_SIGNALS, STOPPED, RunSummary, error_line, signal_exit_code
+from rlchain.console import error_line
+from rlchain.run.summary import STOP_SIGNALS, STOPPED, RunSummary, signal_exit_code
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ def init_worker(environ: dict[str, str], num_threads: int, launcher_pid: int, ra
     """Worker initializer: take the slot's environment before any job imports CUDA; watch the launcher.
 
     ``spawn`` may have imported torch already (it re-imports the launching
-    program's main module, ``rlchain.train`` under ``python -m rlchain.train``), too early
+    program's main module, ``rlchain.commands.train`` under ``python -m rlchain.commands.train``), too early
     for ``OMP_NUM_THREADS``: its thread count is then set here. The worker
     leaves the launcher's process group (Ctrl-C at the terminal reaches the
     launcher only; it forwards to busy workers) and starts a daemon thread
@@ -263,7 +264,7 @@ def _how_it_ended(ret: JobReturn, output_dir: Path, start: float,
 
 
 def describe_error(err: BaseException) -> str:
-    """``err`` in one line (:func:`rlchain.summary.error_line`; a Hydra one-line error: its message alone)."""
+    """``err`` in one line (:func:`rlchain.console.error_line`; a Hydra one-line error: its message alone)."""
     return error_line(str(err) if isinstance(err, CompactHydraException) else err)
 
 

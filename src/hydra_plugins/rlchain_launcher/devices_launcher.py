@@ -15,7 +15,7 @@ job) and with ``threads_per_job`` CPU threads. On a machine without CUDA,
 
 What only the launcher knows of each job (slot, device, threads, start and
 end in Unix seconds, a worker that died or that it killed) goes, one JSON line
-per job, into ``<sweep dir>/launcher.jsonl`` (:class:`rlchain.summary.JobRecord`);
+per job, into ``<sweep dir>/launcher.jsonl`` (:class:`rlchain.run.summary.JobRecord`);
 a job's own files are never rewritten. A job that raises is logged and
 recorded as failed (its traceback in its Hydra job log and its record) while
 the others go on; at the end of the batch each failed job is listed in one
@@ -159,7 +159,7 @@ class DevicesLauncher(Launcher):
         from hydra.core.singleton import Singleton
 
         from hydra_plugins.rlchain_launcher._slots import exported_threads
-        from rlchain.summary import error_line
+        from rlchain.console import error_line
 
         pool = self.pool
         sweep_dir = Path(str(self.config.hydra.sweep.dir))

@@ -11,7 +11,7 @@ whenever a slot frees. Modules, in the order a sweep meets them:
 - :mod:`._study`: one search: the study, the trials it asks for and tells, its results.
 
 The storage, pruner and trial link shared with the jobs are in
-:mod:`rlchain.tuning`. Hydra's plugin scan executes every module of
+:mod:`rlchain.run.tuning`. Hydra's plugin scan executes every module of
 ``hydra_plugins`` whose name does not start with ``_`` at each start of every
 Hydra app; Optuna is imported only when a sweep starts.
 """

@@ -24,7 +24,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep, Transformer
 from hydra.errors import CompactHydraException, OverrideParseException
 
-from rlchain.summary import error_line
+from rlchain.console import error_line
 
 __all__ = ["SweeperError", "grid_of", "search_space"]
 

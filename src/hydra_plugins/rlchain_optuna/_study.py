@@ -21,8 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 from hydra_plugins.rlchain_optuna._space import SweeperError, grid_of, search_space
 from hydra_plugins.rlchain_optuna.config import OptunaSweeperConf
 from rlchain.files import write_text
-from rlchain.summary import RunSummary, error_line
-from rlchain.tuning import PRUNED_AT, TRIAL_SETTING, StudyError, make_pruner, make_sampler, open_storage, quiet_optuna
+from rlchain.console import error_line
+from rlchain.run.summary import RunSummary
+from rlchain.run.tuning import PRUNED_AT, TRIAL_SETTING, StudyError, make_pruner, make_sampler, open_storage, quiet_optuna
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +213,7 @@ class Search:
 
     def tell(self, number: int, ret: JobReturn) -> None:
         """Tell the study how trial ``number``'s job ended: pruned when the study's pruner pruned the trial (the job
-        marked it, :data:`rlchain.tuning.PRUNED_AT`) and no stop signal ended the job; else from its
+        marked it, :data:`rlchain.run.tuning.PRUNED_AT`) and no stop signal ended the job; else from its
         ``summary.json``, else from its return."""
         from optuna.trial import TrialState
 

@@ -63,8 +63,8 @@ class OptunaSweeperConf:
     whenever one of its slots frees instead."""
     trial: Dict[str, Any] = field(default_factory=dict)
     """Set by the sweeper in each job's Hydra config, never by hand: the trial the job runs for, ``{storage,
-    study_name, number, pruner, pruner_options}`` (:class:`rlchain.tuning.TrialLink`; ``{}`` in the sweep itself). A
-    task function reports to it with ``rlchain.tuning.report(value, step)``; the task's own config gets nothing."""
+    study_name, number, pruner, pruner_options}`` (:class:`rlchain.run.tuning.TrialLink`; ``{}`` in the sweep itself). A
+    task function reports to it with ``rlchain.run.tuning.report(value, step)``; the task's own config gets nothing."""
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="rlchain_optuna", node=OptunaSweeperConf, provider="rlchain")

@@ -10,7 +10,7 @@ Each trial is one job, a plain job of the app: its overrides are the
 trial's parameters, and the sweeper adds nothing to its config. The job's
 Hydra config names its trial (``hydra.sweeper.trial={storage, study_name,
 number, pruner, pruner_options}``), so that any task function can report
-intermediate values to it (:func:`rlchain.tuning.report`; rlchain-train
+intermediate values to it (:func:`rlchain.run.tuning.report`; rlchain-train
 reports its objective at every evaluation). As a job ends, the sweeper tells
 the study: ``pruned`` when the study's pruner pruned the trial (whatever the
 job then did), ``completed`` with the objective the job returned, or failed

@@ -1,7 +1,0 @@
-"""RL algorithms: PPO (Schulman et al. 2017) and GRPO (Shao et al. 2024)."""
-
-from rlchain.algorithms.base import Algorithm, AlgorithmConfig, NonFiniteError
-from rlchain.algorithms.grpo import GRPO, GRPOConfig
-from rlchain.algorithms.ppo import PPO, PPOConfig
-
-__all__ = ["Algorithm", "AlgorithmConfig", "GRPO", "GRPOConfig", "NonFiniteError", "PPO", "PPOConfig"]

@@ -1,0 +1,250 @@
+"""``rlchain-export``: a trained policy as one standalone file, TorchScript or ONNX.
+
+Usage::
+
+    rlchain-export outputs/2026-11-24/10-00-00_1a2b3c format=onnx           # -> checkpoints/best.onnx
+    rlchain-export outputs/... format=torchscript checkpoint=latest output=robot/policy.pt
+    rlchain-export path/to/latest.pt format=onnx output=policy.onnx
+    rlchain-export outputs/... format=onnx --allow-target my_robot          # a run whose env is my_robot.envs.Arm
+
+The options (:class:`ExportConfig`) are ``key=value``, as ``rlchain-eval``'s are:
+``format`` (required), ``checkpoint`` ('best', 'latest' or a path) and ``output``.
+
+The file is the deterministic policy alone (:class:`ExportedPolicy`): input
+``obs`` float32 ``[B, obs_dim]`` (any ``B``), the run's observation
+normalisation baked in, output ``action``: the action the env receives,
+float32 ``[B, act_dim]`` clipped to the Box action space, or int64 ``[B]``
+(the likeliest category of a Discrete one). Its metadata (JSON under the key
+``rlchain``: TorchScript's extra file ``rlchain.json``, ONNX's
+``metadata_props``) gives the spaces, the observation layout, the checkpoint,
+its ``global_step`` and the rlchain version. Load it with
+``torch.jit.load(path)`` or ``onnxruntime.InferenceSession(path)``; neither
+needs rlchain.
+
+The run's config is read as data (:mod:`rlchain.commands.saved_run`): only rlchain's
+targets and those of ``--allow-target`` modules are instantiated, and only
+those modules are imported for an ``env=gym`` id (``env.imports``). ONNX needs
+the ``export`` extra (``pip install "rlchain[export]"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import io
+import json
+import logging
+import math
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from rlchain.commands.arguments import SavedRunOptions, command_parser, read_options
+from rlchain.files import write_bytes
+from rlchain.settings import setting
+
+__all__ = ["EXPORT_EXTRA", "FORMATS", "ExportConfig", "ExportedPolicy", "export_policy", "main", "metadata_of"]
+
+#: Export formats and the file suffix each gets by default.
+FORMATS = {"torchscript": ".torchscript.pt", "onnx": ".onnx"}
+#: The flags of rlchain 0.1.0 (``--format onnx``), still read as the options of the same names (``format=onnx``).
+_FLAGS = ("format", "checkpoint", "output")
+
+
+@dataclass
+class ExportConfig(SavedRunOptions):
+    """The options of ``rlchain-export`` (``key=value`` on its command line), their defaults and ranges."""
+
+    format: str | None = setting(None, choices=tuple(FORMATS))
+    """The file format, required: 'torchscript' or 'onnx' (the ``export`` extra)."""
+    output: str | None = None
+    """Where to write; None: next to the checkpoint, as <checkpoint name>.torchscript.pt or .onnx."""
+#: What to install for ONNX.
+EXPORT_EXTRA = 'pip install "rlchain[export]"'
+#: The key of the metadata in the exported file.
+METADATA_KEY = "rlchain"
+
+
+class ExportedPolicy(nn.Module):
+    """The deterministic policy as the env sees it: observations in, the env's action out.
+
+    Args:
+        policy: an rlchain policy with :meth:`~rlchain.core.policies.Policy.deterministic_action`
+            (its observation normaliser, if any, comes with it).
+        action_space: one env's action space: a ``Box`` (the output is
+            clipped to its bounds) or a ``Discrete``.
+        action_start: added to a Discrete action: the start of the gymnasium
+            env's own ``Discrete(n, start)`` (``env=gym``), so the output is
+            the action that env receives.
+
+    Shapes: ``obs`` float32 ``[B, obs_dim]`` -> float32 ``[B, act_dim]`` (Box)
+    or int64 ``[B]`` (Discrete).
+    """
+
+    def __init__(self, policy: nn.Module, action_space: gym.Space, action_start: int = 0) -> None:
+        super().__init__()
+        self.policy = policy
+        self.box = isinstance(action_space, gym.spaces.Box)
+        self.action_start = int(action_start)
+        if self.box:
+            self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
+            self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        action = self.policy.deterministic_action(obs)
+        if self.box:
+            return torch.maximum(torch.minimum(action, self.high), self.low)
+        return action + self.action_start if self.action_start else action
+
+
+def _space(space: gym.Space) -> dict[str, Any]:
+    """A gymnasium Box or Discrete as JSON data (infinite bounds as the strings ``"inf"`` / ``"-inf"``)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    bound = lambda a: [x if math.isfinite(x) else ("inf" if x > 0 else "-inf") for x in a.astype(float).tolist()]  # noqa: E731
+    return {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype), "low": bound(space.low.ravel()),
+            "high": bound(space.high.ravel())}  # fmt: skip
+
+
+def metadata_of(env: Any, checkpoint: Path, global_step: int, fmt: str) -> dict[str, Any]:
+    """What an exported file says about itself: format, input and output, spaces, observation layout, source, version."""
+    from rlchain import __version__
+
+    discrete = isinstance(env.single_action_space, gym.spaces.Discrete)
+    action_space = _space(env.single_action_space)
+    if discrete:
+        action_space["start"] = int(env.action_start)
+    obs_dim = int(env.single_observation_space.shape[0])
+    names = env.observation_names
+    return {
+        "format": fmt,
+        "rlchain_version": __version__,
+        "input": {"name": "obs", "dtype": "float32", "shape": ["B", obs_dim], "normalization": "baked in"},
+        "output": {"name": "action", "dtype": "int64" if discrete else "float32",
+                   "shape": ["B"] if discrete else ["B", int(env.single_action_space.shape[0])],
+                   "meaning": "the likeliest category" if discrete else "the Gaussian's mean, clipped to the Box"},
+        "observation_space": _space(env.single_observation_space),
+        "action_space": action_space,
+        "observation_layout": list(names) if names is not None else None,
+        "env": getattr(env.cfg, "_target_", f"{type(env).__module__}.{type(env).__qualname__}"),
+        "env_id": getattr(env.cfg, "id", None),
+        "checkpoint": str(checkpoint),
+        "global_step": int(global_step),
+    }  # fmt: skip
+
+
+def export_policy(policy: nn.Module, action_space: gym.Space, obs_dim: int, fmt: str, path: str | Path,
+                  metadata: dict[str, Any], action_start: int = 0) -> Path:  # fmt: skip
+    """Write ``policy``'s :class:`ExportedPolicy` to ``path`` (atomically) as ``fmt``; returns the path.
+
+    Args:
+        policy: the policy (moved to a CPU copy for the export).
+        action_space: one env's action space.
+        obs_dim: observation features.
+        fmt: ``torchscript`` (``torch.jit.trace``, frozen) or ``onnx``
+            (``torch.onnx.export``, a dynamic batch dimension).
+        metadata: JSON data stored with the file (see :func:`metadata_of`).
+        action_start: see :class:`ExportedPolicy`.
+
+    Raises:
+        ValueError: an unknown ``fmt``; a policy without ``deterministic_action``.
+        ImportError: ``onnx`` without the onnx packages (naming the extra).
+        OSError: ``path`` cannot be written.
+    """
+    import copy
+
+    if fmt not in FORMATS:
+        raise ValueError(f"format={fmt!r} is not allowed: expected one of {', '.join(FORMATS)}")
+    module = ExportedPolicy(copy.deepcopy(policy).cpu().eval(), action_space, action_start).eval()
+    example = torch.zeros(2, obs_dim)
+    try:
+        module(example)
+    except NotImplementedError as err:
+        raise ValueError(f"the policy cannot be exported: {err}") from None
+    with torch.no_grad():
+        if fmt == "torchscript":
+            buffer = io.BytesIO()
+            with warnings.catch_warnings():  # torch 2.9+ deprecates TorchScript; a libtorch program still loads it
+                warnings.simplefilter("ignore", DeprecationWarning)
+                torch.jit.save(torch.jit.freeze(torch.jit.trace(module, example)), buffer,
+                               _extra_files={f"{METADATA_KEY}.json": json.dumps(metadata)})  # fmt: skip
+            data = buffer.getvalue()
+        else:
+            data = _onnx_bytes(module, example, metadata)
+    return write_bytes(path, data)
+
+
+def _onnx_bytes(module: nn.Module, example: torch.Tensor, metadata: dict[str, Any]) -> bytes:
+    """``torch.onnx.export`` (the torch.export-based exporter) with a dynamic batch and the metadata: the file's bytes."""
+    missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ImportError(f"format=onnx needs {' and '.join(missing)}, an optional extra: {EXPORT_EXTRA}")
+    import onnx
+
+    batch = torch.export.Dim("batch", min=1)
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(module, (example,), input_names=["obs"], output_names=["action"],
+                                    dynamic_shapes=({0: batch},), dynamo=True, verbose=False)  # fmt: skip
+    model = program.model_proto
+    entry = model.metadata_props.add()
+    entry.key, entry.value = METADATA_KEY, json.dumps(metadata)
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``rlchain-export`` command; 1 (one line on stderr) on bad input."""
+    from rlchain.commands.saved_run import SavedRunError, open_run
+
+    parser = command_parser("rlchain-export", __doc__, ExportConfig)
+    for flag in _FLAGS:  # rlchain 0.1.0's flags, read as the options they became
+        parser.add_argument(f"--{flag}", dest=f"flag_{flag}", help=argparse.SUPPRESS)
+    args = parser.parse_intermixed_args(argv)
+    overrides = list(args.overrides)
+    for flag in _FLAGS:
+        if getattr(args, f"flag_{flag}") is not None:
+            overrides.append(f"{flag}={getattr(args, f'flag_{flag}')}")
+            print(f"rlchain-export: --{flag} {getattr(args, f'flag_{flag}')} is read as {overrides[-1]} "
+                  "(the flag will go: write the option)", file=sys.stderr, flush=True)  # fmt: skip
+    try:
+        cfg, passed_on = read_options(overrides, ExportConfig)
+        if passed_on:
+            raise SavedRunError(f"{passed_on[0]}: an export takes the saved run as it is: its options are "
+                                + ", ".join(f.name for f in dataclasses.fields(ExportConfig)))  # fmt: skip
+        if cfg.format is None:
+            raise SavedRunError(f"format=<{'|'.join(FORMATS)}> is required: the file format")
+        if cfg.format == "onnx" and importlib.util.find_spec("onnx") is None:
+            raise SavedRunError(f"format=onnx needs onnx, an optional extra: {EXPORT_EXTRA}")
+        run = open_run(args.source, cfg.checkpoint, args.allow_target)
+        env = run.build_env(num_envs=1, device="cpu")
+        policy = run.build_policy(env)
+        output = Path(cfg.output) if cfg.output else run.checkpoint.with_name(run.checkpoint.stem + FORMATS[cfg.format])
+        metadata = metadata_of(env, run.checkpoint, run.global_step, cfg.format)
+        obs_dim = int(env.single_observation_space.shape[0])
+        action_space, action_start = env.single_action_space, int(env.action_start)
+        env.close()
+        try:
+            path = export_policy(policy, action_space, obs_dim, cfg.format, output, metadata, action_start)
+        except OSError as err:
+            raise SavedRunError(f"output={output} cannot be written: {err.strerror or err}") from None
+        except (ValueError, ImportError) as err:
+            raise SavedRunError(str(err)) from None
+    except SavedRunError as err:
+        print(f"rlchain-export: {err}", file=sys.stderr, flush=True)
+        return 1
+    print(f"rlchain-export: wrote {path} ({cfg.format}; obs float32 [B, {obs_dim}] -> action; "
+          f"{run.checkpoint}, global_step {run.global_step:,})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

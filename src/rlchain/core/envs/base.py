@@ -1,0 +1,443 @@
+"""The batched environment contract every rlchain task follows.
+
+A :class:`VecEnv` simulates ``num_envs`` copies of one task at once on one
+torch ``device``; every tensor it takes or returns has leading dimension
+``num_envs`` and lives on that device, so env, policy and rollout storage
+share memory with no copies.
+
+Same-step auto-reset (gymnasium's ``AutoresetMode.SAME_STEP``): an env whose
+episode ends inside :meth:`VecEnv.step` is reset in that same call; the
+returned observation is the first one of its new episode and the observation
+it ended on is in ``info["final_obs"]``, so time-limit truncations can be
+bootstrapped (Pardo et al. 2018, "Time Limits in Reinforcement Learning").
+
+Rendering is headless and batched: an env built with
+``render_mode="rgb_array"`` draws the current state of any of its envs with
+:meth:`VecEnv.render` as uint8 RGB frames ``[K, H, W, 3]``; the built-in
+tasks draw with torch ops on their own device (no display, no OpenGL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+
+from rlchain.settings import SettingError, Settings, setting
+from rlchain.utils import MAX_SEED
+
+__all__ = [
+    "NON_FINITE_ACTION", "RENDER_MODES", "SingleGymEnv", "TorchVecEnv", "VecEnv", "VecEnvConfig", "check_group_size",
+]  # fmt: skip
+
+#: The error of a torch-native task's ``step`` on an action with NaN or inf.
+NON_FINITE_ACTION = "action contains NaN or inf: expected finite values (they are clipped to [-1, 1])"
+
+#: The values of ``render_mode`` (:class:`VecEnvConfig`); gymnasium's name for the one rendering mode.
+RENDER_MODES = (None, "rgb_array")
+
+
+def check_group_size(group_size: Any, num_envs: int, names: tuple[str, str] = ("group_size", "num_envs")) -> int:
+    """The rule of a GRPO group size: a positive int that divides ``num_envs``; returns it.
+
+    GRPO checks its ``group_size`` against its env with it once, before any
+    step; an env checks the ``group_size`` its ``reset`` is given with it.
+    ``names`` are how the message names the two values (``algorithm.group_size``
+    and ``env.num_envs`` when the algorithm checks its env).
+
+    Raises:
+        SettingError: unless ``group_size`` is a positive int dividing ``num_envs``.
+    """
+    group_name, envs_name = names
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
+        raise SettingError(group_name, group_size, " is not allowed: expected an integer > 0")
+    if num_envs % group_size != 0:
+        raise SettingError(group_name, group_size, f" is not allowed with {envs_name}={num_envs}: "
+                                                   "num_envs must be a multiple of group_size")  # fmt: skip
+    return group_size
+
+
+@dataclass
+class VecEnvConfig(Settings):
+    """The settings every built-in env has; each env's schema extends it (and may change a default)."""
+
+    num_envs: int = setting(64, gt=0)
+    """Parallel envs simulated as one batch."""
+    device: str = "cpu"
+    """Torch device of observations, rewards and flags: 'cpu', 'cuda', 'cuda:N' or 'auto'."""
+    seed: int = setting(0, ge=0, le=MAX_SEED)
+    """Seed of the env's random stream (initial states): the same seed and actions give the same episodes."""
+    render_mode: str | None = setting(None, choices=RENDER_MODES)
+    """'rgb_array': render() returns frames (trainer.video sets it on the evaluation env); None: the env does not render."""
+
+
+class VecEnv(gym.vector.VectorEnv):
+    """Abstract batched torch environment (a gymnasium ``VectorEnv``).
+
+    Attributes:
+        num_envs: number of parallel envs ``N``.
+        device: torch device of every tensor in and out.
+        single_observation_space / single_action_space: gymnasium spaces of one env.
+        observation_space / action_space: the batched spaces.
+        max_episode_steps: time limit in control steps (episodes are truncated there).
+
+    ``reset(seed=None, options=None) -> (obs, info)``: ``obs`` is ``[N, *obs_shape]``.
+    ``options={"group_size": G}`` gives identical initial states to every block
+    of ``G`` consecutive envs (GRPO, Shao et al. 2024) and different ones across
+    blocks.
+
+    ``step(action) -> (obs, reward, terminated, truncated, info)`` with
+    ``obs`` float32 ``[N, *obs_shape]``, ``reward`` float32 ``[N]``,
+    ``terminated``/``truncated`` bool ``[N]``; ``info`` holds ``final_obs``
+    float32 ``[N, *obs_shape]``, ``rewards`` (dict of weighted terms, float32
+    ``[N]`` each, summing to ``reward``; the same terms every step),
+    ``metrics`` (dict of float32 ``[N]``; the same names every step) and
+    ``success`` (bool ``[N]``). Actions are float32 ``[N, *act_shape]`` (Box)
+    or int64 ``[N]`` (Discrete).
+
+    Only the done rows (``terminated | truncated``) of ``final_obs`` carry
+    meaning: there it is the observation the episode ended on, before the
+    reset. Elsewhere its content is unspecified (gymnasium leaves those
+    entries ``None``); the state a running episode moved to is the returned
+    ``obs``, and that is what the collector bootstraps from.
+
+    ``reports_success`` declares whether ``info["success"]`` is a task
+    success signal. An env without one (a locomotion task, Pendulum) sets it
+    False, still returns an all-False ``info["success"]``, and rlchain then
+    neither logs nor shows a success rate for it. An env knows it from its
+    construction on; it never changes while the env runs.
+
+    Checkpoints save what :meth:`state_dict` returns and a resume hands it to
+    :meth:`load_state_dict`. ``resumes_episodes`` declares whether that
+    restores every env exactly, so that a resumed run goes on with the
+    episodes in progress (bit-identical on the CPU); otherwise a resume resets
+    every env first (the episodes in progress at the checkpoint are dropped).
+
+    Rendering. ``render_mode`` (gymnasium's attribute; the ``render_mode``
+    setting of :class:`VecEnvConfig`) is ``"rgb_array"`` for an env built to
+    render, else None. ``render(env_ids=None)`` then returns the frames of the
+    envs ``env_ids`` (every env when None) in their current state, as uint8
+    RGB ``[K, H, W, 3]`` (``K = len(env_ids)``; the built-in tasks draw
+    even H and W, which H.264 video needs) on ``device`` (on the CPU for
+    :class:`~rlchain.core.envs.gym_adapter.GymVecEnv`). An env that renders lists
+    ``"rgb_array"`` in ``metadata["render_modes"]`` and its frame rate, one
+    frame per ``step``, in ``metadata["render_fps"]``. An env that does not
+    render inherits the ``render`` here, which raises ``NotImplementedError``.
+
+    :func:`rlchain.core.envs.check_vec_env` checks an env against every rule here.
+    """
+
+    metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
+    #: ``"rgb_array"`` when :meth:`render` draws frames, None when the env was built not to render.
+    render_mode: str | None = None
+    #: The name of each observation feature, in order (``obs_dim`` of them), or None when the env does not name
+    #: them; ``rlchain-export`` writes them into an exported policy's metadata.
+    observation_names: tuple[str, ...] | None = None
+    #: What the env adds to the policy's Discrete action (the policy's category ``i`` is the env's action
+    #: ``i + action_start``: a gymnasium ``Discrete(n, start)``); 0 for a Box. ``rlchain-export`` bakes it in.
+    action_start: int = 0
+    #: The env's settings (its :class:`VecEnvConfig` subclass), or None for an env without a schema;
+    #: ``rlchain-export`` records ``cfg._target_`` (and ``cfg.id``, where there is one) in its metadata.
+    cfg: VecEnvConfig | None = None
+
+    #: Whether ``info["success"]`` is a task success signal (see the class docstring).
+    reports_success: bool = True
+    #: Whether :meth:`load_state_dict` restores the episodes in progress exactly (see the class docstring).
+    resumes_episodes: bool = False
+    num_envs: int
+    device: torch.device
+    max_episode_steps: int
+
+    def __init__(self, num_envs: int, device: torch.device) -> None:
+        self.num_envs = num_envs
+        self.device = device
+
+    def state_dict(self) -> dict[str, Any]:
+        """The env's state for a checkpoint (tensors and plain data); ``{}`` when there is none to save."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (see ``resumes_episodes`` for what a resume expects of it).
+
+        Raises:
+            ValueError: (in an env that has state) a state of another env: an unknown key, a wrong shape.
+        """
+
+    def render(self, env_ids: Sequence[int] | None = None) -> torch.Tensor:
+        """Frames of the envs ``env_ids`` (every env when None) in their current state.
+
+        Args:
+            env_ids: env indices in ``[0, num_envs)``, ``K`` of them (repeats allowed).
+
+        Returns:
+            uint8 RGB ``[K, H, W, 3]``, on ``device`` for a torch-native env
+            (on the CPU for :class:`~rlchain.core.envs.gym_adapter.GymVecEnv`).
+
+        Raises:
+            NotImplementedError: the env does not render (this base implementation).
+            RuntimeError: (an env that renders) ``render_mode`` is not ``"rgb_array"``.
+            IndexError: (an env that renders) an env id outside ``[0, num_envs)``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not render")
+
+    def _render_ids(self, env_ids: Sequence[int] | None) -> list[int] | None:
+        """The checks of every :meth:`render`: ``render_mode`` is set and each id is in range.
+
+        Returns:
+            ``env_ids`` as a list of ints (a tensor or array of them is read
+            once on the host), or None for every env.
+
+        Raises:
+            RuntimeError: ``render_mode`` is not ``"rgb_array"``.
+            IndexError: an id that is not an integer in ``[0, num_envs)``.
+        """
+        if self.render_mode != "rgb_array":
+            raise RuntimeError(f"{type(self).__name__}.render() needs render_mode='rgb_array' "
+                               f"(env.render_mode={self.render_mode!r}): build the env with render_mode='rgb_array'")  # fmt: skip
+        if env_ids is None:
+            return None
+        ids = env_ids.tolist() if isinstance(env_ids, (torch.Tensor, np.ndarray)) else list(env_ids)
+        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < self.num_envs]
+        if bad:
+            raise IndexError(f"env_ids has {bad[:5]}: expected integers in [0, {self.num_envs}) (num_envs={self.num_envs})")
+        return [int(i) for i in ids]
+
+    def _set_spaces(self, single_observation_space: gym.Space, single_action_space: gym.Space) -> None:
+        self.single_observation_space = single_observation_space
+        self.single_action_space = single_action_space
+        self.observation_space = gym.vector.utils.batch_space(single_observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(single_action_space, self.num_envs)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):  # pragma: no cover - abstract
+        """Reset every env; returns ``(obs, info)``, ``obs`` float32 ``[N, *obs_shape]``.
+
+        ``seed`` reseeds the env's random stream; ``options={"group_size": G}``
+        gives each block of ``G`` consecutive envs one initial state.
+
+        Raises:
+            ValueError: a ``group_size`` that is not a positive int dividing ``num_envs``.
+        """
+        raise NotImplementedError
+
+    def step(self, action: torch.Tensor):  # pragma: no cover - abstract
+        """Step every env once; returns ``(obs, reward, terminated, truncated, info)`` (see the class docstring).
+
+        ``action``: float32 ``[N, *act_shape]`` (Box) or int64 ``[N]`` (Discrete).
+        Finished envs reset in this call (same-step auto-reset).
+
+        Raises:
+            ValueError: an action of the wrong shape or with values the action space refuses.
+        """
+        raise NotImplementedError
+
+
+class TorchVecEnv(VecEnv):
+    """A :class:`VecEnv` whose whole state is named torch tensors and one ``torch.Generator``.
+
+    Subclasses list their state tensors (attribute names) in ``_STATE`` and
+    keep their random stream in ``self._generator``; this class gives them
+    exact save and restore (:meth:`state_dict`, :meth:`load_state_dict`), used
+    by checkpoints so a resumed run continues bit-identically, and a
+    host-sync-free finiteness check of actions on CUDA.
+    """
+
+    resumes_episodes = True
+    _STATE: tuple[str, ...] = ()
+    _generator: torch.Generator
+    _pending_action_check: tuple[torch.Tensor, Any] | None = None
+    _bad_action: torch.Tensor | None = None
+
+    def get_state(self) -> dict[str, torch.Tensor]:
+        """Every state tensor by name (references, not copies)."""
+        return {name: getattr(self, name) for name in self._STATE}
+
+    def set_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Overwrite state tensors by name (as returned by :meth:`get_state`).
+
+        Raises:
+            ValueError: an unknown name or a tensor of the wrong shape.
+        """
+        for name, value in state.items():
+            if name not in self._STATE:
+                raise ValueError(f"state key {name!r} is unknown: expected one of {', '.join(self._STATE)}")
+            current = getattr(self, name)
+            value = torch.as_tensor(value, device=self.device, dtype=current.dtype)
+            if value.shape != current.shape:
+                raise ValueError(f"state[{name!r}] has shape {tuple(value.shape)}: expected {tuple(current.shape)}")
+            setattr(self, name, value.clone())
+        self._after_set_state()
+
+    def _after_set_state(self) -> None:
+        """Recompute anything derived from the state (a hook for subclasses)."""
+
+    def _render_rows(self, env_ids: Sequence[int] | None) -> slice | torch.Tensor:
+        """The rows of the state tensors that :meth:`render` draws (checked by :meth:`VecEnv._render_ids`).
+
+        A slice for every env or a run of consecutive ids (no index tensor to
+        copy to the device), else an int64 index tensor on ``device``.
+        """
+        ids = self._render_ids(env_ids)
+        if ids is None:
+            return slice(None)
+        if not ids or ids == list(range(ids[0], ids[0] + len(ids))):
+            start = ids[0] if ids else 0
+            return slice(start, start + len(ids))
+        return torch.tensor(ids, dtype=torch.int64, device=self.device)
+
+    def _sample_and_set(self, mask: torch.Tensor, group_size: int) -> None:  # pragma: no cover - abstract
+        """Give the envs where ``mask`` (bool ``[N]``) fresh initial states, one per block of ``group_size``."""
+        raise NotImplementedError
+
+    def _observe(self) -> torch.Tensor:  # pragma: no cover - abstract
+        """The observation of every env, ``[N, *obs_shape]``."""
+        raise NotImplementedError
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Reset every env.
+
+        Args:
+            seed: reseeds the env's generator when given.
+            options: ``{"group_size": G}`` makes each block of ``G`` consecutive
+                envs start from one shared state (GRPO); blocks differ.
+
+        Returns:
+            ``(obs [N, *obs_shape] float32, info)``; ``info`` is empty.
+
+        Raises:
+            SettingError: ``group_size`` not a positive int dividing ``num_envs``.
+        """
+        group_size = 1
+        if options and options.get("group_size") is not None:
+            group_size = check_group_size(options["group_size"], self.num_envs)
+        if seed is not None:
+            self._generator.manual_seed(int(seed))
+        self._sample_and_set(torch.ones(self.num_envs, dtype=torch.bool, device=self.device), group_size)
+        self._after_set_state()
+        return self._observe(), {}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """State tensors (copies) and the generator state: everything to continue exactly."""
+        return {**{k: v.clone() for k, v in self.get_state().items()}, "generator": self._generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore :meth:`state_dict` output.
+
+        Raises:
+            ValueError: an unknown key or a tensor of the wrong shape.
+        """
+        state = dict(state)
+        self._generator.set_state(state.pop("generator").cpu())  # generator states are CPU byte tensors
+        self.set_state(state)
+
+    def _check_finite(self, action: torch.Tensor) -> None:
+        """Raise ``ValueError`` for NaN or inf in ``action``; see :meth:`_check_flag` for when."""
+        self._check_flag(~torch.isfinite(action).all(), NON_FINITE_ACTION)
+
+    def _check_flag(self, bad: torch.Tensor, message: str) -> None:
+        """Raise ``ValueError(message)`` once ``bad`` (a 0-d bool tensor on the env's device) has been set:
+        at once on the CPU; on CUDA without a host sync, a few steps late.
+
+        On CUDA every step's flag is OR-ed into one device-side flag, which is
+        copied to pinned memory asynchronously and read once its copy has
+        completed (``Event.query`` never blocks), so a bad action neither
+        stalls every step nor goes unseen: a later step raises for it. An env
+        checks one kind of action, so one ``message`` per env.
+        """
+        if self.device.type == "cpu":
+            if bool(bad):
+                raise ValueError(message)
+            return
+        if self._bad_action is None:
+            self._bad_action = torch.zeros((), dtype=torch.bool, device=self.device)
+        self._bad_action.logical_or_(bad)
+        if self._pending_action_check is not None:
+            flag, event = self._pending_action_check
+            if not event.query():
+                return
+            self._pending_action_check = None
+            if bool(flag):
+                raise ValueError(message)
+        flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+        flag.copy_(self._bad_action, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        self._pending_action_check = (flag, event)
+
+
+class SingleGymEnv(gym.Env):
+    """One env of a batched :class:`VecEnv` as a plain numpy gymnasium env (what ``gymnasium.make`` returns).
+
+    Subclasses build their batched env with ``num_envs=1`` (on the CPU) and
+    pass it here. Observations are numpy ``single_observation_space`` arrays;
+    actions a Discrete's int or a Box's array. Episodes end as gymnasium
+    expects: the observation returned on an episode's last step is its final
+    one, and the caller resets. ``info`` holds ``success`` (where
+    ``reports_success``, by default the batched env's), every task metric,
+    and every reward term as ``reward_<term>``, all as Python scalars.
+
+    Rendering follows the batched env: built with ``render_mode="rgb_array"``
+    (gymnasium's ``make(..., render_mode=...)`` passes it on),
+    :meth:`render` returns its frame as a numpy uint8 ``[H, W, 3]``;
+    ``metadata`` holds the batched env's ``render_modes`` and ``render_fps``.
+    A subclass lists ``"rgb_array"`` in its class-level ``metadata``, which
+    ``gymnasium.make`` reads before building the env.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, env: VecEnv) -> None:
+        self._env = env
+        self.reports_success = env.reports_success
+        self.observation_space = env.single_observation_space
+        self.action_space = env.single_action_space
+        self.render_mode = env.render_mode
+        self.metadata = {"render_modes": list(env.metadata.get("render_modes", []))}
+        if "render_fps" in env.metadata:
+            self.metadata["render_fps"] = env.metadata["render_fps"]
+
+    def render(self) -> np.ndarray | None:
+        """The env's frame in its current state: numpy uint8 RGB ``[H, W, 3]``.
+
+        None (with gymnasium's warning) when ``render_mode`` is None, as gymnasium's own envs do.
+        """
+        if self.render_mode is None:
+            gym.logger.warn(f"{type(self).__name__}.render() was called with render_mode=None: build the env with "
+                            "gymnasium.make(..., render_mode='rgb_array') to get frames")  # fmt: skip
+            return None
+        # One intra-op thread: a single frame gains nothing from more, and a
+        # gymnasium AsyncVectorEnv worker is a forked process, in which the
+        # first parallel region of torch's OpenMP hangs once the parent has
+        # run one.
+        threads = torch.get_num_threads()
+        if threads > 1:
+            torch.set_num_threads(1)
+        try:
+            return self._env.render([0])[0].cpu().numpy()
+        finally:
+            if threads > 1:
+                torch.set_num_threads(threads)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        # The batched env is reseeded from gymnasium's np_random on every
+        # reset, so reset(seed=s) followed by plain resets is reproducible.
+        obs, _ = self._env.reset(seed=int(self.np_random.integers(2**31 - 1)))
+        return obs[0].cpu().numpy(), {}
+
+    def step(self, action: Any):
+        if isinstance(self.action_space, gym.spaces.Discrete):
+            act = torch.as_tensor(np.asarray(action).reshape(1))  # no cast: 0.5 must fail the env's own check
+        else:
+            act = torch.as_tensor(np.asarray(action, dtype=np.float32).reshape(1, *self.action_space.shape))
+        obs, reward, terminated, truncated, info = self._env.step(act)
+        done = bool(terminated[0] | truncated[0])
+        last = (info["final_obs"] if done else obs)[0].cpu().numpy()  # final_obs means something on done rows only
+        out = {"success": bool(info["success"][0])} if self.reports_success else {}
+        out.update({name: float(value[0]) for name, value in info["metrics"].items()})
+        out.update({f"reward_{name}": float(value[0]) for name, value in info["rewards"].items()})
+        return last, float(reward[0]), bool(terminated[0]), bool(truncated[0]), out

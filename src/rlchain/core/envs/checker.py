@@ -1,0 +1,312 @@
+"""``check_vec_env``: test an env against the :class:`~rlchain.core.envs.base.VecEnv` contract.
+
+The VecEnv counterpart of ``gymnasium.utils.env_checker.check_env``. A user
+who writes their own batched env runs it once::
+
+    from rlchain.core.envs import check_vec_env
+    check_vec_env(MyEnv(num_envs=8))
+
+Every broken rule raises :class:`VecEnvContractError` whose message starts
+with ``VecEnv contract, rule '<rule>'``, so the fix is named, not guessed.
+The rules, in the order they are checked:
+
+==================  ==========================================================
+rule                what is checked
+==================  ==========================================================
+attributes          ``num_envs`` (int > 0), ``device`` (torch.device),
+                    ``max_episode_steps`` (int > 0), ``reports_success`` and
+                    ``resumes_episodes`` (bool; a VecEnv subclass inherits
+                    False for the latter)
+spaces              ``single_observation_space`` a Box, ``single_action_space``
+                    a Box or Discrete; ``observation_space``/``action_space``
+                    their batches of ``num_envs``
+reset               ``reset(seed=...)`` returns ``(obs, info)``: obs float32
+                    ``[N, *obs_shape]`` on ``device``, finite; ``info`` a dict
+seeding             ``reset(seed=s)`` and the same actions replay the same
+                    observations, rewards and dones
+step                ``step(action)`` returns five values; obs as for reset,
+                    reward float32 ``[N]``, terminated/truncated bool ``[N]``,
+                    on ``device``
+info keys           ``info`` holds ``final_obs``, ``rewards``, ``metrics``,
+                    ``success``
+final_obs           float32 ``[N, *obs_shape]`` on ``device``, finite on done
+                    rows, and there the observation the episode ended on (not
+                    the reset one)
+reward terms        ``info["rewards"]``: float32 ``[N]`` tensors summing to the
+                    reward, the same names every step
+metrics             ``info["metrics"]``: float32 ``[N]`` tensors, the same
+                    names every step
+success             ``info["success"]``: bool ``[N]``; all False when
+                    ``reports_success`` is False
+same-step reset     ``metadata["autoreset_mode"]`` is SAME_STEP, and no episode
+                    runs past ``max_episode_steps`` (an env that resets one
+                    step late shows an episode one step too long)
+group reset         ``reset(options={"group_size": G})``: identical initial
+                    observations within each block of G envs; a G that does
+                    not divide ``num_envs`` raises ValueError
+render              only for an env with ``render_mode == "rgb_array"``:
+                    ``metadata`` lists ``"rgb_array"`` in ``render_modes`` and
+                    a ``render_fps`` > 0; ``render(env_ids)`` of the first and
+                    last env returns uint8 ``[2, H, W, 3]`` (H, W > 0) on
+                    ``device`` or the CPU
+==================  ==========================================================
+
+The check steps the env (``2 * max_episode_steps + 2`` steps by default,
+with actions drawn from a seeded generator) and leaves it in whatever state
+that produces; build a fresh env for training.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import gymnasium as gym
+import torch
+from gymnasium.vector import AutoresetMode
+
+__all__ = ["VecEnvContractError", "check_vec_env"]
+
+
+class VecEnvContractError(ValueError):
+    """An env broke a rule of the :class:`~rlchain.core.envs.base.VecEnv` contract; the message names the rule."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        self.rule = rule
+        super().__init__(f"VecEnv contract, rule '{rule}': {message}")
+
+
+def _require(ok: bool, rule: str, message: str | Callable[[], str]) -> None:
+    """Raise :class:`VecEnvContractError` unless ``ok``; a callable message is built only then."""
+    if not ok:
+        raise VecEnvContractError(rule, message() if callable(message) else message)
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    if a.type != b.type:
+        return False
+    if a.type == "cuda":
+        index = lambda d: d.index if d.index is not None else torch.cuda.current_device()  # noqa: E731
+        return index(a) == index(b)
+    return True
+
+
+def _check_tensor(rule: str, name: str, x: Any, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    _require(isinstance(x, torch.Tensor), rule, f"{name} is a {type(x).__name__}: expected a torch.Tensor")
+    _require(tuple(x.shape) == shape, rule, f"{name} has shape {tuple(x.shape)}: expected {shape}")
+    _require(x.dtype == dtype, rule, f"{name} has dtype {x.dtype}: expected {dtype}")
+    _require(_same_device(x.device, device), rule, f"{name} is on {x.device}: expected the env's device {device}")
+
+
+def _check_attributes(env: Any) -> None:
+    rule = "attributes"
+    for name in ("num_envs", "device", "max_episode_steps", "single_observation_space", "single_action_space",
+                 "observation_space", "action_space", "reports_success", "resumes_episodes", "reset", "step",
+                 "state_dict", "load_state_dict"):  # fmt: skip
+        _require(hasattr(env, name), rule, f"the env has no attribute {name!r}")
+    n = env.num_envs
+    _require(isinstance(n, int) and not isinstance(n, bool) and n > 0, rule, f"num_envs={n!r}: expected an integer > 0")
+    _require(isinstance(env.device, torch.device), rule,
+             f"device={env.device!r} is a {type(env.device).__name__}: expected a torch.device")  # fmt: skip
+    limit = env.max_episode_steps
+    _require(isinstance(limit, int) and not isinstance(limit, bool) and limit > 0, rule,
+             f"max_episode_steps={limit!r}: expected an integer > 0 (episodes must end for evaluation)")  # fmt: skip
+    for name in ("reports_success", "resumes_episodes"):
+        flag = getattr(env, name)
+        _require(isinstance(flag, bool), rule, f"{name}={flag!r}: expected True or False")
+
+
+def _check_spaces(env: Any) -> None:
+    rule, n = "spaces", env.num_envs
+    obs_space, act_space = env.single_observation_space, env.single_action_space
+    _require(isinstance(obs_space, gym.spaces.Box), rule,
+             f"single_observation_space is {obs_space!r}: expected a gymnasium Box")  # fmt: skip
+    _require(isinstance(act_space, (gym.spaces.Box, gym.spaces.Discrete)), rule,
+             f"single_action_space is {act_space!r}: expected a gymnasium Box or Discrete")  # fmt: skip
+    for batched, single, name in ((env.observation_space, obs_space, "observation_space"),
+                                  (env.action_space, act_space, "action_space")):  # fmt: skip
+        expected = gym.vector.utils.batch_space(single, n)
+        _require(isinstance(batched, gym.Space) and batched.shape == expected.shape, rule,
+                 f"{name} is {batched!r}: expected the batch of {n} single spaces, {expected!r}")  # fmt: skip
+
+
+def _check_obs(rule: str, name: str, obs: Any, env: Any) -> None:
+    _check_tensor(rule, name, obs, (env.num_envs, *env.single_observation_space.shape), torch.float32, env.device)
+    _require(bool(torch.isfinite(obs).all()), rule, f"{name} contains NaN or inf")
+
+
+def _action_sampler(env: Any, seed: int):
+    """``sample() -> action`` of the env's action dtype and shape, from a seeded CPU generator."""
+    space, n = env.single_action_space, env.num_envs
+    gen = torch.Generator().manual_seed(seed)
+    if isinstance(space, gym.spaces.Discrete):
+        return lambda: torch.randint(0, int(space.n), (n,), generator=gen).to(env.device)
+    low = torch.as_tensor(space.low, dtype=torch.float32).clamp(-1.0, 1.0)
+    high = torch.as_tensor(space.high, dtype=torch.float32).clamp(-1.0, 1.0)
+    return lambda: (low + (high - low) * torch.rand((n, *space.shape), generator=gen)).to(env.device)
+
+
+def _check_reset(env: Any, seed: int) -> torch.Tensor:
+    out = env.reset(seed=seed)
+    _require(isinstance(out, tuple) and len(out) == 2, "reset", "reset() must return (obs, info)")
+    obs, info = out
+    _check_obs("reset", "reset() obs", obs, env)
+    _require(isinstance(info, dict), "reset", f"reset() info is a {type(info).__name__}: expected a dict")
+    return obs
+
+
+def _check_step(env: Any, action: torch.Tensor, step: int) -> tuple:
+    n = env.num_envs
+    out = env.step(action)
+    _require(isinstance(out, tuple) and len(out) == 5, "step",
+             "step() must return (obs, reward, terminated, truncated, info)")  # fmt: skip
+    obs, reward, terminated, truncated, info = out
+    _check_obs("step", f"step {step}: obs", obs, env)
+    _check_tensor("step", f"step {step}: reward", reward, (n,), torch.float32, env.device)
+    _check_tensor("step", f"step {step}: terminated", terminated, (n,), torch.bool, env.device)
+    _check_tensor("step", f"step {step}: truncated", truncated, (n,), torch.bool, env.device)
+    _require(isinstance(info, dict), "info keys", f"step {step}: info is a {type(info).__name__}: expected a dict")
+    missing = [k for k in ("final_obs", "rewards", "metrics", "success") if k not in info]
+    _require(not missing, "info keys", f"step {step}: info lacks {', '.join(map(repr, missing))}")
+    done = terminated | truncated
+    final = info["final_obs"]
+    _check_tensor("final_obs", f"step {step}: info['final_obs']", final,
+                  (n, *env.single_observation_space.shape), torch.float32, env.device)  # fmt: skip
+    _require(bool(torch.isfinite(final[done]).all()), "final_obs",
+             f"step {step}: info['final_obs'] has NaN or inf on a done row")  # fmt: skip
+    for group, rule in (("rewards", "reward terms"), ("metrics", "metrics")):
+        terms = info[group]
+        _require(isinstance(terms, dict), rule, f"step {step}: info[{group!r}] is a {type(terms).__name__}: expected a dict")
+        for name, value in terms.items():
+            _check_tensor(rule, f"step {step}: info[{group!r}][{name!r}]", value, (n,), torch.float32, env.device)
+    if info["rewards"]:
+        total = torch.stack(list(info["rewards"].values())).sum(0)
+        _require(torch.allclose(total, reward, rtol=1e-4, atol=1e-5), "reward terms", lambda: (
+                 f"step {step}: the info['rewards'] terms sum to {total.tolist()}, the reward is {reward.tolist()}"))  # fmt: skip
+    _check_tensor("success", f"step {step}: info['success']", info["success"], (n,), torch.bool, env.device)
+    if not env.reports_success:
+        _require(not bool(info["success"].any()), "success",
+                 f"step {step}: info['success'] is True somewhere while reports_success is False")  # fmt: skip
+    return obs, reward, terminated, truncated, info
+
+
+def _check_rollout(env: Any, num_steps: int, seed: int) -> None:
+    """Step ``num_steps`` times: every per-step rule and the time limit."""
+    n, limit = env.num_envs, env.max_episode_steps
+    mode = getattr(env, "metadata", {}).get("autoreset_mode")
+    _require(mode in (AutoresetMode.SAME_STEP, AutoresetMode.SAME_STEP.value), "same-step reset",
+             f"metadata['autoreset_mode'] is {mode!r}: expected AutoresetMode.SAME_STEP")  # fmt: skip
+    sample = _action_sampler(env, seed)
+    _check_reset(env, seed)
+    length = torch.zeros(n, dtype=torch.int64)
+    names: dict[str, set[str]] = {}
+    final_rows, final_equal_obs, obs_seen = 0, 0, None
+    obs_varies = False
+    for step in range(num_steps):
+        obs, reward, terminated, truncated, info = _check_step(env, sample(), step)
+        for group in ("rewards", "metrics"):
+            current = set(info[group])
+            first = names.setdefault(group, current)
+            rule = "reward terms" if group == "rewards" else "metrics"
+            _require(current == first, rule,
+                     f"step {step}: info[{group!r}] has {sorted(current)}, the first step had {sorted(first)}: "
+                     "report the same names every step")  # fmt: skip
+        done = (terminated | truncated).cpu()
+        length += 1
+        too_long = (length > limit) | (length.eq(limit) & ~done)
+        _require(not bool(too_long.any()), "same-step reset", lambda: (
+                 f"step {step}: env {int(too_long.nonzero()[0])} has run {int(length.max())} steps without "
+                 f"terminated or truncated: episodes must end by max_episode_steps={limit}, and an env that ends "
+                 "must reset in the same step()"))  # fmt: skip
+        length.masked_fill_(done, 0)
+        if obs_seen is not None and not torch.equal(obs_seen, obs):
+            obs_varies = True
+        obs_seen = obs.clone()
+        if bool(done.any()):
+            rows = done.to(obs.device)
+            final_rows += int(rows.sum())
+            final_equal_obs += int((info["final_obs"][rows] == obs[rows]).flatten(1).all(-1).sum())
+    # An env that puts the reset observation (or nothing new) into final_obs
+    # breaks bootstrapping at every time-out; over many ends it shows.
+    _require(not (obs_varies and final_rows >= 4 and final_equal_obs == final_rows), "final_obs",
+             f"on all {final_rows} done rows info['final_obs'] equals the returned obs: final_obs must be the "
+             "observation the episode ended on, and obs the first of the new episode")  # fmt: skip
+
+
+def _check_seeding(env: Any, seed: int, steps: int) -> None:
+    """Two resets with one seed and one action sequence give one trajectory."""
+    trajectories = []
+    for _ in range(2):
+        sample = _action_sampler(env, seed + 1)
+        obs, _ = env.reset(seed=seed)
+        record = [obs.clone()]
+        for _ in range(steps):
+            obs, reward, terminated, truncated, _ = env.step(sample())
+            record += [obs.clone(), reward.clone(), terminated.clone(), truncated.clone()]
+        trajectories.append(record)
+    for i, (a, b) in enumerate(zip(*trajectories)):
+        _require(torch.equal(a, b), "seeding",
+                 f"reset(seed={seed}) twice, then the same actions, gave different trajectories "
+                 f"(first difference at step {(i + 3) // 4}): seed every random stream of the env from reset's seed")  # fmt: skip
+
+
+def _check_group_reset(env: Any, seed: int) -> None:
+    n = env.num_envs
+    divisors = [g for g in range(2, n + 1) if n % g == 0]
+    for g in divisors[:1] + divisors[-1:] if divisors else []:
+        obs, _ = env.reset(seed=seed, options={"group_size": g})
+        _check_obs("group reset", f"reset(options={{'group_size': {g}}}) obs", obs, env)
+        blocks = obs.reshape(n // g, g, -1)
+        same = (blocks == blocks[:, :1]).all(-1).all(-1)
+        _require(bool(same.all()), "group reset", lambda: (
+                 f"reset(options={{'group_size': {g}}}): the envs of group {int((~same).nonzero()[0])} start from "
+                 f"different observations: each block of {g} consecutive envs must share one initial state"))  # fmt: skip
+    bad = next((g for g in range(2, n + 2) if n % g), None)
+    try:
+        env.reset(seed=seed, options={"group_size": bad})
+    except ValueError:
+        pass
+    else:
+        raise VecEnvContractError(
+            "group reset", f"reset(options={{'group_size': {bad}}}) with num_envs={n} did not raise ValueError"
+        )
+
+
+def _check_render(env: Any) -> None:
+    """The render rule, for an env built with ``render_mode="rgb_array"`` (two frames only: cheap at any N)."""
+    if getattr(env, "render_mode", None) != "rgb_array":
+        return
+    rule, metadata = "render", getattr(env, "metadata", {})
+    modes, fps = metadata.get("render_modes") or [], metadata.get("render_fps")
+    _require("rgb_array" in modes, rule, f"render_mode is 'rgb_array' but metadata['render_modes'] is {modes!r}: list it")
+    _require(isinstance(fps, (int, float)) and not isinstance(fps, bool) and fps > 0, rule,
+             f"metadata['render_fps'] is {fps!r}: expected a number > 0 (frames per second, one frame per step)")  # fmt: skip
+    ids = [0, env.num_envs - 1]
+    frames = env.render(ids)
+    _require(isinstance(frames, torch.Tensor), rule, f"render({ids}) is a {type(frames).__name__}: expected a torch.Tensor")
+    shape = tuple(frames.shape)
+    _require(len(shape) == 4 and shape[0] == 2 and shape[3] == 3 and shape[1] > 0 and shape[2] > 0, rule,
+             f"render({ids}) has shape {shape}: expected (2, H, W, 3), RGB frames of the 2 envs asked for")  # fmt: skip
+    _require(frames.dtype == torch.uint8, rule, f"render({ids}) has dtype {frames.dtype}: expected torch.uint8")
+    _require(_same_device(frames.device, env.device) or frames.device.type == "cpu", rule,
+             f"render({ids}) is on {frames.device}: expected the env's device {env.device} or the CPU")  # fmt: skip
+
+
+def check_vec_env(env: Any, num_steps: int | None = None, seed: int = 0) -> None:
+    """Check ``env`` against every rule of the VecEnv contract (see the module docstring).
+
+    Args:
+        env: the env to check; it is reset and stepped.
+        num_steps: steps of the main rollout; default ``2 * max_episode_steps + 2``,
+            enough for every env to pass its time limit twice.
+        seed: seeds the env's resets and the random actions.
+
+    Raises:
+        VecEnvContractError: (a ``ValueError``) the first broken rule, named
+            in the message with what was found and what is expected.
+    """
+    _check_attributes(env)
+    _check_spaces(env)
+    _check_rollout(env, num_steps if num_steps is not None else 2 * env.max_episode_steps + 2, seed)
+    _check_seeding(env, seed, steps=min(env.max_episode_steps + 1, 64))
+    _check_group_reset(env, seed)
+    _check_render(env)

@@ -1,0 +1,542 @@
+"""PushCube: a batched, torch-native planar pushing task.
+
+A kinematic disc (the robot's end-effector, radius ``pusher_radius``) pushes a
+cube (square footprint of side ``cube_size``) across a table of half-extent
+``table_half_extent`` towards a goal. Semantics follow EmbodiChain's
+PushCubeRL: 0.1 m cube, randomised goal, success when the cube's xy distance
+to the goal is below ``success_threshold``. All state is torch tensors of
+leading dimension ``num_envs`` on ``device``; nothing leaves the device.
+
+Physics: a kinematic pusher and a rigid cube sliding on the table with
+Coulomb friction, ``substeps`` substeps per control step of ``control_dt``
+seconds, contacts resolved by position-based dynamics; the model and its
+equations are in :mod:`rlchain.core.envs.push_cube_physics`. The pusher may move at
+most ``pusher_radius`` per substep (``action_scale / substeps <=
+pusher_radius``), which keeps its centre outside the cube.
+
+Episode end. ``terminated`` on success (cube within ``success_threshold`` of
+the goal) or failure (cube centre beyond the table edge); ``truncated`` after
+``episode_length`` control steps. Finished envs reset within the same step
+(see :mod:`rlchain.core.envs.base`).
+
+Observation (float32, 15 values, metres, radians, m/s, rad/s):
+
+===========  =====================================
+index        meaning
+===========  =====================================
+0:2          pusher position (x, y)
+2:4          cube position (x, y)
+4:6          cube yaw as (cos, sin)
+6:8          cube linear velocity (vx, vy)
+8            cube angular velocity (omega)
+9:11         goal position (x, y)
+11:13        pusher -> cube vector (cube - pusher)
+13:15        cube -> goal vector (goal - cube)
+===========  =====================================
+
+Action: ``Box(-1, 1, (2,))``, the commanded pusher displacement; clipped to
+``[-1, 1]`` and scaled by ``action_scale`` metres.
+
+Reward (EmbodiChain's terms and weights), each weighted term reported in
+``info["rewards"]``. The two shaping terms pay progress: with EmbodiChain's
+term as a potential ``Phi`` they pay ``weight * shaping_scale * (Phi(s_{t+1})
+- Phi(s_t))``, so hovering pays nothing and the success bonus is the only
+reward left once the cube is close. (Paid as a level every step, a positive
+shaping term would make hovering just outside the success radius worth more
+than the success bonus that ends the episode.) ``shaping_scale`` converts
+EmbodiChain's per-step weights into potential weights: a level reward
+``w * Phi`` held for ``H`` steps is worth ``w * H * Phi``; the default ``H = 30``
+steps.
+
+This is not the potential-based shaping of Ng, Harada & Russell (1999), which
+pays ``gamma * Phi(s_{t+1}) - Phi(s_t)`` and takes ``Phi = 0`` at the end of an
+episode, and so leaves the optimal policy unchanged. Against it, these terms
+add ``weight * shaping_scale * (1 - gamma) * Phi(s_{t+1})`` at every step and
+``weight * shaping_scale * Phi`` of the state an episode ends in: both are
+larger where the potential is higher (the pusher behind the cube, the cube at
+the goal), so they can change which policy is optimal, in the direction of
+the task. With the defaults and ``gamma = 0.99`` the per-step part is at most
+0.009 (reach) and 0.24 (place), against a success bonus of 10.
+
+* ``reach``: potential ``1 - tanh(|pusher - p_behind| / reach_scale)``,
+  ``p_behind`` the point behind the cube on the goal line at distance
+  ``cube_size / 2 + pusher_radius`` from the cube centre; weight ``reach_weight``;
+* ``place``: potential ``exp(-|cube - goal|**2 / (2 place_sigma**2))``; weight
+  ``place_weight``;
+* ``smoothness``: ``-smoothness_weight * |a_t - a_{t-1}|**2`` (clipped actions);
+* ``success``: ``success_weight`` on the step the goal is reached.
+
+Rendering (``render_mode="rgb_array"``): :meth:`PushCubeEnv.render` draws a
+top-down view, ``RENDER_SIZE x RENDER_SIZE`` pixels, x to the right and y up:
+the table (light, filling the frame but for a dark border of
+``RENDER_MARGIN`` pixels), the success region (a translucent green disc of
+radius ``success_threshold`` with a darker outline) around the goal (a dark
+green dot), the cube (red, its face on its own +x axis dark red, so its yaw
+shows in full, not only modulo 90 degrees) and the pusher (a blue disc of
+``pusher_radius``). It is drawn with torch ops on the env's device
+(:mod:`rlchain.core.envs.rendering`); one frame per control step, so
+``metadata["render_fps"]`` is ``1 / control_dt``.
+
+A hand-written controller that solves the task (a baseline, and the check
+that it is solvable) is :func:`rlchain.core.envs.push_cube_controller.scripted_action`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import rlchain.core.envs.push_cube_physics as physics
+import rlchain.core.envs.rendering as rendering
+from rlchain.core.envs.base import SingleGymEnv, TorchVecEnv, VecEnvConfig
+from rlchain.settings import SettingError, setting
+from rlchain.utils import resolve_device
+
+__all__ = ["RENDER_SIZE", "PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv", "make_vec_entry_point"]
+
+OBS_DIM = 15
+
+#: Height and width of :meth:`PushCubeEnv.render`'s frames, pixels (even, as H.264 video needs).
+RENDER_SIZE = 256
+#: The dark border around the table in a frame, pixels on each side.
+RENDER_MARGIN = 8
+
+# The labels of a frame (later ones are drawn over earlier ones) and their RGB colours.
+_OUTSIDE, _TABLE, _OUTSIDE_IN_REGION, _TABLE_IN_REGION, _RING, _CUBE, _CUBE_FACE, _GOAL, _PUSHER = range(9)
+_OUTSIDE_RGB, _TABLE_RGB, _REGION_RGB = (38, 40, 46), (226, 218, 200), (60, 170, 90)
+_COLOURS = (
+    _OUTSIDE_RGB, _TABLE_RGB,
+    rendering.blend(_OUTSIDE_RGB, _REGION_RGB, 0.35), rendering.blend(_TABLE_RGB, _REGION_RGB, 0.35),
+    (40, 130, 65), (205, 70, 55), (110, 25, 20), (15, 90, 40), (45, 85, 200),
+)  # fmt: skip
+# Outline of the success region and radius of the goal dot, pixels; width of the cube's marked face, of cube_size.
+_RING_PX, _GOAL_PX, _FACE_FRACTION = 1.5, 2.5, 0.2
+
+#: The spawn regions, each of which must lie inside the table.
+_SPAWN_REGIONS = ("cube_spawn_half_extent", "goal_spawn_half_extent", "pusher_spawn_half_extent")
+
+
+@dataclass
+class PushCubeConfig(VecEnvConfig):
+    """Every setting of :class:`PushCubeEnv` with its default and range (SI units); the Hydra schema.
+
+    ``num_envs``, ``device`` and ``seed`` as :class:`~rlchain.core.envs.base.VecEnvConfig`.
+    """
+
+    _target_: str = "rlchain.core.envs.push_cube.PushCubeEnv"
+    num_envs: int = 512
+    table_half_extent: float = setting(0.6, gt=0)
+    """The table is [-h, h]^2 metres; a cube centre beyond it has fallen off."""
+    cube_size: float = setting(0.1, gt=0)
+    """Side of the cube's square footprint, m."""
+    pusher_radius: float = setting(0.02, gt=0)
+    """Radius of the pusher disc, m."""
+    cube_spawn_half_extent: float = setting(0.2, gt=0)
+    """Cubes spawn uniformly in [-h, h]^2 m with uniform random yaw (h < table_half_extent)."""
+    goal_spawn_half_extent: float = setting(0.3, gt=0)
+    """Goals spawn uniformly in [-h, h]^2 m (h < table_half_extent) ..."""
+    min_goal_distance: float = setting(0.15, ge=0)
+    """... at least this far from the cube, m."""
+    pusher_spawn_half_extent: float = setting(0.3, gt=0)
+    """The pusher spawns uniformly in [-h, h]^2 m (h < table_half_extent), clear of the cube."""
+    success_threshold: float = setting(0.1, gt=0)
+    """Success when the cube centre is this close to the goal, m."""
+    episode_length: int = setting(100, gt=0)
+    """Time limit in control steps."""
+    action_scale: float = setting(0.05, gt=0)
+    """Commanded pusher displacement per control step for an action of 1, m (at most substeps * pusher_radius)."""
+    control_dt: float = setting(0.1, gt=0)
+    """Duration of one control step, s."""
+    substeps: int = setting(4, gt=0)
+    """Physics substeps per control step."""
+    contact_iterations: int = setting(1, gt=0)
+    """Contact projections per substep (1 keeps penetration below 1 mm at the defaults)."""
+    friction_coef: float = setting(0.5, ge=0)
+    """Coulomb friction coefficient between cube and table."""
+    reach_weight: float = setting(0.03, ge=0)
+    """Weight of the reach-behind-the-cube term."""
+    reach_scale: float = setting(0.1, gt=0)
+    """Distance scale of the reach term's tanh, m."""
+    place_weight: float = setting(0.8, ge=0)
+    """Weight of the cube-to-goal exp shaping term."""
+    shaping_scale: float = setting(30.0, ge=0)
+    """Multiplies both progress terms: a horizon in steps (see the module docstring)."""
+    place_sigma: float = setting(0.12, gt=0)
+    """Width of the cube-to-goal Gaussian shaping, m."""
+    smoothness_weight: float = setting(0.0, ge=0)
+    """Weight of the action-change penalty; off by default. EmbodiChain's 0.01 also penalises exploration noise,
+    which traps critic-free GRPO in a policy that barely moves on some seeds (benchmarks/README.md)."""
+    success_weight: float = setting(10.0, ge=0)
+    """Bonus on the step the goal is reached."""
+
+    def check(self) -> None:
+        """Every spawn region lies inside the table, and the pusher moves at most ``pusher_radius`` per substep."""
+        for name in _SPAWN_REGIONS:
+            value = getattr(self, name)
+            if value >= self.table_half_extent:
+                raise SettingError(name, value, f" is not allowed with table_half_extent={self.table_half_extent}: "
+                                                "expected a number < table_half_extent (spawn regions lie inside the table)")
+        if self.action_scale / self.substeps > self.pusher_radius:
+            raise SettingError(
+                "action_scale", self.action_scale,
+                f" is not allowed with substeps={self.substeps}, pusher_radius={self.pusher_radius}: expected "
+                f"action_scale / substeps <= pusher_radius (it moves the pusher {self.action_scale / self.substeps:.4g} "
+                "m per substep; raise substeps or lower action_scale)",
+            )  # fmt: skip
+
+
+class PushCubeEnv(TorchVecEnv):
+    """Batched planar pushing task; see the module docstring for the model.
+
+    Args:
+        settings: fields of :class:`PushCubeConfig` (``self.cfg``), e.g.
+            ``num_envs``, ``device``, ``seed``, ``render_mode``.
+
+    Shapes: observations float32 ``[N, 15]``, actions float32 ``[N, 2]``,
+    rewards float32 ``[N]``, terminated/truncated/success bool ``[N]``;
+    frames of :meth:`render` uint8 ``[K, 256, 256, 3]`` on ``device``.
+
+    Raises:
+        ValueError: a setting out of its range (a non-positive size, count,
+            duration or scale, a negative weight), a spawn region that does
+            not fit on the table, a per-substep pusher travel above
+            ``pusher_radius`` (see :class:`PushCubeConfig`), naming it; a CUDA
+            device on a machine without one. ``step`` raises on an action of
+            the wrong shape or with non-finite entries, ``reset`` on a
+            ``group_size`` that does not divide ``num_envs``.
+    """
+
+    metadata: dict[str, Any] = {**TorchVecEnv.metadata, "render_modes": ["rgb_array"], "render_fps": 10.0}
+
+    def __init__(self, **settings: Any) -> None:
+        self.cfg = cfg = PushCubeConfig(**settings)
+        super().__init__(cfg.num_envs, resolve_device(cfg.device))
+        self.max_episode_steps = cfg.episode_length
+        self.render_mode = cfg.render_mode
+        # One frame per control step; control_dt is a setting, so the metadata is the instance's own.
+        self.metadata = {**type(self).metadata, "render_modes": ["rgb_array"], "render_fps": 1.0 / cfg.control_dt}
+        self._canvas: tuple[torch.Tensor, ...] | None = None
+        self._half = cfg.cube_size / 2
+        # Pusher spawns clear of the cube's circumscribed circle plus 1 cm.
+        self._pusher_clearance = self._half * math.sqrt(2.0) + cfg.pusher_radius + 0.01
+        self._inertia_per_mass = physics.inertia_per_mass(cfg.cube_size)  # k^2, m^2
+        self._dt = cfg.control_dt / cfg.substeps
+        # m/s and rad/s lost per substep
+        self._lin_decel, self._ang_decel = physics.friction_decelerations(cfg.friction_coef, cfg.cube_size, self._dt)
+
+        self._set_spaces(
+            gym.spaces.Box(-np.inf, np.inf, shape=(OBS_DIM,), dtype=np.float32),
+            gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32),
+        )
+        n, dev = self.num_envs, self.device
+        self._generator = torch.Generator(device=dev)
+        self._generator.manual_seed(cfg.seed)
+        # State, one contiguous float32 [N] tensor per coordinate (metres,
+        # radians, m/s, rad/s): elementwise ops on contiguous vectors are
+        # several times faster than on strided columns of an [N, k] tensor.
+        zeros = lambda: torch.zeros(n, device=dev, dtype=torch.float32)  # noqa: E731
+        self.pusher_x, self.pusher_y = zeros(), zeros()
+        self.cube_x, self.cube_y, self.cube_yaw = zeros(), zeros(), zeros()
+        self.cube_vx, self.cube_vy, self.cube_omega = zeros(), zeros(), zeros()
+        self.goal_x, self.goal_y = zeros(), zeros()
+        self.prev_action = torch.zeros(n, 2, device=dev, dtype=torch.float32)
+        self.elapsed_steps = torch.zeros(n, device=dev, dtype=torch.int32)
+        self._sample_and_set(torch.ones(n, dtype=torch.bool, device=dev), group_size=1)
+        self._reach_potential, self._place_potential, _ = self._potentials()
+
+    @property
+    def seed(self) -> int:
+        """The seed the env was built with (``cfg.seed``; ``reset(seed=...)`` reseeds without changing it)."""
+        return self.cfg.seed
+
+    # ----------------------------------------------------------- state views
+    @property
+    def pusher_pos(self) -> torch.Tensor:
+        """Pusher position, float32 ``[N, 2]``, m (a copy)."""
+        return torch.stack((self.pusher_x, self.pusher_y), dim=-1)
+
+    @property
+    def cube_pos(self) -> torch.Tensor:
+        """Cube centre, float32 ``[N, 2]``, m (a copy)."""
+        return torch.stack((self.cube_x, self.cube_y), dim=-1)
+
+    @property
+    def goal_pos(self) -> torch.Tensor:
+        """Goal position, float32 ``[N, 2]``, m (a copy)."""
+        return torch.stack((self.goal_x, self.goal_y), dim=-1)
+
+    def _after_set_state(self) -> None:
+        self._reach_potential, self._place_potential, _ = self._potentials()
+
+    _STATE = (
+        "pusher_x", "pusher_y", "cube_x", "cube_y", "cube_yaw", "cube_vx", "cube_vy",
+        "cube_omega", "goal_x", "goal_y", "prev_action", "elapsed_steps",
+    )  # fmt: skip
+
+    # ------------------------------------------------------------------ reset
+    def _sample_states(self, n: int) -> tuple[torch.Tensor, ...]:
+        """Draw ``n`` initial states as ``(pusher_x, pusher_y, cube_x, cube_y, yaw, goal_x, goal_y)``, each ``[n]``.
+
+        Goal and pusher are rejection-sampled from a fixed number of candidates
+        (6 and 4; the first acceptable one is kept), so the generator's stream
+        does not depend on the outcome and no host sync is needed. If every
+        candidate is rejected the table corner of the spawn region farthest
+        from the cube is used, which always satisfies the constraint. At the
+        default sizes that happens with probability below 6e-5 for the goal
+        (a candidate is within ``min_goal_distance`` of the cube with
+        probability at most 0.2) and below 7e-5 for the pusher (at most 0.09).
+        """
+        cfg = self.cfg
+        kg, kp = 6, 4  # goal and pusher candidates; the odds above assume these
+        # One draw, laid out as rows so every slice below is contiguous.
+        u = torch.rand(3 + 2 * kg + 2 * kp, n, generator=self._generator, device=self.device) * 2 - 1
+        cube_x = u[0] * cfg.cube_spawn_half_extent
+        cube_y = u[1] * cfg.cube_spawn_half_extent
+        yaw = u[2] * math.pi
+        far_x = torch.where(cube_x > 0, -1.0, 1.0)
+        far_y = torch.where(cube_y > 0, -1.0, 1.0)
+
+        gx = u[3 : 3 + kg] * cfg.goal_spawn_half_extent
+        gy = u[3 + kg : 3 + 2 * kg] * cfg.goal_spawn_half_extent
+        ok = torch.hypot(gx - cube_x, gy - cube_y) >= cfg.min_goal_distance
+        goal_x, goal_y = self._first_valid(gx, gy, ok, far_x, far_y, cfg.goal_spawn_half_extent)
+
+        off = 3 + 2 * kg
+        px = u[off : off + kp] * cfg.pusher_spawn_half_extent
+        py = u[off + kp :] * cfg.pusher_spawn_half_extent
+        ok = torch.hypot(px - cube_x, py - cube_y) >= self._pusher_clearance
+        pusher_x, pusher_y = self._first_valid(px, py, ok, far_x, far_y, cfg.pusher_spawn_half_extent)
+        return pusher_x, pusher_y, cube_x, cube_y, yaw, goal_x, goal_y
+
+    @staticmethod
+    def _first_valid(cx, cy, ok, far_x, far_y, half):
+        """Per column of the ``[k, n]`` candidates, the first with ``ok`` set, else the far corner."""
+        x, y = far_x * half, far_y * half
+        for j in range(ok.shape[0] - 1, -1, -1):  # a where-cascade: far cheaper than argmax over rows
+            x = torch.where(ok[j], cx[j], x)
+            y = torch.where(ok[j], cy[j], y)
+        return x, y
+
+    def _sample_and_set(self, mask: torch.Tensor, group_size: int) -> None:
+        """Give the envs where ``mask`` (bool ``[N]``) is set fresh initial states."""
+        fresh = self._sample_states(self.num_envs // group_size)
+        if group_size > 1:
+            fresh = tuple(t.repeat_interleave(group_size) for t in fresh)
+        names = ("pusher_x", "pusher_y", "cube_x", "cube_y", "cube_yaw", "goal_x", "goal_y")
+        for name, value in zip(names, fresh):
+            setattr(self, name, torch.where(mask, value, getattr(self, name)))
+        for name in ("cube_vx", "cube_vy", "cube_omega"):
+            setattr(self, name, getattr(self, name).masked_fill(mask, 0.0))
+        self.prev_action = self.prev_action.masked_fill(mask[:, None], 0.0)
+        self.elapsed_steps = self.elapsed_steps.masked_fill(mask, 0)
+
+    # ------------------------------------------------------------------- step
+    def _check_action(self, action: torch.Tensor) -> torch.Tensor:
+        if not isinstance(action, torch.Tensor):
+            action = torch.as_tensor(action, dtype=torch.float32, device=self.device)
+        if tuple(action.shape) != (self.num_envs, 2):
+            raise ValueError(f"action has shape {tuple(action.shape)}: expected ({self.num_envs}, 2) = (num_envs, 2)")
+        action = action.to(device=self.device, dtype=torch.float32)
+        self._check_finite(action)
+        return action.clamp(-1.0, 1.0)
+
+    def _substep(self, dx: torch.Tensor, dy: torch.Tensor) -> None:
+        """One physics substep of ``control_dt / substeps`` s (see :mod:`rlchain.core.envs.push_cube_physics`)."""
+        cfg, dt = self.cfg, self._dt
+        twist0 = (self.cube_vx, self.cube_vy, self.cube_omega)
+        twist = physics.apply_friction(*twist0, self._lin_decel, self._ang_decel)
+        predicted = physics.predict_pose((self.cube_x, self.cube_y, self.cube_yaw), twist0, twist, dt)
+        px, py = physics.move_pusher(self.pusher_x, self.pusher_y, dx, dy, cfg.table_half_extent)
+        pose = physics.project_contact(
+            predicted, px, py, self._half, cfg.pusher_radius, self._inertia_per_mass, cfg.contact_iterations
+        )
+        self.cube_vx, self.cube_vy, self.cube_omega = physics.contact_twist(twist, pose, predicted, dt)
+        self.cube_x, self.cube_y, self.cube_yaw = pose
+        self.pusher_x, self.pusher_y = px, py
+
+    def _potentials(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(reach, place, distance_to_goal)`` of the current state, each ``[N]``."""
+        cfg = self.cfg
+        tgx, tgy = self.goal_x - self.cube_x, self.goal_y - self.cube_y
+        distance = torch.hypot(tgx, tgy)
+        back = (self._half + cfg.pusher_radius) / distance.clamp_min(1e-6)
+        reach_dist = torch.hypot(self.pusher_x - (self.cube_x - tgx * back), self.pusher_y - (self.cube_y - tgy * back))
+        reach = 1.0 - torch.tanh(reach_dist / cfg.reach_scale)
+        place = torch.exp(distance.square() * (-0.5 / cfg.place_sigma**2))
+        return reach, place, distance
+
+    #: The features of :meth:`_observe`, in order (m, m/s, rad/s; the yaw as its cosine and sine).
+    observation_names = (
+        "pusher_x", "pusher_y", "cube_x", "cube_y", "cube_yaw_cos", "cube_yaw_sin", "cube_vx", "cube_vy",
+        "cube_omega", "goal_x", "goal_y", "cube_minus_pusher_x", "cube_minus_pusher_y", "goal_minus_cube_x",
+        "goal_minus_cube_y",
+    )  # fmt: skip
+
+    def _observe(self) -> torch.Tensor:
+        return torch.stack(
+            (
+                self.pusher_x, self.pusher_y, self.cube_x, self.cube_y,
+                torch.cos(self.cube_yaw), torch.sin(self.cube_yaw),
+                self.cube_vx, self.cube_vy, self.cube_omega, self.goal_x, self.goal_y,
+                self.cube_x - self.pusher_x, self.cube_y - self.pusher_y,
+                self.goal_x - self.cube_x, self.goal_y - self.cube_y,
+            ),
+            dim=-1,
+        )  # fmt: skip
+
+    @torch.no_grad()
+    def step(self, action: torch.Tensor):
+        """Advance every env by one control step of ``control_dt`` seconds.
+
+        Args:
+            action: float ``[N, 2]`` commanded pusher displacement in units of
+                ``action_scale`` metres; clipped to ``[-1, 1]``.
+
+        Returns:
+            ``(obs [N,15], reward [N], terminated [N], truncated [N], info)``
+            as described in :class:`rlchain.core.envs.base.VecEnv`; ``info["metrics"]``
+            holds ``distance_to_goal`` (m) and ``cube_off_table`` (0/1).
+
+        Raises:
+            ValueError: wrong shape or non-finite entries.
+        """
+        cfg = self.cfg
+        action = self._check_action(action)
+        scale = cfg.action_scale / cfg.substeps
+        dx, dy = action[:, 0] * scale, action[:, 1] * scale
+        for _ in range(cfg.substeps):
+            self._substep(dx, dy)
+        self.elapsed_steps = self.elapsed_steps + 1
+
+        reach, place, distance = self._potentials()
+        success = distance < cfg.success_threshold
+        lim = cfg.table_half_extent
+        off_table = (self.cube_x.abs() > lim) | (self.cube_y.abs() > lim)
+        rewards = {
+            "reach": cfg.reach_weight * cfg.shaping_scale * (reach - self._reach_potential),
+            "place": cfg.place_weight * cfg.shaping_scale * (place - self._place_potential),
+            "smoothness": -cfg.smoothness_weight * (action - self.prev_action).square().sum(dim=-1),
+            "success": cfg.success_weight * success.float(),
+        }
+        reward = rewards["reach"] + rewards["place"] + rewards["smoothness"] + rewards["success"]
+
+        terminated = success | off_table
+        truncated = (self.elapsed_steps >= cfg.episode_length) & ~terminated
+        done = terminated | truncated
+        final_obs = self._observe()
+        self.prev_action = action
+        self._sample_and_set(done, group_size=1)
+        self._reach_potential, self._place_potential, _ = self._potentials()
+        info = {
+            "final_obs": final_obs,
+            "rewards": rewards,
+            "metrics": {"distance_to_goal": distance, "cube_off_table": off_table.float()},
+            "success": success,
+        }
+        return self._observe(), reward, terminated, truncated, info
+
+    # ---------------------------------------------------------------- render
+    def _render_canvas(self) -> tuple[torch.Tensor, ...]:
+        """``(xs [W], ys [H], table [H, W], table_in_region [H, W], colours [9, 3])``, built on first use.
+
+        ``xs``/``ys`` are the pixel centres, m; the two label maps are the
+        background without and with the success region's tint.
+        """
+        if self._canvas is None:
+            dev, size = self.device, RENDER_SIZE
+            view = self.cfg.table_half_extent * size / (size - 2 * RENDER_MARGIN)  # half the width shown, m
+            xs, ys = rendering.pixel_centres(size, size, (-view, view), (-view, view), dev)
+            on_table = (xs.abs() <= self.cfg.table_half_extent)[None, :] & (ys.abs() <= self.cfg.table_half_extent)[:, None]
+            table = torch.where(on_table, _TABLE, _OUTSIDE).to(torch.uint8)
+            self._pixel = 2 * view / size  # m
+            self._canvas = (xs, ys, table, table + (_TABLE_IN_REGION - _TABLE), rendering.palette(_COLOURS, dev))
+        return self._canvas
+
+    def render(self, env_ids: Sequence[int] | None = None) -> torch.Tensor:
+        """Top-down frames of the envs ``env_ids`` (every env when None) in their current state.
+
+        What is drawn is in the module docstring: table, success region and
+        goal, the cube with its +x face marked, the pusher. The table
+        ``[-table_half_extent, table_half_extent]^2`` fills the frame but for
+        a border of ``RENDER_MARGIN`` pixels; x runs to the right, y up.
+        Vectorised torch ops on ``device`` (no host sync), a few elementwise
+        ops over ``K * 256 * 256`` pixels.
+
+        Args:
+            env_ids: env indices in ``[0, num_envs)``, ``K`` of them; None: every env.
+
+        Returns:
+            uint8 RGB ``[K, RENDER_SIZE, RENDER_SIZE, 3]`` on ``device``.
+
+        Raises:
+            RuntimeError: the env was built with ``render_mode=None``.
+            IndexError: an env id outside ``[0, num_envs)``.
+        """
+        rows = self._render_rows(env_ids)
+        xs, ys, table, tinted, colours = self._render_canvas()
+        cfg, pixel = self.cfg, self._pixel
+        goal_d2 = rendering.squared_distance(xs, ys, self.goal_x[rows], self.goal_y[rows])
+        region = goal_d2 <= cfg.success_threshold**2
+        labels = torch.where(region, tinted, table)
+        labels.masked_fill_(region & (goal_d2 >= max(cfg.success_threshold - _RING_PX * pixel, 0.0) ** 2), _RING)
+        u, v = rendering.box_frame(xs, ys, self.cube_x[rows], self.cube_y[rows], self.cube_yaw[rows])
+        cube = (u.abs() <= self._half) & (v.abs() <= self._half)
+        labels.masked_fill_(cube, _CUBE)
+        labels.masked_fill_(cube & (u >= self._half * (1 - 2 * _FACE_FRACTION)), _CUBE_FACE)
+        labels.masked_fill_(goal_d2 <= (_GOAL_PX * pixel) ** 2, _GOAL)
+        labels.masked_fill_(rendering.disc(xs, ys, self.pusher_x[rows], self.pusher_y[rows], cfg.pusher_radius), _PUSHER)
+        return rendering.colour(labels, colours)
+
+    def close(self, **kwargs: Any) -> None:
+        """Release nothing: the env holds only tensors."""
+
+
+class PushCubeGymEnv(SingleGymEnv):
+    """A single PushCube as a plain numpy gymnasium env (``gymnasium.make("rlchain/PushCube-v0")``).
+
+    A one-env :class:`PushCubeEnv` on the CPU behind :class:`~rlchain.core.envs.base.SingleGymEnv`.
+    Observations float32 ``(15,)``, actions float32 ``(2,)``. Keyword
+    arguments are those of :class:`PushCubeConfig`, ``render_mode`` included
+    (``gymnasium.make(..., render_mode="rgb_array")``: ``render()`` returns
+    a uint8 ``(256, 256, 3)`` frame).
+
+    Like gymnasium's own envs it never truncates by itself: the time limit is
+    gymnasium's ``TimeLimit`` wrapper, which ``gymnasium.make`` adds from the
+    registered spec (``episode_length``'s default, 100 steps, or
+    ``make(..., max_episode_steps=...)``), so that one limit holds. Given
+    ``episode_length`` directly, the wrapped env truncates there too.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": PushCubeEnv.metadata["render_fps"]}
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.pop("num_envs", None)
+        kwargs.setdefault("device", "cpu")
+        # No limit of its own: 2**31 - 1 steps is beyond any episode and fits the int32 step counter.
+        kwargs.setdefault("episode_length", 2**31 - 1)
+        super().__init__(PushCubeEnv(num_envs=1, **kwargs))
+
+
+def make_vec_entry_point(max_episode_steps: int | None = None, **settings: Any) -> PushCubeEnv:
+    """The batched :class:`PushCubeEnv` of ``gymnasium.make_vec("rlchain/PushCube-v0", ...,
+    vectorization_mode="vector_entry_point")``.
+
+    ``make_vec`` passes the time limit as ``max_episode_steps`` (the
+    registered 100 unless given); it becomes ``episode_length``, or the
+    shorter of the two where ``episode_length`` is given too, as the two limits
+    of ``gymnasium.make``'s single env (its ``TimeLimit`` and the env's own) act.
+
+    Raises:
+        ValueError: as :class:`PushCubeEnv`, naming ``episode_length`` for a limit out of its range.
+    """
+    if max_episode_steps is not None:
+        given = settings.get("episode_length")
+        shorter = isinstance(given, int) and not isinstance(given, bool) and given < max_episode_steps
+        settings["episode_length"] = given if shorter else max_episode_steps
+    return PushCubeEnv(**settings)

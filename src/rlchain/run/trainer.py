@@ -1,0 +1,539 @@
+"""The training loop: collect -> update -> log -> evaluate -> save.
+
+``global_step`` counts env transitions (``rollout_steps * num_envs`` per
+iteration); ``eval_freq`` and ``save_freq`` count iterations. A run directory
+(``output_dir``) receives:
+
+* ``tensorboard/`` and ``metrics.jsonl`` (one JSON row per iteration);
+* ``checkpoints/latest.pt`` and ``checkpoints/best.pt`` (:class:`~rlchain.run.checkpoint.Checkpoints`);
+* ``videos/step_<global_step>.mp4`` with ``video=True``: the first
+  ``video_episodes`` episodes of each evaluation;
+* ``summary.json`` (:class:`~rlchain.run.summary.RunSummary`) at the end, also
+  returned by :meth:`Trainer.train`, whatever ended the run. A completed run
+  first evaluates ``best.pt`` once more on start states that no evaluation
+  during training used (``fresh_eval``; the summary's ``best_fresh``).
+
+In a multi-process run (``torchrun``; :mod:`rlchain.distributed`) every rank
+runs this loop on its own envs with the same policy; rank 0 alone evaluates,
+logs and writes the run directory, and every rank's envs go into its
+checkpoints.
+
+What surrounds the loop is a component each: :func:`rlchain.run.starting.start`
+(afresh, resumed or from another run's policy, before the first step),
+:class:`~rlchain.run.evaluator.Evaluator` (the evaluations, their videos, the
+best success rate, the fresh final score), :class:`~rlchain.run.stopping.StopSignals`
+(Ctrl-C, SIGTERM, a cluster's requeue signal), :class:`~rlchain.run.objective.Objective`
+(the objective and the best evaluation), :class:`~rlchain.run.checkpoint.Checkpoints`
+and :class:`~rlchain.run.summary.RunSummary`.
+
+Checkpoints hold the policy, the algorithm (optimiser, schedule, reference
+policy), the collector and env state, ``global_step``, ``iteration``, the
+best values, the torch RNG states and the run's config. An env that restores
+its episodes (:attr:`~rlchain.core.envs.base.VecEnv.resumes_episodes`, as every
+torch-native task does) resumes exactly where the saved run stopped
+(bit-identical on the CPU). Another (``env=gym``: gymnasium envs cannot save
+their state) restarts instead: every env is reset, the episodes in progress at
+the checkpoint are dropped from the statistics, and a one-line notice says so;
+policy, optimiser, step count and the env's own saved state (``env=gym``: the
+generator of its reset seeds) continue as saved.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from rlchain.core.algorithms.base import Algorithm, NonFiniteError, first_non_finite
+from rlchain.run.checkpoint import Checkpoints
+from rlchain.core.collector import Episodes, EpisodeWindow, SyncCollector
+from rlchain.console import Progress, notice
+from rlchain.distributed import CollectiveError, World, world
+from rlchain.core.envs.base import VecEnv
+from rlchain.run.evaluator import Evaluator
+from rlchain.run.objective import OBJECTIVE_DIRECTIONS, Objective, ObjectiveError
+from rlchain.core.policies import Policy
+from rlchain.settings import SettingError, Settings, setting
+from rlchain.run.starting import start
+from rlchain.run.stopping import Abort, StopSignals
+from rlchain.console import error_line
+from rlchain.run.summary import RunSummary, placement
+from rlchain.utils import MAX_SEED, to_device
+from rlchain.run.video import check_video_support
+from rlchain.run.writer import MetricWriter
+
+__all__ = ["WANDB_MODES", "Trainer", "TrainerConfig"]
+
+WANDB_MODES = (None, "online", "offline", "disabled")
+
+
+@dataclass
+class TrainerConfig(Settings):
+    """Trainer settings, their defaults and ranges."""
+
+    _target_: str = "rlchain.run.trainer.Trainer"
+    iterations: int = setting(100, gt=0)
+    """Collect-and-update iterations."""
+    rollout_steps: int = setting(100, gt=0)
+    """Steps per env per rollout (GRPO, which resets every env each rollout: at least the env's max_episode_steps)."""
+    eval_freq: int = setting(10, gt=0)
+    """Evaluate every this many iterations (and after the last one)."""
+    save_freq: int = setting(50, gt=0)
+    """Write checkpoints/latest.pt every this many iterations (and at the end, and with every new best.pt)."""
+    num_eval_envs: int = setting(256, gt=0)
+    """Parallel envs of the evaluation env."""
+    num_eval_episodes: int = setting(256, gt=0)
+    """Episodes per evaluation (rounded up to a multiple of num_eval_envs)."""
+    video: bool = False
+    """Record the first video_episodes episodes of every evaluation as videos/step_<global_step>.mp4, also logged to
+    TensorBoard (Images tab) and W&B; needs an env that renders and the extra: pip install "rlchain[video]"."""
+    video_episodes: int = setting(2, gt=0)
+    """Episodes per video (the first episode of each of the first video_episodes evaluation envs, one after another)."""
+    fresh_eval: bool = True
+    """When the run completes, evaluate best.pt once more (num_eval_episodes episodes) on start states that no
+    evaluation during training used (rlchain.core.evaluation.fresh_seed), and record it as summary.json's best_fresh."""
+    output_dir: str = "."
+    """Run directory for logs, checkpoints and summary.json."""
+    seed: int = setting(0, ge=0, le=MAX_SEED)
+    """The evaluation env's seed is seed + 1 (rlchain-train seeds torch's global RNG with the run's seed)."""
+    exp_name: str = "rlchain"
+    """Experiment name: the W&B run name."""
+    objective: str = "auto"
+    """Key of summary['final'] returned as the run objective for sweepers; best.pt is the evaluation that is best
+    by it. 'auto': eval/success_rate for a task that reports success, else eval/avg_reward."""
+    objective_direction: str = setting("maximize", choices=OBJECTIVE_DIRECTIONS)
+    """'maximize' or 'minimize': which way the objective is better (best.pt, sweep tables)."""
+    resume_from: str | None = None
+    """The run to continue (its step count continues): a run directory (its checkpoints/latest.pt) or a checkpoint
+    in one, which rlchain-train rebuilds from the run's saved config and continues in its directory; a checkpoint
+    file elsewhere, into this run's directory; 'auto': this run directory's own checkpoints/latest.pt when there is
+    one, else a fresh start. None is 'auto' in a job of submitit (hydra/launcher=slurm), so that a requeued job goes
+    on from its own latest.pt."""
+    init_from: str | None = None
+    """Start the policy (weights and observation normaliser) from an rlchain checkpoint, or from a run
+    directory's checkpoints/latest.pt, with a fresh optimiser and step count: fine-tuning, e.g. GRPO with
+    kl_coef > 0 against the loaded policy. A resumed run continues from its own checkpoint instead."""
+    use_wandb: bool = False
+    """Mirror every logged row to Weights & Biases (needs the extra: pip install "rlchain[wandb]")."""
+    wandb_project: str = "rlchain"
+    """W&B project."""
+    wandb_entity: str | None = None
+    """W&B entity (team or user); None for the default."""
+    wandb_mode: str | None = setting(None, choices=WANDB_MODES)
+    """W&B mode: online, offline or disabled; None follows WANDB_MODE."""
+    wandb_name: str | None = None
+    """W&B run name; None: exp_name, and <exp_name>_<job number> for a job of a sweep (rlchain-train -m)."""
+    wandb_group: str | None = None
+    """W&B group; None: none for a single run, and the sweep directory (<date>/<time>_<id>) for the jobs of a sweep,
+    so that a sweep's runs are grouped."""
+    wandb_tags: list[str] = setting([])
+    """W&B tags of the run."""
+    stats_min_episodes: int = setting(100, gt=0)
+    """charts/episodic_return, charts/episodic_length and charts/success_rate average every episode that ended in
+    the latest rollout and, when fewer ended, the latest episodes before it, up to this many."""
+    dist_timeout_s: float = setting(600.0, gt=0)
+    """A multi-process run (torchrun): seconds a collective waits for the other ranks before the run ends with a
+    message naming the collective and the rank that did not join it. It must cover what rank 0 does alone while the
+    others wait: an evaluation, a checkpoint."""
+    compile: bool = False
+    """Compile the update's minibatch loss (forward and backward) and the acting forward pass with torch.compile
+    (mode default) before the first step; the time it takes is logged once as time/compile_s and left out of SPS.
+    Needs a C++ compiler for the CPU backend (a run that cannot compile says so before any step)."""
+    progress: bool = True
+    """Show the progress of the iterations: a bar on a terminal, plain lines otherwise (nothing on a terminal
+    that another process owns, as a parallel job of the devices launcher)."""
+
+    def check(self) -> None:
+        """``use_wandb`` needs the wandb package; ``video`` needs imageio and at most ``num_eval_envs`` episodes."""
+        if self.use_wandb and importlib.util.find_spec("wandb") is None:
+            raise SettingError("use_wandb", True, ' needs wandb, an optional extra: pip install "rlchain[wandb]"')
+        if self.video:
+            missing = check_video_support()
+            if missing is not None:
+                raise SettingError("video", True, missing)
+            if self.video_episodes > self.num_eval_envs:
+                raise SettingError("video_episodes", self.video_episodes,
+                                   f" is not allowed with num_eval_envs={self.num_eval_envs}: expected at most "
+                                   "num_eval_envs (each recorded episode is the first of one evaluation env)")  # fmt: skip
+
+
+class Trainer:
+    """Runs the loop of DESIGN.md: collect -> update -> log -> evaluate -> save.
+
+    Args:
+        env: training env (a :class:`rlchain.core.envs.base.VecEnv`).
+        policy: the policy, on ``env.device``.
+        algorithm: an :class:`rlchain.core.algorithms.Algorithm` of ``policy``.
+        eval_env: the evaluation env, or a factory called as
+            ``eval_env(num_envs=num_eval_envs, seed=seed + 1)`` (e.g. a Hydra
+            ``_partial_`` of the env config), or None for no evaluation.
+        run_config: the run's composed configuration (plain dict), stored in
+            checkpoints and logged as hyperparameters.
+        trial: the Optuna trial this run reports to (a
+            :class:`rlchain.run.tuning.JobTrial`: ``number``, ``report(value, step)
+            -> pruned``), or None. Rank 0 reports the objective at every
+            evaluation (step: the iteration) and, once the study's pruner
+            prunes the trial, stops after that iteration with status
+            ``pruned`` (``latest.pt`` saved, no fresh evaluation).
+        settings: fields of :class:`TrainerConfig` (``self.cfg``).
+
+    Building a trainer starts nothing: :func:`rlchain.run.starting.start`
+    resumes it (``resume_from``), starts its policy from another run
+    (``init_from``) or checks that its fresh start may use ``output_dir``, and
+    compiles (``compile``); the entry calls it once the trainer is built, and
+    :meth:`train` calls it where nobody did.
+
+    Raises:
+        SettingError: a setting out of its range (naming it), an env the
+            algorithm rejects (e.g. GRPO's ``group_size`` not dividing
+            ``num_envs``), a ``rollout_steps`` below the env's
+            ``max_episode_steps`` for an algorithm that resets every env each
+            rollout (GRPO), ``use_wandb`` without the wandb package, ``video``
+            without an evaluation env that renders (or without imageio); all
+            before any step.
+    """
+
+    def __init__(
+        self,
+        env: VecEnv,
+        policy: Policy,
+        algorithm: Algorithm,
+        eval_env: VecEnv | Callable[..., VecEnv] | None = None,
+        run_config: dict[str, Any] | None = None,
+        trial: Any = None,
+        **settings: Any,
+    ) -> None:
+        self.cfg = cfg = TrainerConfig(**settings)
+        self.env, self.policy, self.algorithm = env, policy, algorithm
+        self.config = run_config or {}
+        self.world: World = world()
+        algorithm.check_env(env)
+        self.collector = SyncCollector(env, policy, cfg.rollout_steps, reset_options=algorithm.reset_options)
+        self.output_dir = Path(cfg.output_dir)
+        self.evaluator = Evaluator(eval_env if self.world.main else None, cfg.num_eval_envs, cfg.num_eval_episodes,
+                                   seed=cfg.seed + 1, video_episodes=cfg.video_episodes if cfg.video else 0,
+                                   video_dir=self.output_dir / "videos")  # fmt: skip
+        """Rank 0's evaluations (no evaluation env on the other ranks)."""
+        self.checkpoints = Checkpoints(self.output_dir / "checkpoints", writer=self.world.main)
+        self.objective = Objective(cfg.objective, cfg.objective_direction)
+        self.episodes = EpisodeWindow(cfg.stats_min_episodes)
+        self.global_step = 0
+        self.iteration = 0
+        self.last_train: dict[str, float] = {}
+        self.best_fresh: dict[str, Any] | None = None
+        self.init_from: str | None = None
+        self.wandb_id: str | None = None
+        """The run's W&B run id (kept in checkpoints, so that a resumed run continues that W&B run)."""
+        self._objective_checked = False
+        self.trial = trial if self.world.main else None
+        self.pruned = False
+        self.compile_s: float | None = None
+        """Seconds that compiling took before the first step (``compile``), logged once as ``time/compile_s``."""
+        self.started = False
+        """Whether :func:`rlchain.run.starting.start` prepared the run (resumed, initialised or fresh, compiled)."""
+
+    @property
+    def eval_env(self) -> VecEnv | None:
+        """The evaluation env (:attr:`evaluator`'s; None on a rank other than 0 or without evaluation)."""
+        return self.evaluator.env
+
+    # ------------------------------------------------------------ the loop
+    def train(self) -> RunSummary:
+        """Run the remaining iterations; write ``summary.json`` and return it.
+
+        SIGINT (Ctrl-C) and SIGTERM (``scancel``, Kubernetes, most
+        preemptions) stop the run after the current iteration: ``latest.pt`` is
+        saved, the logs are flushed, and the summary says ``status="interrupted"``
+        and which ``signal``. A second one aborts at once (``status="aborted"``;
+        the last checkpoint stands). See :mod:`rlchain.run.stopping`.
+
+        Raises:
+            RuntimeError: a non-finite loss, gradient norm, KL, other reported
+                term or parameter, naming it, the iteration and the last good
+                checkpoint (kept; no non-finite checkpoint is written).
+            Exception: any other error of an iteration (e.g. CUDA out of
+                memory, an env error, a full disk) as raised.
+            CollectiveError: a multi-process run whose other rank failed (its
+                error), ended, or did not join a collective within
+                ``dist_timeout_s`` (see :mod:`rlchain.distributed`).
+
+        In every case of failure ``summary.json`` first records
+        ``status="failed"``, the one-line ``error`` and the ``traceback``, and
+        the logs are flushed; the error raised carries that summary as its
+        ``run_summary`` attribute (a :class:`~rlchain.run.summary.RunSummary`).
+
+        In a multi-process run (torchrun) every rank calls this; the ranks
+        stop after the same iteration, and rank 0 alone logs and writes
+        ``summary.json`` (every rank returns its summary).
+        """
+        start(self)  # where the entry has not already
+        cfg = self.cfg
+        start_time, began, start_step = time.time(), time.perf_counter(), self.global_step
+        ending: dict[str, Any] = {"status": "completed"}
+        failure: BaseException | None = None
+        writer = progress = None
+        with StopSignals(abort_on_repeat=not self.world.distributed) as stop:
+            try:
+                if self.world.main:  # rank 0 alone logs
+                    writer = MetricWriter(self.output_dir, config=self.config, run_name=cfg.wandb_name or cfg.exp_name,
+                                          purge_step=self.global_step or None, use_wandb=cfg.use_wandb,
+                                          wandb_project=cfg.wandb_project, wandb_entity=cfg.wandb_entity,
+                                          wandb_mode=cfg.wandb_mode, wandb_group=cfg.wandb_group,
+                                          wandb_tags=cfg.wandb_tags, wandb_id=self.wandb_id)  # fmt: skip
+                    self.wandb_id = writer.wandb_id or self.wandb_id
+                progress = Progress(cfg.iterations, self.iteration, cfg.progress and self.world.main)
+                if self.iteration >= cfg.iterations:
+                    notice(f"the run has already reached trainer.iterations={cfg.iterations}: nothing to train")
+                stopped = None  # the stop signal every rank agreed on
+                while self.iteration < cfg.iterations and stopped is None and not self.pruned:
+                    row, stopped = self._iteration(writer, began, stop)
+                    progress.update(self.iteration, self.global_step, row)
+                if self.pruned:
+                    ending = {"status": "pruned"}
+                    notice(f"pruned by the study's pruner after iteration {self.iteration} (trial {self.trial.number})")
+                elif self.iteration < cfg.iterations:  # a stop signal ended it early
+                    ending = {"status": "interrupted", "signal": stopped}
+                self.save()
+                if ending["status"] == "completed" and cfg.fresh_eval:
+                    self.best_fresh = self.evaluator.fresh_score(self.policy, self.checkpoints.best, cfg.seed)
+            except Abort:
+                ending = {"status": "aborted", "signal": stop.received}
+            except Exception as err:
+                ending, failure = self._failure(err)
+                if not isinstance(err, CollectiveError):  # another rank's failure is that rank's to report
+                    self.world.report_failure(ending["error"])
+            with stop.held():  # the summary and the logs are written whatever arrives now
+                if progress is not None:
+                    progress.close()
+                summary = self._summary(ending, start_time, time.perf_counter() - began, self.global_step - start_step)
+                try:
+                    if self.world.main:
+                        summary.write(self.output_dir)
+                finally:
+                    if writer is not None:
+                        writer.close()
+        if failure is not None:
+            failure.run_summary = summary  # what the entry says of it, without reading summary.json back
+            raise failure
+        return summary
+
+    def _iteration(self, writer: MetricWriter | None, start: float, stop: StopSignals) -> tuple[dict[str, float], str | None]:
+        """One iteration: collect -> update -> log -> evaluate -> save; returns the logged row and the stop signal.
+
+        In a multi-process run every rank collects and updates; rank 0 gathers
+        the ranks' episodes and reward terms (and the stop signals each got),
+        logs, evaluates and decides, and every rank then takes its decision:
+        stop (after the same iteration), pruned, and which checkpoint to write
+        (every rank's state goes into it). A checkpoint is written after its
+        row is logged and flushed, so that a resume from it (which drops the
+        rows logged after its step) never leaves a hole in the logs.
+        """
+        world, clock = self.world, time.perf_counter
+        t0 = clock()
+        world.at(self.iteration + 1, "collect")
+        rollout = self.collector.collect()
+        t1 = clock()
+        world.at(self.iteration + 1, "update")
+        losses = self.algorithm.update(rollout.data)
+        t2 = clock()
+        self.iteration += 1
+        samples = rollout.data.numel() * world.world_size
+        self.global_step += samples
+        world.at(self.iteration, "report")
+        reports = world.gather((rollout.episodes, rollout.term_means, stop.received), "the gather of the iteration's episodes")
+        row: dict[str, float] = {}
+        decision = None
+        if world.main:
+            episodes = Episodes(*([x for report in reports for x in getattr(report[0], name)]
+                                  for name in ("returns", "lengths", "successes")))  # fmt: skip
+            terms = {key: sum(report[1][key] for report in reports) / len(reports) for key in reports[0][1]}
+            signal = next((report[2] for report in reports if report[2] is not None), None)
+            self.episodes.add(episodes)
+            world.at(self.iteration, "log and evaluate")
+            row = self._training_row(terms, losses, samples, collect_s=t1 - t0, update_s=t2 - t1, elapsed_s=t2 - start)
+            decision = (signal, *self._log_and_evaluate(row, writer))
+        world.at(self.iteration, "decision")
+        signal, self.pruned, save, value = world.share(decision, "the broadcast of the iteration's decision")
+        if save is not None:
+            world.at(self.iteration, "checkpoint")
+            if writer is not None:
+                writer.flush()
+            if save == "best":
+                self._save_best(value)
+            else:
+                self.save()
+        return row, signal
+
+    def _log_and_evaluate(self, row: dict[str, float], writer: MetricWriter) -> tuple[bool, str | None, float | None]:
+        """Rank 0's part of an iteration: evaluate (when due), log, report to the trial; return
+        ``(pruned, checkpoint to write: "best", "latest" or None, the objective's value)``."""
+        cfg = self.cfg
+        evaluated = self.evaluator.env is not None and (self.iteration % cfg.eval_freq == 0 or self.iteration == cfg.iterations)
+        if evaluated:
+            row.update(self.evaluator.evaluate(self.policy, self.global_step, writer))
+            self.objective.resolve(self.evaluator.last)
+        writer.log(row, self.global_step)
+        if not self._objective_checked:
+            self._objective_checked = True
+            self._check_objective(row)
+        value = self.objective.value(row) if evaluated else None
+        pruned = False
+        if self.trial is not None and evaluated:
+            pruned = self.trial.report(value, self.iteration) and self.iteration < cfg.iterations
+        if self.objective.best.improves(value):
+            return pruned, "best", value
+        periodic = self.iteration % cfg.save_freq == 0 and self.iteration < cfg.iterations and not pruned
+        return pruned, "latest" if periodic else None, value
+
+    def _training_row(self, terms: dict[str, float], losses: dict[str, float], samples: int,
+                      **times: float) -> dict[str, float]:  # fmt: skip
+        """What an iteration logs, with CleanRL's names: the update's terms under ``losses/``, the rate, the
+        episodes and SPS under ``charts/``, the env's terms (``rewards/``, ``metrics/``) and ``time/``.
+
+        ``terms``: the rollout's reward terms and metrics (the ranks' mean); ``samples``: env steps of every rank.
+        """
+        row = {("charts/" if k == "learning_rate" else "losses/") + k: v for k, v in losses.items()}
+        row.update(self.episodes.means(success=self.env.reports_success))
+        row.update(terms)
+        row["charts/SPS"] = samples / (times["collect_s"] + times["update_s"])
+        row["charts/iteration"] = self.iteration
+        row.update({f"time/{name}": value for name, value in times.items()})
+        if self.compile_s is not None:  # once, in the first row this process logs
+            row["time/compile_s"], self.compile_s = self.compile_s, None
+        self.last_train = row
+        return row
+
+    def _save_best(self, value: float) -> Path:
+        """Take ``value`` as the objective's best and write ``best.pt`` (and ``latest.pt``) with it.
+
+        The best stays as it was when the checkpoints cannot be written (a
+        full disk, a second stop signal), so that ``summary.json`` never names a
+        best that no ``best.pt`` holds. In a multi-process run every rank
+        calls it (each sends its state); rank 0 alone keeps the best and writes.
+        """
+        if not self.world.main:
+            self._checked_state()
+            return None
+        best = self.objective.best
+        previous = best.state_dict()
+        best.take(value, self.global_step)
+        try:
+            return self.checkpoints.save_best(self._checked_state())
+        except BaseException:
+            best.load_state_dict(previous)
+            raise
+
+    def _check_objective(self, row: dict[str, float]) -> None:
+        """Raise :class:`ObjectiveError` unless the objective is a key this run logs (after its first iteration).
+
+        The evaluation's names are known before any evaluation ran
+        (:meth:`Evaluator.metric_names`). A run without an evaluation env has
+        no ``eval/`` metrics; its ``eval/`` objective stays None.
+        """
+        if self.evaluator.env is None and self.objective.name.startswith("eval/"):
+            return
+        self.objective.check(set(row) | self.evaluator.metric_names(row))
+
+    def _failure(self, err: Exception) -> tuple[dict[str, Any], BaseException]:
+        """The summary fields of a failed iteration, and what :meth:`train` raises for it."""
+        trace = traceback.format_exc()
+        if isinstance(err, NonFiniteError):
+            latest = self.checkpoints.latest
+            error = (f"non-finite {err.metric} at iteration {self.iteration + 1} ({err.value}); "
+                     f"last good checkpoint: {latest if latest.exists() else 'none written yet'}")  # fmt: skip
+            failure = RuntimeError(error)
+            failure.__cause__ = err
+        else:
+            error = error_line(str(err) if isinstance(err, (ObjectiveError, CollectiveError)) else err)
+            failure = err
+        return {"status": "failed", "error": error, "traceback": trace}, failure
+
+    def _summary(self, ending: dict[str, Any], start_time: float, elapsed: float, steps: int) -> RunSummary:
+        final = {**self.last_train, **self.evaluator.last}
+        return RunSummary(
+            **ending, exp_name=self.cfg.exp_name, **placement(self.env.device), world_size=self.world.world_size,
+            global_step=self.global_step, iteration=self.iteration, elapsed_s=elapsed,
+            SPS=steps / elapsed if elapsed > 0 else 0.0, start_time=start_time, end_time=time.time(),
+            init_from=self.init_from, objective_name=self.objective.name, objective_direction=self.objective.direction,
+            objective=self.objective.value(final), best_objective=self.objective.best.value,
+            best_objective_step=self.objective.best.step, best_eval_success_rate=self.evaluator.best_success.value,
+            best_eval_step=self.evaluator.best_success.step, best_fresh=self.best_fresh, final=final,
+            checkpoints=self.checkpoints.files(),
+        )  # fmt: skip
+
+    # ------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any] | None:
+        """Everything a resumed run needs (see the module docstring); None on a rank other than 0.
+
+        What each rank has of its own (its env, collector and random streams)
+        is rank 0's at the top level and every other rank's in ``ranks``
+        (rank 1 first), with ``world_size``; every rank calls this (a gather).
+        """
+        own = self._rank_state()
+        if self.world.distributed:
+            others = self.world.gather(to_device(own, "cpu"), "the gather of the ranks' states for the checkpoint")
+            if not self.world.main:
+                return None
+        state = {
+            "policy": self.policy.state_dict(),
+            "algorithm": self.algorithm.state_dict(),
+            **own,
+            "episodes": self.episodes.state_dict(),
+            "global_step": self.global_step,
+            "iteration": self.iteration,
+            "best_success": self.evaluator.best_success.value,
+            "best_step": self.evaluator.best_success.step,
+            "best_objective": self.objective.best.value,
+            "best_objective_step": self.objective.best.step,
+            "best_objective_id": self.objective.best.id,
+            "last_train": self.last_train,
+            "last_eval": self.evaluator.last,
+            "config": self.config,
+            "wandb_id": self.wandb_id,
+        }
+        if self.world.distributed:
+            state.update(world_size=self.world.world_size, ranks=others[1:])
+        return state
+
+    def _rank_state(self) -> dict[str, Any]:
+        """This rank's own part of a checkpoint: its collector, its env, what the algorithm keeps of its envs
+        (PPO's discounted returns with ``reward_norm``) and its random streams."""
+        state = {
+            "collector": self.collector.state_dict(),
+            "algorithm_rank": self.algorithm.rank_state_dict(),
+            "env": self.env.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available():
+            state["cuda_rng"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def _checked_state(self) -> dict[str, Any] | None:
+        """:meth:`state_dict`, refused when a policy parameter or buffer is not finite (None on ranks but 0).
+
+        Raises:
+            NonFiniteError: a policy parameter or buffer (e.g. the observation
+                normaliser's statistics) is NaN or infinite.
+        """
+        state = self.state_dict()
+        bad = first_non_finite(dict(self.policy.state_dict()))
+        if bad is not None:
+            raise NonFiniteError(f"policy {bad[0]}", bad[1], self.iteration)
+        return state
+
+    def save(self) -> Path | None:
+        """Write the state atomically to ``checkpoints/latest.pt`` and return the path.
+
+        In a multi-process run every rank calls it and rank 0 writes (None elsewhere).
+
+        Raises:
+            NonFiniteError: see :meth:`_checked_state`; nothing is written.
+            OSError: the file cannot be written (the previous one stays).
+        """
+        state = self._checked_state()
+        return self.checkpoints.save(state) if state is not None else None

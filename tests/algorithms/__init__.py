@@ -1,1 +1,0 @@
-"""Tests of rlchain.algorithms: GAE and PPO, GRPO, and what they share."""

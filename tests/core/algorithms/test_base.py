@@ -1,0 +1,91 @@
+"""What every algorithm shares: learning-rate schedules, the KL stop, target_kl."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rlchain.core.algorithms import GRPO, PPO
+from rlchain.core.algorithms.base import Algorithm, AlgorithmConfig
+from rlchain.core.collector import SyncCollector
+from rlchain.core.policies import ActorCritic, ActorOnly
+from tests.helpers.toy_env import LineEnv
+
+
+def test_lr_schedules():
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32))
+    env = LineEnv(num_envs=8)
+    rollout = SyncCollector(env, policy, 4).collect().data
+    linear = PPO(policy, learning_rate=1e-3, lr_schedule="linear", total_iterations=4, batch_size=16, n_epochs=1)
+    lrs = [linear.update(rollout)["learning_rate"] for _ in range(4)]
+    assert lrs == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
+    adaptive = PPO(policy, learning_rate=1e-3, lr_schedule="adaptive", target_kl=1.0, batch_size=16, n_epochs=1)
+    # The KL of one small update is far below target/2: the rate grows by 1.5 once per update.
+    assert adaptive.update(rollout)["learning_rate"] == pytest.approx(1e-3 * 1.5)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_the_adaptive_rate_follows_the_kl_the_update_caused(algo):
+    # One minibatch and one epoch: before its step the policy is the rollout
+    # policy, so the KL it sees is 0. The update itself moves the policy by far
+    # more than a target of 1e-9: the rate must fall, not grow.
+    torch.manual_seed(0)
+    env = LineEnv(num_envs=8)
+    make = ActorCritic if algo == "ppo" else ActorOnly
+    # The update ends by folding the rollout into the observation statistics;
+    # update_kl is the KL of the optimiser steps, so compare without them.
+    policy = make(env.single_observation_space, env.single_action_space, hidden_sizes=[8], obs_normalization=False)
+    rollout = SyncCollector(env, policy, 4).collect().data
+    if algo == "ppo":
+        algorithm = PPO(policy, learning_rate=1e-3, lr_schedule="adaptive", target_kl=1e-9, batch_size=32, n_epochs=1)
+    else:
+        algorithm = GRPO(policy, learning_rate=1e-3, lr_schedule="adaptive", target_kl=1e-9, batch_size=32, n_epochs=1,
+                         group_size=4)  # fmt: skip
+        env = LineEnv(num_envs=8, max_episode_steps=4)  # a GRPO rollout holds a whole episode
+        rollout = SyncCollector(env, policy, 4, reset_options={"group_size": 4}).collect().data
+    stats = algorithm.update(rollout)
+    assert stats["learning_rate"] == pytest.approx(1e-3 / 1.5)
+    # update_kl is the KL from the rollout policy to the updated one over the (live) samples
+    with torch.no_grad():
+        new_log_prob = policy.evaluate_actions(rollout.reshape(-1))["sample_log_prob"]
+    log_ratio = new_log_prob - rollout.reshape(-1)["sample_log_prob"]
+    kl = (log_ratio.exp() - 1) - log_ratio
+    if algo == "grpo":
+        live = algorithm.advantages(rollout)[1].reshape(-1)
+        kl = kl[live]
+    assert stats["update_kl"] == pytest.approx(kl.mean().item(), rel=1e-2) and stats["update_kl"] > 1e-9
+
+
+# 4. stop_at_target_kl tests the KL of the epoch's last minibatch (CleanRL), not the epoch's mean.
+def test_the_kl_stop_reads_the_epochs_last_minibatch():
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32))
+    algorithm = Algorithm(policy, AlgorithmConfig(batch_size=4, n_epochs=3))
+    data = torch.zeros(16, 2)
+    from tensordict import TensorDict
+
+    batch = TensorDict({"obs": data}, batch_size=[16])
+    kls = iter([0.0, 0.005, 0.01, 0.02] * 3)  # epoch mean 0.00875, last minibatch 0.02
+
+    def minibatch_loss(mb):
+        loss = policy.actor(mb["obs"]).square().mean()
+        return {"loss": loss, "approx_kl": torch.tensor(next(kls))}
+
+    _, epochs = algorithm._optimise(batch, minibatch_loss, stop_kl=0.015)
+    assert epochs == 1
+
+
+# 6. algorithm.target_kl is refused unless a setting reads it.
+@pytest.mark.parametrize("algorithm, settings, match", [
+    (PPO, {}, r"^target_kl=0.01 is not allowed with lr_schedule='constant', stop_at_target_kl=False: "),
+    (GRPO, {}, r"^target_kl=0.01 is not allowed with lr_schedule='constant': "),
+    (GRPO, {"lr_schedule": "linear", "total_iterations": 5}, r"^target_kl=0.01 is not allowed with lr_schedule='linear': "),
+])  # fmt: skip
+def test_a_target_kl_that_no_setting_reads_is_refused(algorithm, settings, match):
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32))
+    with pytest.raises(ValueError, match=match):
+        algorithm(policy, target_kl=0.01, **settings)
+    algorithm(policy, target_kl=0.01, lr_schedule="adaptive")
+    if algorithm is PPO:
+        PPO(policy, target_kl=0.01, stop_at_target_kl=True)

@@ -1,1 +1,0 @@
-"""Tests of rlchain.envs: the built-in tasks, the gymnasium adapter and the contract checker."""
