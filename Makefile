@@ -3,11 +3,12 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install train test docs bench help
+.PHONY: install train test lint docs bench help
 
 help:
 	@echo "make train   install, then train GRPO on push_cube (the main job)"
-	@echo "make test    install, then build the docs strictly and run the test suite"
+	@echo "make test    install, then check the code with ruff, build the docs strictly and run the test suite"
+	@echo "make lint    ruff: the code is formatted (ruff format --check) and passes its lint rules (ruff check)"
 	@echo "make docs    build the docs site strictly into a temporary directory (mkdocs serve to read it)"
 	@echo "make bench   install, then run the speed benchmarks under benchmarks/"
 
@@ -21,11 +22,17 @@ install:
 train: install
 	rlchain-train algorithm=grpo env=push_cube
 
-# The docs first (a few seconds), so that pytest's summary stays the last line. Two pytest workers, one per
+# ruff and the docs first (seconds), so that pytest's summary stays the last line. Two pytest workers, one per
 # core of the 2-core CI machine: most tests wait on the processes they start.
 test: install
+	$(MAKE) --no-print-directory lint PYTHON=$(PYTHON)
 	$(MAKE) --no-print-directory docs PYTHON=$(PYTHON)
 	$(PYTHON) -m pytest -n 2
+
+# The rules are in pyproject.toml ([tool.ruff]); `ruff format .` and `ruff check --fix .` mend what they can.
+lint:
+	$(PYTHON) -m ruff format --check --quiet .
+	$(PYTHON) -m ruff check --quiet .
 
 # The strict build fails on a broken link or anchor, a missing included file, or a docstring the API reference
 # cannot read; the configuration reference is generated from the schemas by docs/hooks/settings_reference.py.

@@ -45,16 +45,31 @@ def run(name: str, ranks: int, args: argparse.Namespace, repeat: int) -> dict:
     """
     run_dir = (args.out / f"{name.replace(' ', '_')}_{repeat}").resolve()
     overrides = [
-        "experiment=push_cube_ppo", f"device={args.device if ranks == 1 or args.device == 'cpu' else 'cuda:0'}",
-        f"env.num_envs={args.num_envs // ranks}", f"algorithm.batch_size={args.batch_size // ranks}",
-        f"trainer.iterations={args.iterations}", f"trainer.eval_freq={args.iterations + 1}", "trainer.fresh_eval=false",
-        "trainer.num_eval_episodes=64", "trainer.num_eval_envs=64", "trainer.progress=false", f"hydra.run.dir={run_dir}",
-    ]  # fmt: skip
+        "experiment=push_cube_ppo",
+        f"device={args.device if ranks == 1 or args.device == 'cpu' else 'cuda:0'}",
+        f"env.num_envs={args.num_envs // ranks}",
+        f"algorithm.batch_size={args.batch_size // ranks}",
+        f"trainer.iterations={args.iterations}",
+        f"trainer.eval_freq={args.iterations + 1}",
+        "trainer.fresh_eval=false",
+        "trainer.num_eval_episodes=64",
+        "trainer.num_eval_envs=64",
+        "trainer.progress=false",
+        f"hydra.run.dir={run_dir}",
+    ]
     if ranks == 1:
         cmd = [sys.executable, "-m", "rlchain", *overrides]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-               "-m", "rlchain.commands.train", *overrides]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={ranks}",
+            "-m",
+            "rlchain.commands.train",
+            *overrides,
+        ]
     threads = max(1, (os.cpu_count() or 1) // ranks) if args.device == "cpu" else 1
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -62,8 +77,12 @@ def run(name: str, ranks: int, args: argparse.Namespace, repeat: int) -> dict:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     summary = RunSummary.read(run_dir)
-    return {"iteration_sps": statistics.median(r["charts/SPS"] for r in rows[args.warmup :]),
-            "run_sps": summary.SPS, "success_rate": rows[-1].get("charts/success_rate"), "threads": threads}  # fmt: skip
+    return {
+        "iteration_sps": statistics.median(r["charts/SPS"] for r in rows[args.warmup :]),
+        "run_sps": summary.SPS,
+        "success_rate": rows[-1].get("charts/success_rate"),
+        "threads": threads,
+    }
 
 
 def main() -> None:
@@ -81,11 +100,16 @@ def main() -> None:
     configs = {"1 process": 1, "2 ranks": 2}
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     for repeat in range(args.repeats):  # alternate, so that a slow spell of the machine hits both
-        for name, ranks in (configs.items() if repeat % 2 == 0 else reversed(configs.items())):
+        for name, ranks in configs.items() if repeat % 2 == 0 else reversed(configs.items()):
             runs[name].append(run(name, ranks, args, repeat))
             print(f"{name} #{repeat}: {runs[name][-1]}", flush=True)
-    result = {"device": args.device, "num_envs": args.num_envs, "batch_size": args.batch_size,
-              "iterations": args.iterations, "configs": {}}  # fmt: skip
+    result = {
+        "device": args.device,
+        "num_envs": args.num_envs,
+        "batch_size": args.batch_size,
+        "iterations": args.iterations,
+        "configs": {},
+    }
     for name, results in runs.items():
         result["configs"][name] = {
             "iteration_sps": statistics.median(r["iteration_sps"] for r in results),

@@ -91,8 +91,16 @@ def run_seeds(jobs: list[tuple[str, int]], out: Path) -> dict[tuple[str, int], d
         while queue and free:
             (preset, seed), core = queue.pop(0), free.pop(0)
             run_dir = out / f"{preset}_{seed}"
-            cmd = [sys.executable, "-m", "rlchain", f"experiment={preset}", f"seed={seed}", "device=cpu",
-                   "trainer.progress=false", f"hydra.run.dir={run_dir}"]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "rlchain",
+                f"experiment={preset}",
+                f"seed={seed}",
+                "device=cpu",
+                "trainer.progress=false",
+                f"hydra.run.dir={run_dir}",
+            ]
             proc = launch(cmd, core, out / f"{preset}_{seed}.log", WANDB_MODE="disabled")
             running[proc] = (preset, seed, core, run_dir, time.perf_counter())
         while not (ended := [p for p in running if p.poll() is not None]):
@@ -102,8 +110,13 @@ def run_seeds(jobs: list[tuple[str, int]], out: Path) -> dict[tuple[str, int], d
         free.append(core)
         finish(proc, f"{preset} seed {seed}")
         curve, seconds = read_run(run_dir)
-        results[preset, seed] = {"seed": seed, "run_dir": str(run_dir), "curve": curve, "training_s": seconds,
-                                 "wall_s": time.perf_counter() - start}  # fmt: skip
+        results[preset, seed] = {
+            "seed": seed,
+            "run_dir": str(run_dir),
+            "curve": curve,
+            "training_s": seconds,
+            "wall_s": time.perf_counter() - start,
+        }
     return results
 
 
@@ -117,29 +130,52 @@ def learning_row(name: str, preset: str, seeds: list[int], bar: float, budget: i
     within = [v for s, v in zip(steps, mean) if s <= budget]
     at_budget = within[-1] if within else float("nan")
     return {
-        "name": name, "preset": preset, "seeds": seeds, "bar": bar, "budget": budget,
-        "steps_to_bar": reached, "eval_return_at_budget": at_budget, "best_eval_return_within_budget": max(within),
+        "name": name,
+        "preset": preset,
+        "seeds": seeds,
+        "bar": bar,
+        "budget": budget,
+        "steps_to_bar": reached,
+        "eval_return_at_budget": at_budget,
+        "best_eval_return_within_budget": max(within),
         "met": reached is not None and reached <= budget,
         "wall_s_per_seed": float(np.mean([r["wall_s"] for r in runs])),
         "training_s_per_seed": float(np.mean([r["training_s"] for r in runs])),
-    }  # fmt: skip
+    }
 
 
-def mujoco_row(name: str, preset: str, seeds: list[int], bar: float, budget: int, max_training_s: float | None,
-               runs: dict) -> dict:  # fmt: skip
+def mujoco_row(
+    name: str, preset: str, seeds: list[int], bar: float, budget: int, max_training_s: float | None, runs: dict
+) -> dict:
     """The mean over the seeds of ``preset``'s eval return at ``budget`` env steps (``runs``: :func:`run_seeds`)
     against ``bar``, and each seed's training seconds against ``max_training_s``."""
     runs = [runs[preset, seed] for seed in seeds]
     per_seed = []
     for r in runs:
         within = [(s, v) for s, v in r["curve"] if s <= budget]
-        per_seed.append({"seed": r["seed"], "global_step": within[-1][0], "eval_return": within[-1][1],
-                         "training_s": r["training_s"], "wall_s": r["wall_s"], "run_dir": r["run_dir"]})  # fmt: skip
+        per_seed.append(
+            {
+                "seed": r["seed"],
+                "global_step": within[-1][0],
+                "eval_return": within[-1][1],
+                "training_s": r["training_s"],
+                "wall_s": r["wall_s"],
+                "run_dir": r["run_dir"],
+            }
+        )
     mean = float(np.mean([r["eval_return"] for r in per_seed]))
     fast = max_training_s is None or all(r["training_s"] <= max_training_s for r in per_seed)
-    return {"name": name, "preset": preset, "seeds": seeds, "bar": bar, "budget": budget,
-            "max_training_s": max_training_s, "per_seed": per_seed, "mean_eval_return": mean,
-            "met": mean >= bar and fast}  # fmt: skip
+    return {
+        "name": name,
+        "preset": preset,
+        "seeds": seeds,
+        "bar": bar,
+        "budget": budget,
+        "max_training_s": max_training_s,
+        "per_seed": per_seed,
+        "mean_eval_return": mean,
+        "met": mean >= bar and fast,
+    }
 
 
 class ReplayPolicy:
@@ -171,8 +207,12 @@ def overhead_round(env_id: str, num_envs: int, block: int = 256, repeats: int = 
     from rlchain.core.collector import SyncCollector
     from rlchain.core.envs import GymVecEnv
 
-    raw = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                       vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})  # fmt: skip
+    raw = gym.make_vec(
+        env_id,
+        num_envs=num_envs,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+    )
     raw.reset(seed=0)
     raw.action_space.seed(0)
     actions = [raw.action_space.sample() for _ in range(256)]
@@ -200,12 +240,22 @@ def overhead_row(env_id: str, num_envs: int, rounds: int = 5) -> dict:
     ``overhead_us`` is the time the adapter and the collector add to one
     vector step (all ``num_envs`` envs) in the median round, in microseconds.
     """
-    results = sorted((adapted / direct, direct, adapted) for direct, adapted in
-                     (overhead_round(env_id, num_envs) for _ in range(rounds)))  # fmt: skip
+    results = sorted(
+        (adapted / direct, direct, adapted)
+        for direct, adapted in (overhead_round(env_id, num_envs) for _ in range(rounds))
+    )
     ratio, direct, adapted = results[len(results) // 2]
-    return {"name": f"adapter overhead ({env_id}, {num_envs} envs, sync)", "env_id": env_id, "num_envs": num_envs,
-            "direct_SPS": direct, "rlchain_SPS": adapted, "ratio": ratio, "overhead_us": 1e6 * num_envs * (1 / adapted - 1 / direct),
-            "ratios": [r[0] for r in results], "met": ratio >= 0.9}  # fmt: skip
+    return {
+        "name": f"adapter overhead ({env_id}, {num_envs} envs, sync)",
+        "env_id": env_id,
+        "num_envs": num_envs,
+        "direct_SPS": direct,
+        "rlchain_SPS": adapted,
+        "ratio": ratio,
+        "overhead_us": 1e6 * num_envs * (1 / adapted - 1 / direct),
+        "ratios": [r[0] for r in results],
+        "met": ratio >= 0.9,
+    }
 
 
 def main() -> None:
@@ -231,10 +281,13 @@ def main() -> None:
         row = overhead_row(env_id, num_envs, rounds=args.rounds)
         rows.append(row)
         verdict = ("met" if row["met"] else "NOT met") if target else "reference"
-        print(f"{row['name']}: median of {args.rounds} rounds: gymnasium {row['direct_SPS']:,.0f} steps/s, env=gym "
-              f"collection {row['rlchain_SPS']:,.0f} steps/s, ratio {row['ratio']:.3f} (rounds "
-              f"{min(row['ratios']):.3f}-{max(row['ratios']):.3f}), {row['overhead_us']:.1f} us per vector step "
-              f"(target >= 0.9): {verdict}", flush=True)  # fmt: skip
+        print(
+            f"{row['name']}: median of {args.rounds} rounds: gymnasium {row['direct_SPS']:,.0f} steps/s, env=gym "
+            f"collection {row['rlchain_SPS']:,.0f} steps/s, ratio {row['ratio']:.3f} (rounds "
+            f"{min(row['ratios']):.3f}-{max(row['ratios']):.3f}), {row['overhead_us']:.1f} us per vector step "
+            f"(target >= 0.9): {verdict}",
+            flush=True,
+        )
     chosen = set(args.preset or [spec[1] for spec in LEARNING + MUJOCO])
     learning = [spec for spec in LEARNING if args.only in (None, "learning") and spec[1] in chosen]
     mujoco = [spec for spec in MUJOCO if args.only in (None, "mujoco") and spec[1] in chosen]
@@ -249,18 +302,27 @@ def main() -> None:
             row = learning_row(*spec, runs)
             rows.append(row)
             reached = "never" if row["steps_to_bar"] is None else f"{row['steps_to_bar']:,}"
-            print(f"{row['name']} (seeds {row['seeds']}): eval return {row['bar']:g} reached at {reached} env steps "
-                  f"(budget {row['budget']:,}); eval return at budget {row['eval_return_at_budget']:.1f}, best "
-                  f"{row['best_eval_return_within_budget']:.1f}; {row['training_s_per_seed']:.0f} training s, "
-                  f"{row['wall_s_per_seed']:.0f} wall s per seed: {'met' if row['met'] else 'NOT met'}", flush=True)  # fmt: skip
+            print(
+                f"{row['name']} (seeds {row['seeds']}): eval return {row['bar']:g} reached at {reached} env steps "
+                f"(budget {row['budget']:,}); eval return at budget {row['eval_return_at_budget']:.1f}, best "
+                f"{row['best_eval_return_within_budget']:.1f}; {row['training_s_per_seed']:.0f} training s, "
+                f"{row['wall_s_per_seed']:.0f} wall s per seed: {'met' if row['met'] else 'NOT met'}",
+                flush=True,
+            )
         for spec in mujoco:
             row = mujoco_row(*spec, runs)
             rows.append(row)
-            seeds = "; ".join(f"seed {r['seed']}: {r['eval_return']:,.0f} at {r['global_step']:,} steps, "
-                              f"{r['training_s']:.0f} training s, {r['wall_s']:.0f} wall s" for r in row["per_seed"])  # fmt: skip
+            seeds = "; ".join(
+                f"seed {r['seed']}: {r['eval_return']:,.0f} at {r['global_step']:,} steps, "
+                f"{r['training_s']:.0f} training s, {r['wall_s']:.0f} wall s"
+                for r in row["per_seed"]
+            )
             time_bar = f", at most {row['max_training_s']:g} training s per seed" if row["max_training_s"] else ""
-            print(f"{row['name']}: mean eval return {row['mean_eval_return']:,.0f} (target >= {row['bar']:,g}"
-                  f"{time_bar}) ({seeds}): {'met' if row['met'] else 'NOT met'}", flush=True)  # fmt: skip
+            print(
+                f"{row['name']}: mean eval return {row['mean_eval_return']:,.0f} (target >= {row['bar']:,g}"
+                f"{time_bar}) ({seeds}): {'met' if row['met'] else 'NOT met'}",
+                flush=True,
+            )
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
 

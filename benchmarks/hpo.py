@@ -41,9 +41,18 @@ def run_search(name: str, extra: list[str], args: argparse.Namespace) -> dict:
         RuntimeError: the multirun exited non-zero (its stderr tail is included).
     """
     sweep_dir = (args.out / name).resolve()
-    cmd = [sys.executable, "-m", "rlchain", "-m", "hparams_search=ppo_push_cube_optuna",
-           f"hydra.sweep.dir={sweep_dir}", f"hydra.sweeper.n_trials={args.trials}",
-           f"hydra.launcher.jobs_per_device={args.slots}", f"device={args.device}", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlchain",
+        "-m",
+        "hparams_search=ppo_push_cube_optuna",
+        f"hydra.sweep.dir={sweep_dir}",
+        f"hydra.sweeper.n_trials={args.trials}",
+        f"hydra.launcher.jobs_per_device={args.slots}",
+        f"device={args.device}",
+        *extra,
+    ]
     start = time.perf_counter()
     proc = subprocess.run(cmd, env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -54,9 +63,17 @@ def run_search(name: str, extra: list[str], args: argparse.Namespace) -> dict:
     best = RunSummary.read(results["best_job_dir"])
     fresh = best.best_fresh_objective if best is not None else None
     steps = sum(j.summary.global_step for j in load_jobs(sweep_dir) if j.summary is not None)
-    return {"name": name, "wall_s": wall, "env_steps": steps, "best_value": results["best_value"],
-            "best_trial": results["best_trial"], "best_params": results["best_params"],
-            "best_fresh": fresh, "trials": results["trials"], "sweep_dir": str(sweep_dir)}  # fmt: skip
+    return {
+        "name": name,
+        "wall_s": wall,
+        "env_steps": steps,
+        "best_value": results["best_value"],
+        "best_trial": results["best_trial"],
+        "best_params": results["best_params"],
+        "best_fresh": fresh,
+        "trials": results["trials"],
+        "sweep_dir": str(sweep_dir),
+    }
 
 
 def main() -> None:
@@ -76,12 +93,16 @@ def main() -> None:
         fresh = r["best_fresh"]
         shown = f"{fresh['mean']:.3f} [{fresh['ci95_low']:.3f}, {fresh['ci95_high']:.3f}]" if fresh else "-"
         states = ", ".join(f"{v} {k}" for k, v in r["trials"].items())
-        print(f"| {r['name']} | {r['env_steps'] / 1e6:.2f}M | {r['wall_s']:.0f} | {r['best_value']:.4f} "
-              f"({r['best_trial']}) | {shown} | {states} |")  # fmt: skip
+        print(
+            f"| {r['name']} | {r['env_steps'] / 1e6:.2f}M | {r['wall_s']:.0f} | {r['best_value']:.4f} "
+            f"({r['best_trial']}) | {shown} | {states} |"
+        )
     unpruned, pruned = runs
-    print(f"pruned / unpruned: env steps {pruned['env_steps'] / unpruned['env_steps']:.2f}, "
-          f"wall {pruned['wall_s'] / unpruned['wall_s']:.2f}, "
-          f"best objective {pruned['best_value'] - unpruned['best_value']:+.4f}")  # fmt: skip
+    print(
+        f"pruned / unpruned: env steps {pruned['env_steps'] / unpruned['env_steps']:.2f}, "
+        f"wall {pruned['wall_s'] / unpruned['wall_s']:.2f}, "
+        f"best objective {pruned['best_value'] - unpruned['best_value']:+.4f}"
+    )
     if args.json is not None:
         args.json.write_text(json.dumps(runs, indent=2))
 

@@ -78,7 +78,9 @@ def collection_floor(env, policy, rollout: TensorDict) -> float:
 def update_floor(policy, rollout: TensorDict, n_epochs: int, batch_size: int) -> float:
     """Seconds of the bare actor and critic forward and backward passes over the update's minibatches."""
     generator = torch.Generator().manual_seed(0)
-    batches = [batch["obs"] for _ in range(n_epochs) for batch in minibatches(rollout.reshape(-1), batch_size, generator)]
+    batches = [
+        batch["obs"] for _ in range(n_epochs) for batch in minibatches(rollout.reshape(-1), batch_size, generator)
+    ]
 
     def run() -> None:
         for obs in batches:
@@ -95,8 +97,12 @@ def build_preset(seed: int):
     cfg = compose_config(["experiment=push_cube_ppo", f"seed={seed}", "device=cpu"])
     torch.manual_seed(seed)
     env = instantiate(cfg.env, _convert_="all")
-    policy = instantiate(cfg.policy, observation_space=env.single_observation_space,
-                         action_space=env.single_action_space, _convert_="all")  # fmt: skip
+    policy = instantiate(
+        cfg.policy,
+        observation_space=env.single_observation_space,
+        action_space=env.single_action_space,
+        _convert_="all",
+    )
     algorithm = instantiate(cfg.algorithm, policy=policy, _convert_="all")
     collector = SyncCollector(env, policy, int(cfg.trainer.rollout_steps), reset_options=algorithm.reset_options)
     return cfg, env, policy, algorithm, collector
@@ -136,8 +142,10 @@ def main() -> None:
     if args.vs_rsl_rl is not None:
         measured = json.loads(args.vs_rsl_rl.read_text())["mean"]["ratio_rlchain_over_rsl_rl"]["SPS"]
         mean["sps_ratio_measured"], mean["sps_ratio_ceiling"] = measured, measured * mean["headroom"]
-        print(f"\nSPS ratio against rsl_rl: measured {measured:.2f}, ceiling {mean['sps_ratio_ceiling']:.2f} "
-              f"(measured x headroom {mean['headroom']:.2f})")  # fmt: skip
+        print(
+            f"\nSPS ratio against rsl_rl: measured {measured:.2f}, ceiling {mean['sps_ratio_ceiling']:.2f} "
+            f"(measured x headroom {mean['headroom']:.2f})"
+        )
     if args.out is not None:
         args.out.write_text(json.dumps({"iterations": args.iterations, "seed": args.seed, **mean}, indent=2))
 

@@ -97,13 +97,20 @@ def main() -> None:
     mean["eval (per iteration)"] = eval_s / int(cfg.trainer.eval_freq)
     total = mean["collect"] + mean["update"] + mean["eval (per iteration)"]
 
-    print(f"| phase | s / iteration | share |   (one evaluation: {eval_s:.3f} s every {cfg.trainer.eval_freq} iterations)")
+    print(
+        f"| phase | s / iteration | share |   (one evaluation: {eval_s:.3f} s every {cfg.trainer.eval_freq} iterations)"
+    )
     print("|---|---:|---:|")
     for phase in ("collect", "gae", "update passes", "adam", "eval (per iteration)"):
         print(f"| {phase} | {mean[phase]:.4f} | {mean[phase] / total:.0%} |")
     print(f"| iteration | {total:.4f} | 100% |")
     if args.out is not None:
-        args.out.write_text(json.dumps({"iterations": args.iterations, "seed": args.seed, "compile_s": compile_s, "eval_s": eval_s, **mean}, indent=2))
+        args.out.write_text(
+            json.dumps(
+                {"iterations": args.iterations, "seed": args.seed, "compile_s": compile_s, "eval_s": eval_s, **mean},
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

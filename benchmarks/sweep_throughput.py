@@ -54,11 +54,15 @@ def main() -> None:
     args = parser.parse_args()
 
     job_args = [
-        f"env.num_envs={args.num_envs}", f"trainer.rollout_steps={args.rollout_steps}",
-        f"trainer.iterations={args.iterations}", f"trainer.eval_freq={args.iterations}",
-        "trainer.num_eval_envs=64", "trainer.num_eval_episodes=64", "trainer.progress=false",
+        f"env.num_envs={args.num_envs}",
+        f"trainer.rollout_steps={args.rollout_steps}",
+        f"trainer.iterations={args.iterations}",
+        f"trainer.eval_freq={args.iterations}",
+        "trainer.num_eval_envs=64",
+        "trainer.num_eval_episodes=64",
+        "trainer.progress=false",
         f"algorithm.batch_size={min(2048, args.num_envs * args.rollout_steps)}",
-    ]  # fmt: skip
+    ]
     if args.device == "cuda":
         basic = ["hydra/launcher=basic", "device=cuda"]
         devices = ["hydra.launcher.devices=[0]", f"hydra.launcher.jobs_per_device={args.slots}"]
@@ -74,12 +78,21 @@ def main() -> None:
         devices_s = run_sweep(devices, job_args, seeds, Path(tmp))
 
     results = {
-        "device": args.device, "jobs": args.jobs, "slots": args.slots, "cpu_cores": len(os.sched_getaffinity(0)),
-        "env_steps_per_job": steps // args.jobs, "basic_wall_s": basic_s, "devices_wall_s": devices_s,
-        "basic_SPS": steps / basic_s, "devices_SPS": steps / devices_s, "speedup": basic_s / devices_s,
-    }  # fmt: skip
-    print(f"{args.jobs} push_cube PPO jobs x {steps // args.jobs:,} env steps on {args.device} "
-          f"({results['cpu_cores']} CPU cores)")  # fmt: skip
+        "device": args.device,
+        "jobs": args.jobs,
+        "slots": args.slots,
+        "cpu_cores": len(os.sched_getaffinity(0)),
+        "env_steps_per_job": steps // args.jobs,
+        "basic_wall_s": basic_s,
+        "devices_wall_s": devices_s,
+        "basic_SPS": steps / basic_s,
+        "devices_SPS": steps / devices_s,
+        "speedup": basic_s / devices_s,
+    }
+    print(
+        f"{args.jobs} push_cube PPO jobs x {steps // args.jobs:,} env steps on {args.device} "
+        f"({results['cpu_cores']} CPU cores)"
+    )
     print(f"{'launcher':<34}{'wall s':>10}{'sweep SPS':>14}")
     print(f"{'basic (one job at a time)':<34}{basic_s:>10.1f}{results['basic_SPS']:>14,.0f}")
     print(f"{f'devices ({args.slots} slots)':<34}{devices_s:>10.1f}{results['devices_SPS']:>14,.0f}")

@@ -44,8 +44,15 @@ BARS = (0.6, 0.9)
 def run(name: str, seed: int, out: Path, extra: list[str]) -> dict[str, object]:
     """Train one configuration and return its row of the table."""
     run_dir = out / f"{name}_seed{seed}"
-    overrides = [*RUNS[name], f"seed={seed}", "device=cpu", f"trainer.output_dir={run_dir}",
-                 f"exp_name=bench_{name}", "trainer.progress=false", *extra]  # fmt: skip
+    overrides = [
+        *RUNS[name],
+        f"seed={seed}",
+        "device=cpu",
+        f"trainer.output_dir={run_dir}",
+        f"exp_name=bench_{name}",
+        "trainer.progress=false",
+        *extra,
+    ]
     with initialize_config_module("rlchain.conf", version_base="1.3"):
         cfg = compose("train", overrides=overrides)
     summary = train(cfg)
@@ -56,8 +63,13 @@ def run(name: str, seed: int, out: Path, extra: list[str]) -> dict[str, object]:
         reached = next((r for r in evals if r["eval/success_rate"] >= bar), None)
         row[f"steps_to_{bar}"] = reached["global_step"] if reached else None
         row[f"seconds_to_{bar}"] = reached["time/elapsed_s"] if reached else None
-    row.update(final_success=evals[-1]["eval/success_rate"], best_success=summary.best_eval_success_rate,
-               total_steps=summary.global_step, total_seconds=summary.elapsed_s, SPS=summary.SPS)  # fmt: skip
+    row.update(
+        final_success=evals[-1]["eval/success_rate"],
+        best_success=summary.best_eval_success_rate,
+        total_steps=summary.global_step,
+        total_seconds=summary.elapsed_s,
+        SPS=summary.SPS,
+    )
     return row
 
 
@@ -80,11 +92,15 @@ def main() -> None:
         steps, secs = r[f"steps_to_{bar}"], r[f"seconds_to_{bar}"]
         return f"{steps / 1e6:.2f}M / {secs:.0f} s" if steps else "not reached"
 
-    print("\n| run | seed | 0.6 at (env steps / wall s) | 0.9 at | final eval success | best | env steps | wall s | SPS |")
+    print(
+        "\n| run | seed | 0.6 at (env steps / wall s) | 0.9 at | final eval success | best | env steps | wall s | SPS |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['run']} | {r['seed']} | {reached(r, 0.6)} | {reached(r, 0.9)} | {r['final_success']:.3f} | "
-              f"{r['best_success']:.3f} | {r['total_steps'] / 1e6:.2f}M | {r['total_seconds']:.0f} | {r['SPS']:,.0f} |")  # fmt: skip
+        print(
+            f"| {r['run']} | {r['seed']} | {reached(r, 0.6)} | {reached(r, 0.9)} | {r['final_success']:.3f} | "
+            f"{r['best_success']:.3f} | {r['total_steps'] / 1e6:.2f}M | {r['total_seconds']:.0f} | {r['SPS']:,.0f} |"
+        )
 
 
 if __name__ == "__main__":

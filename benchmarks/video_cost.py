@@ -46,7 +46,9 @@ def pair(common: list[str], video_core: int, cwd: Path) -> dict[str, float]:
     plain_core = next(c for c in cores if c != video_core) if len(cores) > 1 else video_core
     procs = {
         "plain": start([*common, f"hydra.run.dir={cwd / 'plain'}"], plain_core, cwd, cwd / "plain.log"),
-        "video": start([*common, "trainer.video=true", f"hydra.run.dir={cwd / 'video'}"], video_core, cwd, cwd / "video.log"),
+        "video": start(
+            [*common, "trainer.video=true", f"hydra.run.dir={cwd / 'video'}"], video_core, cwd, cwd / "video.log"
+        ),
     }
     walls: dict[str, float] = {}
     while len(walls) < len(procs):  # each process's own end, whichever ends first
@@ -83,16 +85,30 @@ def main() -> None:
     ratios = [p["video"] / p["plain"] for p in pairs]
     # The video's own cost, free of the cores' speeds: the extra evaluation seconds over the plain run's loop.
     shares = [(p["video_eval_s"] - p["plain_eval_s"]) / p["plain_loop_s"] for p in pairs]
-    results = {"device": args.device, "iterations": args.iterations or 400, "pairs": pairs, "ratios": ratios,
-               "mean_ratio": sum(ratios) / len(ratios), "eval_shares": shares,
-               "mean_eval_share": sum(shares) / len(shares)}  # fmt: skip
-    print(f"push_cube_ppo on {args.device}, {results['iterations']} iterations, one thread per run, cores swapped between pairs")
-    print(f"{'pair':<6}{'no video s':>12}{'video s':>10}{'ratio':>8}{'eval s':>14}{'extra/loop':>12}{'videos':>8}{'MB':>7}")
+    results = {
+        "device": args.device,
+        "iterations": args.iterations or 400,
+        "pairs": pairs,
+        "ratios": ratios,
+        "mean_ratio": sum(ratios) / len(ratios),
+        "eval_shares": shares,
+        "mean_eval_share": sum(shares) / len(shares),
+    }
+    print(
+        f"push_cube_ppo on {args.device}, {results['iterations']} iterations, one thread per run, cores swapped between pairs"
+    )
+    print(
+        f"{'pair':<6}{'no video s':>12}{'video s':>10}{'ratio':>8}{'eval s':>14}{'extra/loop':>12}{'videos':>8}{'MB':>7}"
+    )
     for i, (p, r, x) in enumerate(zip(pairs, ratios, shares)):
         evals = f"{p['plain_eval_s']:.1f}/{p['video_eval_s']:.1f}"
-        print(f"{i:<6}{p['plain']:>12.1f}{p['video']:>10.1f}{r:>8.3f}{evals:>14}{x:>12.1%}{p['videos']:>8}{p['video_mb']:>7.1f}")
-    print(f"mean wall ratio (video / no video): {results['mean_ratio']:.3f}; "
-          f"mean extra evaluation time over the loop: {results['mean_eval_share']:.1%}")
+        print(
+            f"{i:<6}{p['plain']:>12.1f}{p['video']:>10.1f}{r:>8.3f}{evals:>14}{x:>12.1%}{p['videos']:>8}{p['video_mb']:>7.1f}"
+        )
+    print(
+        f"mean wall ratio (video / no video): {results['mean_ratio']:.3f}; "
+        f"mean extra evaluation time over the loop: {results['mean_eval_share']:.1%}"
+    )
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

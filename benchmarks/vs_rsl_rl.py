@@ -212,14 +212,21 @@ def rsl_rl_train_cfg(cfg) -> dict[str, Any]:
         raise ValueError("only algorithm.lr_schedule=constant without stop_at_target_kl is matched (rsl_rl's 'fixed')")
     if (num_envs * steps) % algo["batch_size"]:
         raise ValueError(f"batch_size={algo['batch_size']} does not divide the rollout's {num_envs * steps} samples")
-    mlp = {"class_name": "MLPModel", "hidden_dims": list(policy["hidden_sizes"]),
-           "activation": ACTIVATIONS[policy["activation"]], "obs_normalization": bool(policy["obs_normalization"])}  # fmt: skip
-    actor = dict(mlp, distribution_cfg={
-        "class_name": "GaussianDistribution",
-        "init_std": math.exp(policy["init_log_std"]),
-        "std_type": "log",
-        "std_range": (math.exp(policy["log_std_min"]), math.exp(policy["log_std_max"])),
-    })  # fmt: skip
+    mlp = {
+        "class_name": "MLPModel",
+        "hidden_dims": list(policy["hidden_sizes"]),
+        "activation": ACTIVATIONS[policy["activation"]],
+        "obs_normalization": bool(policy["obs_normalization"]),
+    }
+    actor = dict(
+        mlp,
+        distribution_cfg={
+            "class_name": "GaussianDistribution",
+            "init_std": math.exp(policy["init_log_std"]),
+            "std_type": "log",
+            "std_range": (math.exp(policy["log_std_min"]), math.exp(policy["log_std_max"])),
+        },
+    )
     return {
         "num_steps_per_env": steps,
         "save_interval": int(cfg.trainer.iterations) + 1,  # model_0.pt and the final model only
@@ -334,7 +341,9 @@ def run_rsl_rl(seed: int, out: Path, device: str, iterations: int | None, num_en
     RslRlVecEnv, RslRlPolicy = _rsl_rl_classes()
     torch.manual_seed(cfg.seed)  # as rlchain.commands.train.train, before anything is built
     env = instantiate(cfg.env, _convert_="all")  # as rlchain.commands.train.build: seed=cfg.seed
-    eval_env = instantiate(cfg.env, _partial_=True, _convert_="all")(num_envs=int(cfg.trainer.num_eval_envs), seed=seed + 1)
+    eval_env = instantiate(cfg.env, _partial_=True, _convert_="all")(
+        num_envs=int(cfg.trainer.num_eval_envs), seed=seed + 1
+    )
     runner = OnPolicyRunner(RslRlVecEnv(env), train_cfg, log_dir=str(out / "log"), device=str(env.device))
     policy = RslRlPolicy(runner.alg.actor, runner.alg.critic)
     steps_per_iteration = env.num_envs * train_cfg["num_steps_per_env"]
@@ -345,8 +354,12 @@ def run_rsl_rl(seed: int, out: Path, device: str, iterations: int | None, num_en
         # Called after learn_time was measured and before the next iteration's clock starts.
         log(**kwargs)
         iteration = kwargs["it"] + 1
-        row: dict[str, Any] = {"global_step": iteration * steps_per_iteration, "charts/iteration": iteration,
-                               "time/collect_s": kwargs["collect_time"], "time/update_s": kwargs["learn_time"]}  # fmt: skip
+        row: dict[str, Any] = {
+            "global_step": iteration * steps_per_iteration,
+            "charts/iteration": iteration,
+            "time/collect_s": kwargs["collect_time"],
+            "time/update_s": kwargs["learn_time"],
+        }
         if iteration % eval_freq == 0 or iteration == total:
             start = time.perf_counter()
             stats = evaluate(eval_env, policy, num_episodes=episodes, seed=seed + 1)
@@ -428,7 +441,10 @@ def git_state() -> dict[str, Any]:
         return subprocess.run(["git", *cmd], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
 
     try:
-        state.update(commit=git("rev-parse", "HEAD"), src_or_conf_modified=bool(git("status", "--porcelain", "--", "src", "conf")))
+        state.update(
+            commit=git("rev-parse", "HEAD"),
+            src_or_conf_modified=bool(git("status", "--porcelain", "--", "src", "conf")),
+        )
     except (OSError, subprocess.CalledProcessError):
         pass  # not a git checkout (an exported tree): the root says which
     return state
@@ -452,21 +468,40 @@ def benchmark(args: argparse.Namespace) -> None:
     train_cmd = [train] if train else [sys.executable, "-m", "rlchain"]
     concurrent = args.device == "cpu"
     experiment = experiment_override()
-    print(f"rsl-rl-lib {metadata.version('rsl-rl-lib')}, runs in {out}; sides run "
-          f"{'at the same time on cores ' + str(cores) if concurrent else 'one after the other'}", flush=True)  # fmt: skip
+    print(
+        f"rsl-rl-lib {metadata.version('rsl-rl-lib')}, runs in {out}; sides run "
+        f"{'at the same time on cores ' + str(cores) if concurrent else 'one after the other'}",
+        flush=True,
+    )
 
     load_before = os.getloadavg()
     results: dict[str, Any] = {}
     for index, seed in enumerate(args.seeds):
         rl_dir, rsl_dir = out / f"rlchain_seed{seed}", out / f"rsl_rl_seed{seed}"
         common = overrides(experiment, seed, args.device, args.iterations, args.num_envs)
-        rl_cmd = [*train_cmd, *common, f"trainer.output_dir={rl_dir}", f"hydra.run.dir={rl_dir}", "trainer.progress=false"]
+        rl_cmd = [
+            *train_cmd,
+            *common,
+            f"trainer.output_dir={rl_dir}",
+            f"hydra.run.dir={rl_dir}",
+            "trainer.progress=false",
+        ]
         rl_environ = {}
         if args.compile:
             rl_cmd.append("trainer.compile=true")
             rl_environ["TORCHINDUCTOR_CACHE_DIR"] = str(out / f"inductor_cache_seed{seed}")  # compiles from nothing
-        rsl_cmd = [sys.executable, str(Path(__file__).resolve()), "--side", "rsl_rl", "--seed", str(seed),
-                   "--out", str(rsl_dir), "--device", args.device]  # fmt: skip
+        rsl_cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--side",
+            "rsl_rl",
+            "--seed",
+            str(seed),
+            "--out",
+            str(rsl_dir),
+            "--device",
+            args.device,
+        ]
         if args.iterations is not None:
             rsl_cmd += ["--iterations", str(args.iterations)]
         if args.num_envs is not None:
@@ -488,9 +523,18 @@ def benchmark(args: argparse.Namespace) -> None:
         }
         print(f"  done in {time.perf_counter() - start:.0f} s", flush=True)
 
-    keys = ("SPS", "SPS_without_compile", "compile_s", "collect_s_per_iter", "update_s_per_iter",
-            f"steps_to_{BAR}", "final_eval_success")  # fmt: skip
-    mean_row = {side: {k: mean([results[str(s)][side][k] for s in args.seeds]) for k in keys} for side in ("rlchain", "rsl_rl")}
+    keys = (
+        "SPS",
+        "SPS_without_compile",
+        "compile_s",
+        "collect_s_per_iter",
+        "update_s_per_iter",
+        f"steps_to_{BAR}",
+        "final_eval_success",
+    )
+    mean_row = {
+        side: {k: mean([results[str(s)][side][k] for s in args.seeds]) for k in keys} for side in ("rlchain", "rsl_rl")
+    }
     mean_row["ratio_rlchain_over_rsl_rl"] = ratios(mean_row["rlchain"], mean_row["rsl_rl"])
     import torch
 
@@ -520,27 +564,35 @@ def print_table(results: dict[str, Any], mean_row: dict[str, Any], seeds: list[i
     def steps(value: float | None, name: str) -> str:
         return f"{value / 1e6:.2f}M" if value is not None else "not reached" if name != "mean" else "n/a"
 
-    print("\n| seed | SPS rlchain | SPS rsl_rl | ratio | compile s rlchain | collect s/iter rlchain | rsl_rl | ratio "
-          f"| update s/iter rlchain | rsl_rl | ratio | steps to {BAR} rlchain | rsl_rl |")  # fmt: skip
+    print(
+        "\n| seed | SPS rlchain | SPS rsl_rl | ratio | compile s rlchain | collect s/iter rlchain | rsl_rl | ratio "
+        f"| update s/iter rlchain | rsl_rl | ratio | steps to {BAR} rlchain | rsl_rl |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = [(str(s), results[str(s)]) for s in seeds] + [("mean", mean_row)]
     for name, r in rows:
         rl, rsl, ratio = r["rlchain"], r["rsl_rl"], r["ratio_rlchain_over_rsl_rl"]
-        print(f"| {name} | {rl['SPS']:,.0f} | {rsl['SPS']:,.0f} | {ratio['SPS']:.2f} | {rl['compile_s']:.1f} "
-              f"| {rl['collect_s_per_iter']:.3f} | {rsl['collect_s_per_iter']:.3f} | {ratio['collect_s_per_iter']:.2f} "
-              f"| {rl['update_s_per_iter']:.3f} | {rsl['update_s_per_iter']:.3f} | {ratio['update_s_per_iter']:.2f} "
-              f"| {steps(rl[f'steps_to_{BAR}'], name)} | {steps(rsl[f'steps_to_{BAR}'], name)} |")  # fmt: skip
+        print(
+            f"| {name} | {rl['SPS']:,.0f} | {rsl['SPS']:,.0f} | {ratio['SPS']:.2f} | {rl['compile_s']:.1f} "
+            f"| {rl['collect_s_per_iter']:.3f} | {rsl['collect_s_per_iter']:.3f} | {ratio['collect_s_per_iter']:.2f} "
+            f"| {rl['update_s_per_iter']:.3f} | {rsl['update_s_per_iter']:.3f} | {ratio['update_s_per_iter']:.2f} "
+            f"| {steps(rl[f'steps_to_{BAR}'], name)} | {steps(rsl[f'steps_to_{BAR}'], name)} |"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--side", choices=["rsl_rl"], default=None, help="run one rsl_rl training (used by the benchmark)")
+    parser.add_argument(
+        "--side", choices=["rsl_rl"], default=None, help="run one rsl_rl training (used by the benchmark)"
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--seed", type=int, default=0, help="with --side rsl_rl")
     parser.add_argument("--iterations", type=int, default=None, help="default: the preset's (400)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the sides then run one after the other)")
     parser.add_argument("--num-envs", type=int, default=None, help="default: the preset's (512); e.g. 4096 on cuda")
-    parser.add_argument("--compile", action="store_true", help="rlchain with trainer.compile=true, compiling from an empty cache")
+    parser.add_argument(
+        "--compile", action="store_true", help="rlchain with trainer.compile=true, compiling from an empty cache"
+    )
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: a temp dir)")
     args = parser.parse_args()
     if args.side == "rsl_rl":

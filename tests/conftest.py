@@ -48,12 +48,26 @@ def cpu_sweep(tmp_path_factory):
     report's tests read the same sweep).
     """
     cwd = tmp_path_factory.mktemp("cpu_sweep")
-    proc = run_cli([
-        "-m", "sweep=grpo_push_cube", "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2",
-        # command-line values replace the preset's for the same key
-        "algorithm.group_size=8", "algorithm.kl_coef=0.0", "algorithm.learning_rate=1e-3,3e-4", "seed=0,1", *SHORT,
-        "env.episode_length=8", MEET, *FRESH,
-    ], cwd, **barrier_env(2, cwd / "barrier"), OMP_NUM_THREADS=None)  # fmt: skip  (the cores shared out: auto)
+    proc = run_cli(
+        [
+            "-m",
+            "sweep=grpo_push_cube",
+            "hydra.launcher.devices=[cpu]",
+            "hydra.launcher.jobs_per_device=2",
+            # command-line values replace the preset's for the same key
+            "algorithm.group_size=8",
+            "algorithm.kl_coef=0.0",
+            "algorithm.learning_rate=1e-3,3e-4",
+            "seed=0,1",
+            *SHORT,
+            "env.episode_length=8",
+            MEET,
+            *FRESH,
+        ],
+        cwd,
+        **barrier_env(2, cwd / "barrier"),
+        OMP_NUM_THREADS=None,  # the cores shared out: auto
+    )
     assert proc.returncode == 0, proc.stderr
     return sweep_dir_of(cwd), proc
 
@@ -72,7 +86,9 @@ def trained(tmp_path_factory):
 def user_run(tmp_path_factory):
     """A finished tiny run whose env and policy are a user's own (targets under ``tests.helpers``)."""
     cwd = tmp_path_factory.mktemp("user_run")
-    proc = run_cli(["--config-dir", str(HELPERS / "user_conf"), "env=line", "policy=wide", *TINY,
-                    f"hydra.run.dir={cwd / 'run'}"], cwd)  # fmt: skip
+    proc = run_cli(
+        ["--config-dir", str(HELPERS / "user_conf"), "env=line", "policy=wide", *TINY, f"hydra.run.dir={cwd / 'run'}"],
+        cwd,
+    )
     assert proc.returncode == 0, proc.stderr
     return cwd / "run"

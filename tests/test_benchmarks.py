@@ -18,10 +18,22 @@ def test_vs_rsl_rl_runs_both_sides_and_evaluates_them(tmp_path):
     pytest.importorskip("rsl_rl")
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "vs_rsl_rl.py"), "--seeds", "0", "--iterations", "2", "--num-envs", "64",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(BENCHMARKS / "vs_rsl_rl.py"),
+            "--seeds",
+            "0",
+            "--iterations",
+            "2",
+            "--num-envs",
+            "64",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     report = json.loads((out / "results.json").read_text())
     for side in ("rlchain", "rsl_rl"):

@@ -74,8 +74,12 @@ def test_a_name_of_0_1_0_is_the_object_of_today(old):
 def test_the_targets_of_a_0_1_0_config_name_todays_classes():
     config = OmegaConf.load(FIXTURE / ".hydra" / "config.yaml")
     targets = {group: config[group]["_target_"] for group in ("env", "policy", "algorithm", "trainer")}
-    assert targets == {"env": "rlchain.envs.push_cube.PushCubeEnv", "policy": "rlchain.policies.ActorCritic",
-                       "algorithm": "rlchain.algorithms.PPO", "trainer": "rlchain.trainer.Trainer"}  # fmt: skip
+    assert targets == {
+        "env": "rlchain.envs.push_cube.PushCubeEnv",
+        "policy": "rlchain.policies.ActorCritic",
+        "algorithm": "rlchain.algorithms.PPO",
+        "trainer": "rlchain.trainer.Trainer",
+    }
     for target in targets.values():
         assert get_class(target) is _get(PUBLIC_NAMES[target])
 
@@ -95,8 +99,11 @@ def test_a_0_1_0_run_evaluates(old_run, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [["format=torchscript", "checkpoint=latest"], ["--format", "torchscript", "--checkpoint", "latest"]],
-                         ids=["options", "the flags of 0.1.0"])  # fmt: skip
+@pytest.mark.parametrize(
+    "args",
+    [["format=torchscript", "checkpoint=latest"], ["--format", "torchscript", "--checkpoint", "latest"]],
+    ids=["options", "the flags of 0.1.0"],
+)
 def test_a_0_1_0_run_exports(old_run, tmp_path, args):
     out = tmp_path / "policy.pt"
     proc = run_cli([str(old_run), *args, f"output={out}"], tmp_path, module="rlchain.export")

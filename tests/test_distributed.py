@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from rlchain import distributed
 from rlchain.core.algorithms import GRPO, PPO
-from rlchain.run.checkpoint import load_checkpoint
 from rlchain.core.collector import SyncCollector
 from rlchain.core.envs import PushCubeEnv
 from rlchain.core.policies import ActorCritic
-from tensordict import TensorDict
+from rlchain.run.checkpoint import load_checkpoint
 from tests.helpers.runs import TINY, USER, rows, sigint_as_in_a_terminal, subprocess_env, summary_of, wait_for
 
 NUM_ENVS, STEPS, UPDATES = 16, 8, 3
@@ -84,7 +84,9 @@ def _grpo_updates(data, batch_size: int) -> list[dict]:
 def _rank(rank: int, port: int, out: str) -> None:
     """Rank ``rank`` of 2: its half of the envs (columns), the per-rank minibatch of half the samples."""
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     distributed.setup("cpu", timeout_s=60)
     data, policy = _rollout_and_policy()
     half = NUM_ENVS // 2
@@ -148,10 +150,24 @@ def test_two_ranks_keep_one_policy_and_update_as_one_process_on_all_the_envs(tmp
 def test_torchrun_trains_one_run_whose_files_rank_0_alone_writes(tmp_path):
     """``torchrun --nproc_per_node=2 -m rlchain.commands.train``: one run directory, global_step over both ranks, and
     every rank's envs in the checkpoint, from which a second torchrun run goes on."""
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "rlchain.commands.train"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "rlchain.commands.train",
+    ]
     args = [*TINY, "device=cpu", "hydra.run.dir=run"]
-    done = subprocess.run([*torchrun, *args], cwd=tmp_path, env=subprocess_env(OMP_NUM_THREADS="1"),
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [*torchrun, *args],
+        cwd=tmp_path,
+        env=subprocess_env(OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # rank 1 wrote nothing, not even Hydra's files
     run = tmp_path / "run"
@@ -162,16 +178,27 @@ def test_torchrun_trains_one_run_whose_files_rank_0_alone_writes(tmp_path):
     assert state["world_size"] == 2 and len(state["ranks"]) == 1
     assert not torch.equal(state["collector"]["obs"], state["ranks"][0]["collector"]["obs"])  # distinct envs
 
-    more = subprocess.run([*torchrun, *args, "trainer.resume_from=auto", "trainer.iterations=3"], cwd=tmp_path,
-                          env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)  # fmt: skip
+    more = subprocess.run(
+        [*torchrun, *args, "trainer.resume_from=auto", "trainer.iterations=3"],
+        cwd=tmp_path,
+        env=subprocess_env(OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert more.returncode == 0, more.stderr
     assert "resumed from" in more.stderr and "cannot restore" not in more.stderr and "process(es)" not in more.stderr
     assert summary_of(run).global_step == 3 * 8 * 16 * 2
 
     # One process goes on from the two ranks' checkpoint: the policy and the step count go on, the envs restart.
-    alone = subprocess.run([sys.executable, "-m", "rlchain.commands.train", *args, "trainer.resume_from=auto", "trainer.iterations=4"],
-                           cwd=tmp_path, env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                           timeout=300)  # fmt: skip
+    alone = subprocess.run(
+        [sys.executable, "-m", "rlchain.commands.train", *args, "trainer.resume_from=auto", "trainer.iterations=4"],
+        cwd=tmp_path,
+        env=subprocess_env(OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert alone.returncode == 0, alone.stderr
     assert "was saved by a run of 2 process(es) and this one has 1: policy, optimiser" in alone.stderr
     assert "every env is reset" in alone.stderr
@@ -184,10 +211,25 @@ def _start_ranks(tmp_path: Path, args: list[str], port: int | None = None) -> li
     port = port or _free_port()
     procs = []
     for rank in range(2):
-        env = subprocess_env(OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
-                             LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, "-m", "rlchain.commands.train", *args, "hydra.run.dir=run"], cwd=tmp_path,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+        env = subprocess_env(
+            OMP_NUM_THREADS="1",
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "rlchain.commands.train", *args, "hydra.run.dir=run"],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     return procs
 
 
@@ -202,8 +244,15 @@ def test_sigterm_to_every_rank_stops_both_after_one_iteration_saves_once_and_res
     stop after iteration 2, one latest.pt holds it, and the same command goes on to the end."""
     hold = tmp_path / "hold"
     hold.touch()
-    args = [*USER, "device=cpu", "trainer.iterations=6", "trainer.save_freq=100", "trainer.eval_freq=100",
-            "env.fault_rank=1", f"env.hold_step={hold}"]  # fmt: skip
+    args = [
+        *USER,
+        "device=cpu",
+        "trainer.iterations=6",
+        "trainer.save_freq=100",
+        "trainer.eval_freq=100",
+        "env.fault_rank=1",
+        f"env.hold_step={hold}",
+    ]
     first = [*args, "trainer.rollout_steps=8"]
     procs = _start_ranks(tmp_path, first)
     # Rank 1 holds at its first step: the run is inside iteration 1 on both ranks.
@@ -236,10 +285,30 @@ def test_ctrl_c_at_torchrun_stops_both_ranks_after_the_same_iteration_and_saves_
     they stop after the iteration rank 1 is in, and one latest.pt holds it (torchrun then exits non-zero)."""
     hold = tmp_path / "hold"
     hold.touch()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "rlchain.commands.train",
-           *USER, "device=cpu", "trainer.iterations=6", "env.fault_rank=1", f"env.hold_step={hold}", "hydra.run.dir=run"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=subprocess_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_in_a_terminal)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "rlchain.commands.train",
+        *USER,
+        "device=cpu",
+        "trainer.iterations=6",
+        "env.fault_rank=1",
+        f"env.hold_step={hold}",
+        "hydra.run.dir=run",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=subprocess_env(OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_in_a_terminal,
+    )
     wait_for(lambda: Path(f"{hold}.waiting").exists(), "rank 1 to hold its step", proc)
     proc.send_signal(signal.SIGINT)
     hold.unlink()
@@ -258,14 +327,25 @@ def test_ctrl_c_at_torchrun_stops_both_ranks_after_the_same_iteration_and_saves_
 def test_a_rank_that_raises_ends_the_run_with_its_error(tmp_path):
     """Rank 1's env raises at its 10th step (iteration 2): rank 0, waiting for it in a collective, ends the run
     with rank 1's error in its one line and in summary.json; both exit 1."""
-    procs = _start_ranks(tmp_path, [*USER, "device=cpu", "trainer.iterations=4", "env.fault_rank=1",
-                                    "env.fail_at_step=10", "trainer.dist_timeout_s=300"])  # fmt: skip
+    procs = _start_ranks(
+        tmp_path,
+        [
+            *USER,
+            "device=cpu",
+            "trainer.iterations=4",
+            "env.fault_rank=1",
+            "env.fail_at_step=10",
+            "trainer.dist_timeout_s=300",
+        ],
+    )
     (code0, err0), (code1, err1) = _ended(procs)
     assert (code0, code1) == (1, 1)
     summary = summary_of(tmp_path / "run")
     assert summary.status == "failed" and summary.error == "rank 1 failed: RuntimeError: the simulator exploded"
     assert summary.iteration == 1
-    assert err0.strip().splitlines()[-1].startswith("rlchain: failed: rank 1 failed: RuntimeError: the simulator exploded")
+    assert (
+        err0.strip().splitlines()[-1].startswith("rlchain: failed: rank 1 failed: RuntimeError: the simulator exploded")
+    )
     assert "Traceback" not in err0 and "the simulator exploded" in err1
 
 
@@ -273,15 +353,29 @@ def test_a_rank_that_raises_ends_the_run_with_its_error(tmp_path):
 def test_a_rank_whose_others_never_come_writes_nothing_and_says_so_in_one_line(tmp_path):
     """Rank 1 alone (rank 0 never starts): the rendezvous fails after dist_timeout_s; rank 1 writes no file, not even
     the summary.json a refused one-process run leaves (rank 0 writes it)."""
-    env = subprocess_env(OMP_NUM_THREADS="1", RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                         MASTER_PORT=str(_free_port()))  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "rlchain.commands.train", *TINY, "device=cpu", "trainer.dist_timeout_s=1"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    env = subprocess_env(
+        OMP_NUM_THREADS="1",
+        RANK="1",
+        LOCAL_RANK="1",
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "rlchain.commands.train", *TINY, "device=cpu", "trainer.dist_timeout_s=1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1
     assert list(tmp_path.iterdir()) == []
     line = done.stderr.strip().splitlines()[-1]
-    assert line == ("rlchain: rank 1 stopped: the start of the process group (torchrun's rendezvous) did not complete "
-                    "within trainer.dist_timeout_s=1 on rank 1 (iteration 0, start): another rank did not join it")
+    assert line == (
+        "rlchain: rank 1 stopped: the start of the process group (torchrun's rendezvous) did not complete "
+        "within trainer.dist_timeout_s=1 on rank 1 (iteration 0, start): another rank did not join it"
+    )
     assert "Traceback" not in done.stderr
 
 
@@ -291,8 +385,9 @@ def test_a_rank_that_hangs_ends_the_run_within_dist_timeout_s_naming_it_and_the_
     the run with a line that names the collective, rank 1 and where rank 1 was."""
     hold = tmp_path / "hold"
     hold.touch()
-    procs = _start_ranks(tmp_path, [*USER, "device=cpu", "env.fault_rank=1", f"env.hold_step={hold}",
-                                    "trainer.dist_timeout_s=3"])  # fmt: skip
+    procs = _start_ranks(
+        tmp_path, [*USER, "device=cpu", "env.fault_rank=1", f"env.hold_step={hold}", "trainer.dist_timeout_s=3"]
+    )
     code0, err0 = _ended(procs[:1])[0]
     procs[1].kill()
     procs[1].communicate()

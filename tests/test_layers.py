@@ -34,7 +34,9 @@ def _imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "rlchain"}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "rlchain":
-            found |= {f"{node.module}.{alias.name}" if node.module == "rlchain" else node.module for alias in node.names}
+            found |= {
+                f"{node.module}.{alias.name}" if node.module == "rlchain" else node.module for alias in node.names
+            }
     return found
 
 
@@ -50,8 +52,10 @@ def test_a_module_imports_nothing_from_a_layer_above_its_own(path):
 
 def test_the_rule_sees_an_import_from_above_inside_a_function(tmp_path):
     module = tmp_path / "utils.py"
-    module.write_text("import rlchain.core.envs\nfrom rlchain import settings\n\ndef f():\n"
-                      "    from rlchain.run.trainer import Trainer\n")  # fmt: skip
+    module.write_text(
+        "import rlchain.core.envs\nfrom rlchain import settings\n\ndef f():\n"
+        "    from rlchain.run.trainer import Trainer\n"
+    )
     assert _imports(module) == {"rlchain.core.envs", "rlchain.settings", "rlchain.run.trainer"}
     assert [layer(m) for m in sorted(_imports(module))] == [1, 2, 0]
     assert layer("rlchain.commands.eval") == 3 and layer("hydra_plugins.rlchain_optuna") == 4

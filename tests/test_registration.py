@@ -47,8 +47,9 @@ cart_pole.step(torch.ones(8, dtype=torch.int64))
 def run_python(code: str) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter that imports this checkout's rlchain."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(SRC), str(REPO)))}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_import_rlchain_registers_every_task_without_importing_torch():

@@ -43,7 +43,6 @@ def reference() -> str:
     """The whole generated part of the configuration page, in Markdown."""
     from hydra_plugins.rlchain_launcher.config import DevicesLauncherConf
     from hydra_plugins.rlchain_optuna.config import OptunaSweeperConf
-
     from rlchain.commands.config import SCHEMAS, RunConfig
     from rlchain.commands.eval import EvalConfig
     from rlchain.commands.export import ExportConfig
@@ -142,8 +141,12 @@ def _field_sources(cls: type) -> dict[str, tuple[str, str]]:
             if not annotation:
                 found[stmt.target.id][0] = ast.unparse(stmt.annotation)
             after = body[i + 1] if i + 1 < len(body) else None
-            if not doc and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) \
-                    and isinstance(after.value.value, str):  # fmt: skip
+            if (
+                not doc
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
                 found[stmt.target.id][1] = inspect.cleandoc(after.value.value)
     return {name: (annotation, doc) for name, (annotation, doc) in found.items()}
 

@@ -23,12 +23,30 @@ __all__ = ["MOVED", "install"]
 #: Old module name of rlchain 0.1.0 -> its name now. A name below an old one (``rlchain.envs.push_cube``) moved
 #: with it (``rlchain.core.envs.push_cube``).
 MOVED: dict[str, str] = {
-    **{f"rlchain.{m}": f"rlchain.core.{m}" for m in ("envs", "algorithms", "policies", "buffer", "collector",
-                                                      "evaluation")},  # fmt: skip
-    **{f"rlchain.{m}": f"rlchain.run.{m}" for m in ("trainer", "starting", "checkpoint", "objective", "stopping",
-                                                     "summary", "writer", "run_dir", "video", "tuning", "evaluator")},  # fmt: skip
-    **{f"rlchain.{m}": f"rlchain.commands.{m}" for m in ("train", "export", "report", "saved_run", "command_line",
-                                                          "config")},  # fmt: skip
+    **{
+        f"rlchain.{m}": f"rlchain.core.{m}"
+        for m in ("envs", "algorithms", "policies", "buffer", "collector", "evaluation")
+    },
+    **{
+        f"rlchain.{m}": f"rlchain.run.{m}"
+        for m in (
+            "trainer",
+            "starting",
+            "checkpoint",
+            "objective",
+            "stopping",
+            "summary",
+            "writer",
+            "run_dir",
+            "video",
+            "tuning",
+            "evaluator",
+        )
+    },
+    **{
+        f"rlchain.{m}": f"rlchain.commands.{m}"
+        for m in ("train", "export", "report", "saved_run", "command_line", "config")
+    },
     "rlchain.eval_cli": "rlchain.commands.eval",
 }
 
@@ -44,7 +62,9 @@ def new_name(name: str) -> str | None:
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds an old name and loads it as the module of its new name (see the module's docstring)."""
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         new = new_name(fullname)
         if new is None:
             return None

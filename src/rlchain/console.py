@@ -16,7 +16,8 @@ import os
 import sys
 import time
 import warnings
-from typing import Iterator, TextIO
+from collections.abc import Iterator
+from typing import TextIO
 
 __all__ = ["RUN_LOG", "Progress", "error_line", "logged_warnings", "notice", "show"]
 
@@ -106,9 +107,13 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._rich = Progress(
-                TextColumn("iter"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"),
-                TextColumn("ETA"), TimeRemainingColumn(),
-            )  # fmt: skip
+                TextColumn("iter"),
+                MofNCompleteColumn(),
+                BarColumn(),
+                TextColumn("{task.fields[info]}"),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+            )
             self._task = self._rich.add_task("train", total=total, completed=done, info="")
             self._rich.start()
 

@@ -39,8 +39,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -118,7 +119,9 @@ class World:
         """Record where this rank is (``iteration``, ``phase``: collect, update, ...) for the timeout's message."""
         self.iteration, self.phase = iteration, phase
         if self.store is not None:
-            with contextlib.suppress(Exception):  # the store's host (rank 0 or torchrun) is gone: the next collective says so
+            with contextlib.suppress(
+                Exception
+            ):  # the store's host (rank 0 or torchrun) is gone: the next collective says so
                 self.store.set(f"{_AT}{self.rank}", f"iteration {iteration}, {phase}")
 
     def report_failure(self, error: str) -> None:
@@ -153,8 +156,10 @@ class World:
                 what = f"rank {ranks} did not join it ({who})"
             else:
                 what = "another rank did not join it"
-            return CollectiveError(f"{name} did not complete within trainer.dist_timeout_s={self.timeout_s:g} on "
-                                   f"rank {self.rank} ({here}): {what}")  # fmt: skip
+            return CollectiveError(
+                f"{name} did not complete within trainer.dist_timeout_s={self.timeout_s:g} on "
+                f"rank {self.rank} ({here}): {what}"
+            )
         return CollectiveError(f"{name} failed on rank {self.rank} ({here}): another rank ended ({text})")
 
     @contextlib.contextmanager
@@ -303,8 +308,10 @@ def _rank_device(device: str, local_rank: int) -> tuple[str, str]:
         return f"cuda:{local_rank}", "nccl"
     if wants_cuda:
         if local_rank == 0:
-            notice(f"{local_ranks} ranks share {torch.cuda.device_count()} GPU(s): every rank runs on cuda:0 and "
-                   "the ranks talk over gloo (NCCL needs a GPU per rank)")  # fmt: skip
+            notice(
+                f"{local_ranks} ranks share {torch.cuda.device_count()} GPU(s): every rank runs on cuda:0 and "
+                "the ranks talk over gloo (NCCL needs a GPU per rank)"
+            )
         return "cuda:0", "gloo"
     if device.startswith("cuda:"):
         return device, "gloo"

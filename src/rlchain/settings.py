@@ -25,7 +25,8 @@ import dataclasses
 import math
 import types
 import typing
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["SettingError", "Settings", "rejection", "setting"]
 
@@ -130,7 +131,11 @@ def _describe(kind: type | None, bounds: dict[str, Any]) -> str:
     gt, ge, le = (_bound(bounds.get(key)) for key in ("gt", "ge", "le"))
     if ge is not None and le is not None:
         return f"{noun} in [{ge}, {le}]"
-    parts = [f"> {gt}" if gt is not None else "", f">= {ge}" if ge is not None else "", f"<= {le}" if le is not None else ""]
+    parts = [
+        f"> {gt}" if gt is not None else "",
+        f">= {ge}" if ge is not None else "",
+        f"<= {le}" if le is not None else "",
+    ]
     return " ".join([noun, *(p for p in parts if p)])
 
 

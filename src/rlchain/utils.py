@@ -57,8 +57,12 @@ def resolve_device(device: str | torch.device, name: str = "device") -> torch.de
         if dev.index is not None and dev.index >= count:
             raise SettingError(name, device, f" is not available: visible CUDA devices are cuda:0..cuda:{count - 1}")
     elif dev.type == "cpu" and dev.index is not None:
-        raise SettingError(name, device, " is not supported: the CPU is one device, 'cpu' without an index; "
-                                         "expected 'auto', 'cpu', 'cuda' or 'cuda:N'")  # fmt: skip
+        raise SettingError(
+            name,
+            device,
+            " is not supported: the CPU is one device, 'cpu' without an index; "
+            "expected 'auto', 'cpu', 'cuda' or 'cuda:N'",
+        )
     elif dev.type != "cpu":
         raise SettingError(name, device, " is not supported: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
     return dev

@@ -54,8 +54,17 @@ def test_defaults_reproduce_the_runs_fresh_score_of_best_pt(trained, tmp_path):
 
 
 def test_overrides_change_the_evaluation(trained, in_process):
-    code, err = in_process([trained, "checkpoint=latest", "env.num_envs=4", "num_episodes=6", "seed=5",
-                            "env.success_threshold=0.5", "deterministic=false"])  # fmt: skip
+    code, err = in_process(
+        [
+            trained,
+            "checkpoint=latest",
+            "env.num_envs=4",
+            "num_episodes=6",
+            "seed=5",
+            "env.success_threshold=0.5",
+            "deterministic=false",
+        ]
+    )
     assert code == 0, err
     record = json.loads((trained / "checkpoints" / "eval.json").read_text())
     assert record["checkpoint"].endswith("latest.pt") and record["seed"] == 5 and not record["deterministic"]
@@ -71,8 +80,11 @@ def test_num_episodes_runs_that_many_episodes_and_a_rounding_is_said(trained, in
     assert code == 0 and err == "", err
     assert json.loads((trained / "checkpoints" / "eval.json").read_text())["episodes"] == 4
     code, err = in_process([trained, "num_episodes=5", "env.num_envs=4"])  # env.num_envs given: it stands
-    assert code == 0 and err == "rlchain: 8 episodes: num_episodes=5 rounded up to a multiple of env.num_envs=4 " \
-                                "(every env runs as many)\n", err  # fmt: skip
+    assert (
+        code == 0
+        and err
+        == "rlchain: 8 episodes: num_episodes=5 rounded up to a multiple of env.num_envs=4 (every env runs as many)\n"
+    ), err
     assert json.loads((trained / "checkpoints" / "eval.json").read_text())["episodes"] == 8
 
 
@@ -87,15 +99,17 @@ def test_a_checkpoint_file_without_its_run_directory_evaluates_from_its_own_conf
 
 @pytest.mark.slow
 def test_a_users_targets_need_their_module_allowed(user_run, in_process):
-    line = _one_line_error(in_process([user_run]),
-                           "env._target_='tests.helpers.toy_env.LineEnv'", "is not allowed",
-                           "--allow-target tests")  # fmt: skip
+    line = _one_line_error(
+        in_process([user_run]), "env._target_='tests.helpers.toy_env.LineEnv'", "is not allowed", "--allow-target tests"
+    )
     assert "only classes under rlchain." in line
     code, err = in_process([user_run, "--allow-target", "tests.helpers"])
     assert code == 0, err
     # allowing the env's module does not allow the policy's
-    _one_line_error(in_process([user_run, "--allow-target", "tests.helpers.toy_env"]),
-                    "policy._target_='tests.helpers.user_components.WidePolicy'")  # fmt: skip
+    _one_line_error(
+        in_process([user_run, "--allow-target", "tests.helpers.toy_env"]),
+        "policy._target_='tests.helpers.user_components.WidePolicy'",
+    )
 
 
 def _forge(trained, tmp_path, **env) -> str:
@@ -107,24 +121,32 @@ def _forge(trained, tmp_path, **env) -> str:
     return str(forged)
 
 
-@pytest.mark.parametrize("env, fragment", [
-    ({"_target_": "os.system"}, "env._target_='os.system'"),
-    # Hydra follows attributes: a dotted name under rlchain. may lead out of it
-    ({"_target_": "rlchain.commands.eval.os.system"}, "it is no <module>.<class> that imports"),
-    # rlchain's own functions are no env either
-    ({"_target_": "rlchain.files.write_text"}, "it names a function, expected a VecEnv class"),
-    ({"_target_": "rlchain.run.checkpoint.Checkpoints"}, "it names rlchain.run.checkpoint.Checkpoints, expected a VecEnv"),
-    # nothing below the env is instantiated, whoever defines it
-    ({"seed": {"_target_": "rlchain.files.write_text", "path": "{marker}", "text": "x"}}, "env.seed._target_="),
-    ({"_args_": ["{marker}"]}, "env._args_="),
-    ({"_partial_": True}, "env._partial_=True"),
-    ({"device": "${oc.env:HOME}"}, "without ${...} interpolations"),
-    # a gymnasium id "module:Env-v0" makes gymnasium.make import the module
-    ({"_target_": "rlchain.core.envs.GymVecEnv", "id": "evil_module:Pwn-v0"}, "env.id='evil_module:Pwn-v0'"),
-    # so does each module of env.imports, before gymnasium looks the id up
-    ({"_target_": "rlchain.core.envs.GymVecEnv", "id": "CartPole-v1", "imports": ["evil_module"]},
-     "env.imports[0]='evil_module'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "env, fragment",
+    [
+        ({"_target_": "os.system"}, "env._target_='os.system'"),
+        # Hydra follows attributes: a dotted name under rlchain. may lead out of it
+        ({"_target_": "rlchain.commands.eval.os.system"}, "it is no <module>.<class> that imports"),
+        # rlchain's own functions are no env either
+        ({"_target_": "rlchain.files.write_text"}, "it names a function, expected a VecEnv class"),
+        (
+            {"_target_": "rlchain.run.checkpoint.Checkpoints"},
+            "it names rlchain.run.checkpoint.Checkpoints, expected a VecEnv",
+        ),
+        # nothing below the env is instantiated, whoever defines it
+        ({"seed": {"_target_": "rlchain.files.write_text", "path": "{marker}", "text": "x"}}, "env.seed._target_="),
+        ({"_args_": ["{marker}"]}, "env._args_="),
+        ({"_partial_": True}, "env._partial_=True"),
+        ({"device": "${oc.env:HOME}"}, "without ${...} interpolations"),
+        # a gymnasium id "module:Env-v0" makes gymnasium.make import the module
+        ({"_target_": "rlchain.core.envs.GymVecEnv", "id": "evil_module:Pwn-v0"}, "env.id='evil_module:Pwn-v0'"),
+        # so does each module of env.imports, before gymnasium looks the id up
+        (
+            {"_target_": "rlchain.core.envs.GymVecEnv", "id": "CartPole-v1", "imports": ["evil_module"]},
+            "env.imports[0]='evil_module'",
+        ),
+    ],
+)
 def test_a_saved_config_builds_one_allowed_env_class_and_nothing_else(trained, tmp_path, in_process, env, fragment):
     marker = tmp_path / "written_by_the_config"
     env = json.loads(json.dumps(env).replace("{marker}", str(marker)))
@@ -136,24 +158,31 @@ def test_a_saved_policy_must_be_an_allowed_policy_class(trained, tmp_path, in_pr
     state = torch.load(trained / "checkpoints" / "best.pt", weights_only=True)
     state["config"]["policy"]["_target_"] = "rlchain.core.envs.PushCubeEnv"
     torch.save(state, tmp_path / "forged.pt")
-    _one_line_error(in_process([tmp_path / "forged.pt"]), "policy._target_='rlchain.core.envs.PushCubeEnv'", "expected a Policy")
+    _one_line_error(
+        in_process([tmp_path / "forged.pt"]), "policy._target_='rlchain.core.envs.PushCubeEnv'", "expected a Policy"
+    )
 
 
-@pytest.mark.parametrize("args, fragments", [
-    (["{tmp}/nowhere"], ["nowhere does not exist: expected a run directory or a checkpoint file"]),
-    (["{tmp}"], ["has no checkpoints/best.pt and no other checkpoint"]),
-    (["{run}", "checkpoint=oldest"], ["checkpoint oldest does not exist"]),
-    (["{run}", "env.succes_threshold=0.05"], ["env.succes_threshold=0.05", "has no key 'succes_threshold'",
-                                              "did you mean env.success_threshold?"]),
-    (["{run}", "policy.hidden_sizes=[8]"], ["overrides change the evaluation, not the policy"]),
-    (["{run}", "algorithm.learning_rate=1"], ["algorithm settings play no part here"]),
-    (["{run}", "episodes=3"], ["episodes: no such option: expected one of checkpoint, num_episodes"]),
-    (["{run}", "env.num_envs=0"], ["env.num_envs=0 is not allowed: expected an integer > 0"]),
-    (["{run}", "num_episodes=0"], ["num_episodes=0 is not allowed"]),
-    (["{run}", "device=cpu:1"], ["device='cpu:1' is not supported: the CPU is one device"]),
-    (["{run}", "+env.extra=1"], ["cannot add or delete"]),
-    (["{run}", "env.num_envs=["], ["no viable alternative at input"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["{tmp}/nowhere"], ["nowhere does not exist: expected a run directory or a checkpoint file"]),
+        (["{tmp}"], ["has no checkpoints/best.pt and no other checkpoint"]),
+        (["{run}", "checkpoint=oldest"], ["checkpoint oldest does not exist"]),
+        (
+            ["{run}", "env.succes_threshold=0.05"],
+            ["env.succes_threshold=0.05", "has no key 'succes_threshold'", "did you mean env.success_threshold?"],
+        ),
+        (["{run}", "policy.hidden_sizes=[8]"], ["overrides change the evaluation, not the policy"]),
+        (["{run}", "algorithm.learning_rate=1"], ["algorithm settings play no part here"]),
+        (["{run}", "episodes=3"], ["episodes: no such option: expected one of checkpoint, num_episodes"]),
+        (["{run}", "env.num_envs=0"], ["env.num_envs=0 is not allowed: expected an integer > 0"]),
+        (["{run}", "num_episodes=0"], ["num_episodes=0 is not allowed"]),
+        (["{run}", "device=cpu:1"], ["device='cpu:1' is not supported: the CPU is one device"]),
+        (["{run}", "+env.extra=1"], ["cannot add or delete"]),
+        (["{run}", "env.num_envs=["], ["no viable alternative at input"]),
+    ],
+)
 def test_bad_input_is_one_line(trained, tmp_path, in_process, args, fragments):
     _one_line_error(in_process([a.format(tmp=tmp_path, run=trained) for a in args]), *fragments)
 
@@ -167,8 +196,7 @@ def test_a_directory_without_a_config(trained, tmp_path, in_process):
     state["config"] = {}  # a Trainer built from Python without run_config, and no .hydra/ beside it
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     torch.save(state, tmp_path / "run" / "checkpoints" / "best.pt")
-    _one_line_error(in_process([tmp_path / "run"]),
-                    "holds no config nor", ".hydra/config.yaml")  # fmt: skip
+    _one_line_error(in_process([tmp_path / "run"]), "holds no config nor", ".hydra/config.yaml")
 
 
 @pytest.mark.slow
@@ -189,8 +217,11 @@ def test_a_checkpoint_whose_policy_does_not_fit_its_config(trained, tmp_path, in
     state = torch.load(trained / "checkpoints" / "best.pt", weights_only=True)
     state["config"]["policy"]["hidden_sizes"] = [16]
     torch.save(state, tmp_path / "mismatch.pt")
-    _one_line_error(in_process([tmp_path / "mismatch.pt"]),
-                    "the checkpoint's policy does not match", "actor.0.weight is (128, 15) there, (16, 15) here")  # fmt: skip
+    _one_line_error(
+        in_process([tmp_path / "mismatch.pt"]),
+        "the checkpoint's policy does not match",
+        "actor.0.weight is (128, 15) there, (16, 15) here",
+    )
 
 
 def test_a_file_that_is_no_checkpoint(tmp_path, in_process):
@@ -200,8 +231,9 @@ def test_a_file_that_is_no_checkpoint(tmp_path, in_process):
 
 @pytest.mark.slow
 def test_video_on_an_env_that_cannot_render(user_run, in_process):
-    _one_line_error(in_process([user_run, "--allow-target", "tests.helpers", "video=true"]),
-                    "video=True needs an env that renders")  # fmt: skip
+    _one_line_error(
+        in_process([user_run, "--allow-target", "tests.helpers", "video=true"]), "video=True needs an env that renders"
+    )
 
 
 @pytest.mark.slow
@@ -216,10 +248,26 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     assert made.returncode == 0, made.stderr
     hold = tmp_path / "hold"
     hold.touch()  # the env's constructor waits while this file exists
-    script = "import sys; from _rlchain_cli import evaluate; sys.argv[0] = 'rlchain-eval'; evaluate()"  # the console script
-    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "run"), f"env.hold_build={hold}",
-                             "--allow-target", "tests.helpers"], cwd=tmp_path, env=subprocess_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=sigint_as_in_a_terminal)  # fmt: skip
+    script = (
+        "import sys; from _rlchain_cli import evaluate; sys.argv[0] = 'rlchain-eval'; evaluate()"  # the console script
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            script,
+            str(tmp_path / "run"),
+            f"env.hold_build={hold}",
+            "--allow-target",
+            "tests.helpers",
+        ],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=sigint_as_in_a_terminal,
+    )
     wait_for(lambda: (tmp_path / "hold.waiting").exists(), "the env's constructor to hold", proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)

@@ -87,7 +87,13 @@ def test_metadata_names_spaces_layout_source_and_version(trained, tmp_path):
     for meta, fmt in ((from_ts, "torchscript"), (from_onnx, "onnx")):
         assert meta["format"] == fmt and meta["rlchain_version"] == rlchain.__version__
         assert meta["input"]["shape"] == ["B", 15] and meta["output"]["shape"] == ["B", 2]
-        assert meta["action_space"] == {"type": "Box", "shape": [2], "dtype": "float32", "low": [-1.0, -1.0], "high": [1.0, 1.0]}
+        assert meta["action_space"] == {
+            "type": "Box",
+            "shape": [2],
+            "dtype": "float32",
+            "low": [-1.0, -1.0],
+            "high": [1.0, 1.0],
+        }
         assert meta["observation_space"]["low"][0] == "-inf"
         assert meta["observation_layout"][:4] == ["pusher_x", "pusher_y", "cube_x", "cube_y"]
         assert len(meta["observation_layout"]) == 15
@@ -136,18 +142,24 @@ def test_bad_input_is_one_line(trained, tmp_path, capsys):
 def test_an_unknown_format_is_one_line_from_the_command(trained, tmp_path):
     proc = run_cli([str(trained), "format=tflite"], tmp_path, module="rlchain.commands.export")
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
-        "rlchain-export: format='tflite' is not allowed: expected one of 'torchscript', 'onnx' or None"]
+        "rlchain-export: format='tflite' is not allowed: expected one of 'torchscript', 'onnx' or None"
+    ]
 
 
 def test_options_are_key_value_as_rlchain_evals_and_the_old_flags_still_work(trained, tmp_path, capsys):
     assert main([str(trained), "format=torchscript", "checkpoint=latest", f"output={tmp_path / 'a.pt'}"]) == 0
     assert capsys.readouterr().err == ""
-    assert main([str(trained), "--format", "torchscript", "--checkpoint", "latest", "--output", str(tmp_path / "b.pt")]) == 0
+    assert (
+        main([str(trained), "--format", "torchscript", "--checkpoint", "latest", "--output", str(tmp_path / "b.pt")])
+        == 0
+    )
     notes = capsys.readouterr().err.strip().splitlines()
-    assert notes == ["rlchain-export: --format torchscript is read as format=torchscript (the flag will go: write the option)",
-                     "rlchain-export: --checkpoint latest is read as checkpoint=latest (the flag will go: write the option)",
-                     f"rlchain-export: --output {tmp_path / 'b.pt'} is read as output={tmp_path / 'b.pt'} (the flag will go: "
-                     "write the option)"]  # fmt: skip
+    assert notes == [
+        "rlchain-export: --format torchscript is read as format=torchscript (the flag will go: write the option)",
+        "rlchain-export: --checkpoint latest is read as checkpoint=latest (the flag will go: write the option)",
+        f"rlchain-export: --output {tmp_path / 'b.pt'} is read as output={tmp_path / 'b.pt'} (the flag will go: "
+        "write the option)",
+    ]
     files = [{"rlchain.json": ""}, {"rlchain.json": ""}]
     for name, extra in zip(("a.pt", "b.pt"), files):
         torch.jit.load(str(tmp_path / name), _extra_files=extra)
@@ -155,11 +167,15 @@ def test_options_are_key_value_as_rlchain_evals_and_the_old_flags_still_work(tra
     assert json.loads(files[0]["rlchain.json"])["checkpoint"].endswith("latest.pt")
 
 
-@pytest.mark.parametrize("args, fragment", [
-    ([], "format=<torchscript|onnx> is required"),
-    (["format=onnx", "env.num_envs=4"], "env.num_envs=4: an export takes the saved run as it is"),
-    (["format=onnx", "seed=3"], "seed: no such option: expected one of checkpoint, format, output"),
-], ids=["no format", "an override", "an unknown option"])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        ([], "format=<torchscript|onnx> is required"),
+        (["format=onnx", "env.num_envs=4"], "env.num_envs=4: an export takes the saved run as it is"),
+        (["format=onnx", "seed=3"], "seed: no such option: expected one of checkpoint, format, output"),
+    ],
+    ids=["no format", "an override", "an unknown option"],
+)
 def test_a_missing_or_unknown_option_is_one_line(trained, capsys, args, fragment):
     assert main([str(trained), *args]) == 1
     err = capsys.readouterr().err.strip().splitlines()

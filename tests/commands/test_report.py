@@ -85,7 +85,9 @@ def test_rlchain_report_regenerates_tables_and_draws_curves(cpu_sweep, tmp_path)
     jobs = load_jobs(sweep)
     for label, (steps, mean, std, n) in curves.items():
         lr = label.split("=")[1]
-        seeds = [j.curve("eval/success_rate") for j in jobs if float(j.params()["algorithm.learning_rate"]) == float(lr)]
+        seeds = [
+            j.curve("eval/success_rate") for j in jobs if float(j.params()["algorithm.learning_rate"]) == float(lr)
+        ]
         assert n == 2 and steps == seeds[0][0] == [128.0 * i for i in range(1, 9)]
         assert mean == pytest.approx([(a + b) / 2 for a, b in zip(seeds[0][1], seeds[1][1])])
         assert std is not None and len(std) == len(steps)
@@ -94,7 +96,11 @@ def test_rlchain_report_regenerates_tables_and_draws_curves(cpu_sweep, tmp_path)
 
 
 def test_value_at_interpolates_between_evaluations_and_never_extrapolates(tmp_path):
-    rows = [{"global_step": 100, "eval/x": 0.2}, {"global_step": 150, "losses/y": 5.0}, {"global_step": 300, "eval/x": 1.0}]
+    rows = [
+        {"global_step": 100, "eval/x": 0.2},
+        {"global_step": 150, "losses/y": 5.0},
+        {"global_step": 300, "eval/x": 1.0},
+    ]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     job = JobResult(0, tmp_path, [], {"global_step": 300})
     assert [job.value_at("eval/x", s) for s in (100, 200, 250, 300)] == pytest.approx([0.2, 0.6, 0.8, 1.0])
@@ -106,8 +112,11 @@ def test_report_gives_the_metric_at_env_step_budgets(cpu_sweep, tmp_path):
     # eval every 128 steps up to 1024: a 300-step budget lies between the evals at
     # 256 and 384, 1024 is the last one; 100 and 2000 lie outside (an empty cell, no mean).
     sweep = shutil.copytree(cpu_sweep[0], tmp_path / "sweep")
-    proc = run_cli([str(sweep), "--at-steps", "100", "300", "1024", "2000", "--no-plot"], tmp_path,
-                   module="rlchain.commands.report")  # fmt: skip
+    proc = run_cli(
+        [str(sweep), "--at-steps", "100", "300", "1024", "2000", "--no-plot"],
+        tmp_path,
+        module="rlchain.commands.report",
+    )
     assert proc.returncode == 0, proc.stderr
     with open(sweep / "summary.csv") as f:
         rows = {int(r["job"]): r for r in csv.DictReader(f)}
@@ -119,7 +128,9 @@ def test_report_gives_the_metric_at_env_step_budgets(cpu_sweep, tmp_path):
         assert float(row["eval/success_rate at 1.024k steps"]) == pytest.approx(values[-1])
         assert row["eval/success_rate at 100 steps"] == row["eval/success_rate at 2k steps"] == ""
     md = (sweep / "summary.md").read_text()
-    assert "| eval/success_rate at 100 steps | eval/success_rate at 300 steps | eval/success_rate at 1.024k steps |" in md
+    assert (
+        "| eval/success_rate at 100 steps | eval/success_rate at 300 steps | eval/success_rate at 1.024k steps |" in md
+    )
     bad = run_cli([str(sweep), "--at-steps", "0"], tmp_path, module="rlchain.commands.report")
     assert bad.returncode == 2 and "at_steps=[0.0]: expected env-step budgets > 0" in bad.stderr
 
@@ -132,15 +143,22 @@ def test_sweep_summary_lists_each_failed_job_on_its_own_line(tmp_path):
 
     jobs = {
         0: (["lr=1", "seed=0"], {"status": "completed", "objective": 0.5}),
-        1: (["lr=2", "seed=0"], {"status": "failed", "error": "InstantiationException: Error in call to target:\n"
-                                                               "RuntimeError('boom')\nfull_key: env"}),
+        1: (
+            ["lr=2", "seed=0"],
+            {
+                "status": "failed",
+                "error": "InstantiationException: Error in call to target:\nRuntimeError('boom')\nfull_key: env",
+            },
+        ),
         2: (["lr=3", "seed=0"], {"status": "aborted", "signal": "SIGINT"}),
         3: (["lr=4", "seed=0"], {"status": "failed", "error": "RuntimeError: out of memory"}),
-    }  # fmt: skip
+    }
     for num, (overrides, summary) in jobs.items():
         (tmp_path / str(num) / ".hydra").mkdir(parents=True)
         OmegaConf.save(OmegaConf.create(overrides), tmp_path / str(num) / ".hydra" / "overrides.yaml")
-        OmegaConf.save(OmegaConf.create({"hydra": {"job": {"num": num}}}), tmp_path / str(num) / ".hydra" / "hydra.yaml")
+        OmegaConf.save(
+            OmegaConf.create({"hydra": {"job": {"num": num}}}), tmp_path / str(num) / ".hydra" / "hydra.yaml"
+        )
         (tmp_path / str(num) / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(SweepFailed) as info:
         SweepSummary(plot=False).on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
@@ -171,10 +189,13 @@ def test_learning_curves_plot_the_objective_and_keep_a_long_legend_readable(tmp_
 
     rates = [f"{1e-4 * (i + 1):.4g}" for i in range(12)]
     for num, (lr, seed) in enumerate((lr, seed) for lr in rates for seed in (0, 1)):
-        rows = [{"global_step": 100 * k, "eval/avg_reward": -1000 + 50 * k * float(lr) / 1e-4 + seed} for k in (1, 2, 3)]
+        rows = [
+            {"global_step": 100 * k, "eval/avg_reward": -1000 + 50 * k * float(lr) / 1e-4 + seed} for k in (1, 2, 3)
+        ]
         summary = {"status": "completed", "objective_name": "eval/avg_reward", "objective": rows[-1]["eval/avg_reward"]}
-        _write_job(tmp_path, num, [f"algorithm.learning_rate={lr}", f"algorithm.clip_coef=0.2", f"seed={seed}"],
-                   summary, rows)  # fmt: skip
+        _write_job(
+            tmp_path, num, [f"algorithm.learning_rate={lr}", "algorithm.clip_coef=0.2", f"seed={seed}"], summary, rows
+        )
     paths = write_summary(tmp_path)
     assert paths["png"] == tmp_path / "learning_curves.png"
     assert "![eval/avg_reward against env steps](learning_curves.png)" in paths["md"].read_text()

@@ -36,9 +36,11 @@ class SyncCounter(TorchDispatchMode):
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in self.SYNC_OPS or (func.overloadpacket is torch.ops.aten.index and args[1] and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]
-        )):
+        if func in self.SYNC_OPS or (
+            func.overloadpacket is torch.ops.aten.index
+            and args[1]
+            and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])
+        ):
             self.count += 1
         return func(*args, **(kwargs or {}))
 
@@ -73,7 +75,9 @@ def test_collector_bootstraps_truncations_from_final_obs_only():
     reset_obs = rollout["obs"][1:][done[:-1]]
     assert not torch.allclose(rollout["final_obs"][:-1][done[:-1]], reset_obs)
     # GAE: a truncated step's target uses next_value, a terminated one does not.
-    adv, _ = compute_gae(rollout["reward"], rollout["value"], rollout["next_value"], rollout["terminated"], done, 0.9, 1.0)
+    adv, _ = compute_gae(
+        rollout["reward"], rollout["value"], rollout["next_value"], rollout["terminated"], done, 0.9, 1.0
+    )
     t, n = torch.nonzero(truncated)[0].tolist()
     expected = rollout["reward"][t, n] + 0.9 * v_final[t, n] - rollout["value"][t, n]
     assert adv[t, n].item() == pytest.approx(expected.item(), abs=1e-6)
@@ -103,8 +107,12 @@ def test_collector_reads_final_obs_only_on_done_rows():
         expected = policy.critic(s_prime).squeeze(-1)
     torch.testing.assert_close(rollout["next_value"], expected)
     # and so GAE equals the reference loop on the true next states
-    adv, _ = compute_gae(rollout["reward"], rollout["value"], rollout["next_value"], rollout["terminated"], done, 0.9, 0.8)
-    ref = reference_gae(rollout["reward"], rollout["value"], expected, rollout["terminated"], rollout["truncated"], 0.9, 0.8)
+    adv, _ = compute_gae(
+        rollout["reward"], rollout["value"], rollout["next_value"], rollout["terminated"], done, 0.9, 0.8
+    )
+    ref = reference_gae(
+        rollout["reward"], rollout["value"], expected, rollout["terminated"], rollout["truncated"], 0.9, 0.8
+    )
     torch.testing.assert_close(adv.double(), ref, atol=1e-5, rtol=1e-5)
 
 
@@ -128,15 +136,22 @@ def test_collector_stores_each_step_and_counts_episodes_across_rollouts():
             twin_obs, reward, terminated, truncated, info = twin.step(rollout["action"][t])
             done = terminated | truncated
             ret, length = ret + reward, length + 1
-            for key, value in (("reward", reward), ("terminated", terminated), ("truncated", truncated),
-                               ("done", done), ("final_obs", info["final_obs"]), ("success", info["success"]),
-                               ("episode_return", ret), ("episode_length", length)):  # fmt: skip
+            for key, value in (
+                ("reward", reward),
+                ("terminated", terminated),
+                ("truncated", truncated),
+                ("done", done),
+                ("final_obs", info["final_obs"]),
+                ("success", info["success"]),
+                ("episode_return", ret),
+                ("episode_length", length),
+            ):
                 torch.testing.assert_close(rollout[key][t], value, msg=f"{key} at step {t}")
             finished += ret[done].tolist()
             ret, length = ret.masked_fill(done, 0.0), length.masked_fill(done, 0)
         assert result.episodes.returns == pytest.approx(finished[from_here:])
         # the window: this rollout's episodes, topped up with earlier ones to at least 4
-        assert window.returns == pytest.approx(finished[-max(4, len(finished) - from_here):])
+        assert window.returns == pytest.approx(finished[-max(4, len(finished) - from_here) :])
     assert len(finished) > 6
 
 
@@ -207,8 +222,16 @@ def test_grpo_charts_count_each_envs_first_episode_whatever_its_length(tmp_path)
     torch.manual_seed(0)
     env = LineEnv(num_envs=32, max_episode_steps=5, seed=1)
     policy = ActorOnly(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-    trainer = Trainer(env, policy, GRPO(policy, group_size=4, batch_size=64), iterations=1, rollout_steps=12,
-                      stats_min_episodes=1, output_dir=str(tmp_path), progress=False)  # fmt: skip
+    trainer = Trainer(
+        env,
+        policy,
+        GRPO(policy, group_size=4, batch_size=64),
+        iterations=1,
+        rollout_steps=12,
+        stats_min_episodes=1,
+        output_dir=str(tmp_path),
+        progress=False,
+    )
     trainer.train()
     data = trainer.collector.buffer.data
     done, length, ret = data["done"], data["episode_length"], data["episode_return"]
@@ -237,6 +260,10 @@ class NaNObservations(LineEnv):
 
 def test_nan_observations_are_reported_as_observations(tmp_path):
     env = NaNObservations(num_envs=4, max_episode_steps=50)
-    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8], obs_normalization=False)
-    with pytest.raises(ValueError, match=r"^observation contains NaN or inf: NaNObservations returned a non-finite obs"):
+    policy = ActorCritic(
+        env.single_observation_space, env.single_action_space, hidden_sizes=[8], obs_normalization=False
+    )
+    with pytest.raises(
+        ValueError, match=r"^observation contains NaN or inf: NaNObservations returned a non-finite obs"
+    ):
         SyncCollector(env, policy, rollout_steps=8).collect()

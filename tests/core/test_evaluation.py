@@ -14,7 +14,9 @@ from rlchain.utils import MAX_SEED
 from tests.helpers.toy_env import LineEnv
 
 
-def _reference_episodes(policy, num_envs: int, per_env: int, seed: int, limit: int) -> list[tuple[float, int, bool, float]]:
+def _reference_episodes(
+    policy, num_envs: int, per_env: int, seed: int, limit: int
+) -> list[tuple[float, int, bool, float]]:
     """(return, length, success, final distance) of the first ``per_env`` episodes of each env, in the order
     (episode k of env i) -> k * num_envs + i, stepping one env at a time: a plain loop with no batching tricks."""
     env = LineEnv(num_envs=num_envs, max_episode_steps=limit)
@@ -30,7 +32,12 @@ def _reference_episodes(policy, num_envs: int, per_env: int, seed: int, limit: i
             length[i] += 1
             if bool(terminated[i] | truncated[i]):
                 if count[i] < per_env:
-                    episodes[(count[i], i)] = (ret[i], length[i], bool(info["success"][i]), float(info["metrics"]["distance"][i]))
+                    episodes[(count[i], i)] = (
+                        ret[i],
+                        length[i],
+                        bool(info["success"][i]),
+                        float(info["metrics"]["distance"][i]),
+                    )
                 count[i] += 1
                 ret[i], length[i] = 0.0, 0
     return [episodes[(k, i)] for k in range(per_env) for i in range(num_envs)]
@@ -39,7 +46,9 @@ def _reference_episodes(policy, num_envs: int, per_env: int, seed: int, limit: i
 def test_every_episode_matches_a_plain_reference_loop():
     torch.manual_seed(0)
     env = LineEnv(num_envs=4, max_episode_steps=6)
-    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[], obs_normalization=False)
+    policy = ActorCritic(
+        env.single_observation_space, env.single_action_space, hidden_sizes=[], obs_normalization=False
+    )
     with torch.no_grad():  # action -10 * position: walks to the origin, so that episodes end at different steps
         policy.actor[-1].weight.copy_(torch.tensor([[-10.0, 0.0]]))
     result = evaluate(env, policy, num_episodes=10, seed=3)  # 3 episodes per env: 12 in all
@@ -56,7 +65,9 @@ def test_every_episode_matches_a_plain_reference_loop():
     assert means["episodes"] == 12.0
 
 
-@pytest.mark.parametrize("values, t975", [([1.0, 2.0, 4.0, 7.0], 3.182446305284263), (list(range(30)), 2.045229642132703)])
+@pytest.mark.parametrize(
+    "values, t975", [([1.0, 2.0, 4.0, 7.0], 3.182446305284263), (list(range(30)), 2.045229642132703)]
+)
 def test_interval_of_the_mean_is_students_t(values, t975):
     # t(0.975, n - 1) from a table (Student 1908; n = 4 and n = 30), not from the library the code uses
     interval = Interval.of(np.array(values))

@@ -63,7 +63,9 @@ def test_get_action_is_the_one_method_collection_and_evaluation_call():
 
         def get_action(self, td, deterministic=False):
             n = td.batch_size[0]
-            return td.update({"action": torch.full((n, 1), 0.5), "sample_log_prob": torch.zeros(n), "value": torch.zeros(n)})
+            return td.update(
+                {"action": torch.full((n, 1), 0.5), "sample_log_prob": torch.zeros(n), "value": torch.zeros(n)}
+            )
 
     for policy, expected in ((Braking(*spaces, hidden_sizes=[8]), 0.0), (TensorDictOnly(), 0.5)):
         env = LineEnv(num_envs=4)
@@ -71,7 +73,7 @@ def test_get_action_is_the_one_method_collection_and_evaluation_call():
         assert rollout["action"].unique().tolist() == [expected]
         seen = []
         original = policy.get_action
-        policy.get_action = lambda td, deterministic=False: seen.append(deterministic) or original(td, deterministic)
+        policy.get_action = lambda td, deterministic=False: seen.append(deterministic) or original(td, deterministic)  # noqa: B023 - called within the iteration
         evaluate(LineEnv(num_envs=4, max_episode_steps=3), policy, num_episodes=4, seed=0)
         assert seen and all(seen)  # evaluation acts deterministically, through get_action
     assert not hasattr(ActorCritic, "act")
@@ -87,7 +89,9 @@ def test_actor_only_has_no_critic_and_zero_value():
 
 
 def test_log_std_is_clamped():
-    policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32), log_std_max=0.5)
+    policy = ActorCritic(
+        gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32), log_std_max=0.5
+    )
     with torch.no_grad():
         policy.log_std.fill_(3.0)
     ev = policy.evaluate_actions(TensorDict({"obs": torch.zeros(1, 2), "action": torch.zeros(1, 1)}, batch_size=[1]))
@@ -100,8 +104,13 @@ def test_a_log_std_past_its_bound_can_come_back(start):
     # step, or Adam's momentum): a loss whose optimum is inside the range
     # (log_std = 0) must bring it back; a loss that wants it further out must
     # not move it.
-    policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32),
-                         init_log_std=0.0, log_std_min=-1.0, log_std_max=1.0)  # fmt: skip
+    policy = ActorCritic(
+        gym.spaces.Box(-1, 1, (2,), np.float32),
+        gym.spaces.Box(-1, 1, (1,), np.float32),
+        init_log_std=0.0,
+        log_std_min=-1.0,
+        log_std_max=1.0,
+    )
     td = TensorDict({"obs": torch.zeros(4, 2), "action": torch.zeros(4, 1)}, batch_size=[4])
     entropy_at_0 = 0.5 * math.log(2 * math.pi * math.e)  # Gaussian entropy = log_std + this
     entropy = lambda: policy.evaluate_actions(td)["entropy"].mean()  # noqa: E731
@@ -127,7 +136,9 @@ def test_bounded_has_the_plain_gradient_inside_its_range():
 
 
 def test_obs_normalizer_tracks_mean_and_var_and_is_in_the_state_dict():
-    policy = ActorCritic(gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32), obs_normalization=True)
+    policy = ActorCritic(
+        gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32), obs_normalization=True
+    )
     gen = torch.Generator().manual_seed(0)
     data = torch.randn(1000, 3, generator=gen) * torch.tensor([1.0, 2.0, 0.5]) + torch.tensor([3.0, -1.0, 0.0])
     for chunk in data.split(100):

@@ -29,8 +29,14 @@ def _hold(path: str | None) -> None:
 
 
 class FaultLineEnv(LineEnv):
-    def __init__(self, hold_build: str | None = None, hold_step: str | None = None,
-                 fail_at_step: int | None = None, fault_rank: int | None = None, **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        hold_build: str | None = None,
+        hold_step: str | None = None,
+        fail_at_step: int | None = None,
+        fault_rank: int | None = None,
+        **kwargs,
+    ):
         if fault_rank is not None and int(os.environ.get("RANK", 0)) != fault_rank:
             hold_build = hold_step = fail_at_step = None
         _hold(hold_build)

@@ -11,11 +11,13 @@ class DictObsEnv(gym.Env):
     terminates after 3 steps with ``info["is_success"]`` true when the summed action is positive."""
 
     def __init__(self) -> None:
-        self.observation_space = gym.spaces.Dict({
-            "target": gym.spaces.Box(-1, 1, (2,), np.float32),
-            "mode": gym.spaces.Discrete(3, start=1),
-            "position": gym.spaces.Box(-5, 5, (2, 2), np.float32),
-        })  # fmt: skip
+        self.observation_space = gym.spaces.Dict(
+            {
+                "target": gym.spaces.Box(-1, 1, (2,), np.float32),
+                "mode": gym.spaces.Discrete(3, start=1),
+                "position": gym.spaces.Box(-5, 5, (2, 2), np.float32),
+            }
+        )
         self.action_space = gym.spaces.Box(-1, 1, (1,), np.float32)
         self.t, self.total = 0, 0.0
 
@@ -59,7 +61,9 @@ class EchoActionEnv(gym.Env):
     observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)
 
     def __init__(self, low=-1.0, high=1.0):
-        self.action_space = gym.spaces.Box(*(np.broadcast_to(b, (2,)).astype(np.float64) for b in (low, high)), (2,), np.float64)
+        self.action_space = gym.spaces.Box(
+            *(np.broadcast_to(b, (2,)).astype(np.float64) for b in (low, high)), (2,), np.float64
+        )
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -26,11 +26,11 @@ from rlchain import tuning
 class AppConfig:
     x: float = 0.0
     y: int = 0
-    hold: Optional[int] = None
+    hold: int | None = None
     hold_s: float = 60.0
-    release: Optional[int] = None
-    crash: Optional[int] = None
-    crash_y: Optional[int] = None
+    release: int | None = None
+    crash: int | None = None
+    crash_y: int | None = None
 
 
 ConfigStore.instance().store(name="optuna_app", node=AppConfig)

@@ -50,11 +50,18 @@ def sigint_as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def run_cli(args: list[str], cwd: Path, module: str = "rlchain", timeout: float = 300,
-            **env_extra: str | None) -> subprocess.CompletedProcess:  # fmt: skip
+def run_cli(
+    args: list[str], cwd: Path, module: str = "rlchain", timeout: float = 300, **env_extra: str | None
+) -> subprocess.CompletedProcess:
     """Run ``python -m <module> *args`` in ``cwd`` the way a user's shell would (see :func:`subprocess_env`)."""
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=subprocess_env(**env_extra),
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=subprocess_env(**env_extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def rows(run_dir: Path) -> list[dict]:

@@ -95,7 +95,11 @@ def killing_an_idle_worker(**kwargs) -> PushCubeEnv:
         RuntimeError: job 0 was not recorded within :data:`GATE_TIMEOUT_S` seconds.
     """
     sweep = Path(str(HydraConfig.get().sweep.dir))
-    num, pid_file, done = int(HydraConfig.get().job.num), sweep / "worker_of_job_0.pid", sweep / "worker_of_job_0.killed"
+    num, pid_file, done = (
+        int(HydraConfig.get().job.num),
+        sweep / "worker_of_job_0.pid",
+        sweep / "worker_of_job_0.killed",
+    )
     if num == 0:
         pid_file.write_text(str(os.getpid()))
     elif num == 1 and not done.exists():

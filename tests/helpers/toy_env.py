@@ -24,7 +24,9 @@ class LineEnv(VecEnv):
 
     resumes_episodes = True  # state_dict holds the whole state
 
-    def __init__(self, num_envs: int = 8, device: str = "cpu", seed: int = 0, max_episode_steps: int = 5, discrete: bool = False):
+    def __init__(
+        self, num_envs: int = 8, device: str = "cpu", seed: int = 0, max_episode_steps: int = 5, discrete: bool = False
+    ):
         super().__init__(num_envs, torch.device(device))
         self.max_episode_steps = max_episode_steps
         action_space = gym.spaces.Discrete(3) if discrete else gym.spaces.Box(-1.0, 1.0, (1,), np.float32)

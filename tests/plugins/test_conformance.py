@@ -18,8 +18,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from hydra.core.singleton import Singleton
@@ -35,8 +35,6 @@ PLUGIN_ROOT = Path(hydra_plugins.rlchain_launcher.__file__).resolve().parents[2]
 
 #: Two CPU slots, so that the suites' two-job sweeps run their jobs at once.
 DEVICES = ["hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2"]
-
-
 
 
 @pytest.fixture(autouse=True)
@@ -80,9 +78,15 @@ def test_idle_workers_exit_once_hydra_lets_go_of_the_launcher(hydra_sweep_runner
     """A program that runs several multiruns (a notebook, a driver script) must not pile up idle workers,
     each holding torch and perhaps a CUDA context, until it exits."""
     before = set(multiprocessing.active_children())
-    sweep = hydra_sweep_runner(calling_file=None, calling_module="hydra.test_utils.a_module", task_function=None,
-                               config_path="configs", config_name="compose.yaml", temp_dir=tmpdir,
-                               overrides=["hydra/launcher=devices", *DEVICES, "foo=1,2"])  # fmt: skip
+    sweep = hydra_sweep_runner(
+        calling_file=None,
+        calling_module="hydra.test_utils.a_module",
+        task_function=None,
+        config_path="configs",
+        config_name="compose.yaml",
+        temp_dir=tmpdir,
+        overrides=["hydra/launcher=devices", *DEVICES, "foo=1,2"],
+    )
     with sweep:
         assert sweep.returns is not None and [r.return_value for r in sweep.returns[0]] == [100, 100]
         assert set(multiprocessing.active_children()) - before  # the slots' workers are up

@@ -8,8 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from omegaconf import OmegaConf
@@ -52,7 +52,9 @@ def test_devices_per_job_gives_each_job_a_group_of_devices_and_shares_the_cores_
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     slots = make_slots([0, 1, 2, 3], 2, "auto", devices_per_job=2, visible=["0", "1", "2", "3"])
     assert [s.environ()["CUDA_VISIBLE_DEVICES"] for s in slots] == ["0,1", "2,3", "0,1", "2,3"]
-    assert [s.label for s in slots] == ["cuda:0,1", "cuda:2,3", "cuda:0,1", "cuda:2,3"] and {s.ranks for s in slots} == {2}
+    assert [s.label for s in slots] == ["cuda:0,1", "cuda:2,3", "cuda:0,1", "cuda:2,3"] and {
+        s.ranks for s in slots
+    } == {2}
     assert {s.num_threads for s in slots} == {max(1, len(os.sched_getaffinity(0)) // 8)}
     assert [(s.device, s.ranks) for s in make_slots(["cpu"], 1, 1, devices_per_job=2)] == [("cpu", 2)]
     with pytest.raises(LauncherConfigError, match=r"devices_per_job=2 is not allowed with devices \['0', '1', '2'\]"):
@@ -64,8 +66,18 @@ def test_devices_per_job_gives_each_job_a_group_of_devices_and_shares_the_cores_
 @pytest.mark.slow
 def test_a_sweep_of_two_jobs_of_two_processes_each(tmp_path):
     """devices_per_job=2 on the CPU: each job is one run trained by two ranks; only rank 0 wrote its files."""
-    proc = run_cli(["-m", "seed=0,1", "hydra.launcher.devices=[cpu]", "hydra.launcher.devices_per_job=2",
-                    "hydra.launcher.threads_per_job=1", *TINY, "device=cpu"], tmp_path)  # fmt: skip
+    proc = run_cli(
+        [
+            "-m",
+            "seed=0,1",
+            "hydra.launcher.devices=[cpu]",
+            "hydra.launcher.devices_per_job=2",
+            "hydra.launcher.threads_per_job=1",
+            *TINY,
+            "device=cpu",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "1 slot(s) (cpu; 2 processes of 1 thread(s) each)" in proc.stdout
     sweep = sweep_dir_of(tmp_path)
@@ -105,9 +117,20 @@ def test_bad_launcher_settings_name_the_field(devices, jobs_per_device, threads,
 def test_an_exported_omp_num_threads_is_each_jobs_thread_count(tmp_path):
     # the launcher set every job's OMP_NUM_THREADS to cores // slots, over the one the user had exported
     exported = max(1, len(os.sched_getaffinity(0)) // 2) + 1  # not what auto would share out
-    proc = run_cli(["-m", "seed=0,1", "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", *TINY,
-                    "env.episode_length=8", MEET], tmp_path, OMP_NUM_THREADS=str(exported),
-                   **barrier_env(1, tmp_path / "barrier"))  # fmt: skip
+    proc = run_cli(
+        [
+            "-m",
+            "seed=0,1",
+            "hydra.launcher.devices=[cpu]",
+            "hydra.launcher.jobs_per_device=2",
+            *TINY,
+            "env.episode_length=8",
+            MEET,
+        ],
+        tmp_path,
+        OMP_NUM_THREADS=str(exported),
+        **barrier_env(1, tmp_path / "barrier"),
+    )
     assert proc.returncode == 0, proc.stderr
     runs = summaries(sweep_dir_of(tmp_path))
     assert sorted(runs) == [0, 1] and {r.record.num_threads for r in runs.values()} == {exported}
@@ -120,15 +143,20 @@ def test_threads_per_job_wins_over_an_exported_omp_num_threads_and_a_bad_one_is_
     assert {s.environ()["OMP_NUM_THREADS"] for s in make_slots(["cpu"], 2, "auto")} == {"3"}
     assert {s.environ()["OMP_NUM_THREADS"] for s in make_slots(["cpu"], 2, 2)} == {"2"}
     monkeypatch.setenv("OMP_NUM_THREADS", "4,2")
-    with pytest.raises(LauncherConfigError, match=r"^OMP_NUM_THREADS='4,2', exported to the launcher, is not allowed "
-                                                  r"with hydra.launcher.threads_per_job='auto'"):  # fmt: skip
+    with pytest.raises(
+        LauncherConfigError,
+        match=r"^OMP_NUM_THREADS='4,2', exported to the launcher, is not allowed "
+        r"with hydra.launcher.threads_per_job='auto'",
+    ):
         make_slots(["cpu"], 2, "auto")
     assert make_slots(["cpu"], 2, 1)[0].num_threads == 1
 
 
 @pytest.mark.parametrize("name", ["stagger_s", "kill_after_s"])
 def test_launcher_durations_are_numbers_of_seconds(name):
-    with pytest.raises(LauncherConfigError, match=rf"^hydra.launcher.{name}=-1 is not allowed: expected a number >= 0$"):
+    with pytest.raises(
+        LauncherConfigError, match=rf"^hydra.launcher.{name}=-1 is not allowed: expected a number >= 0$"
+    ):
         DevicesLauncherConf(**{name: -1})
 
 
@@ -166,10 +194,18 @@ def test_two_slots_run_exactly_two_jobs_at_a_time(cpu_sweep):
 def test_pinned_devices_give_concurrent_jobs_distinct_gpus(tmp_path):
     """devices=[0,1]: jobs that run together see distinct CUDA_VISIBLE_DEVICES, each as cuda:0."""
     ids = visible_cuda_devices()[:2]
-    proc = run_cli([
-        "-m", f"hydra.launcher.devices=[{ids[0]},{ids[1]}]", "seed=0,1,2,3", MEET,
-        *TINY, "device=auto",
-    ], tmp_path, **barrier_env(2, tmp_path / "barrier"))  # fmt: skip
+    proc = run_cli(
+        [
+            "-m",
+            f"hydra.launcher.devices=[{ids[0]},{ids[1]}]",
+            "seed=0,1,2,3",
+            MEET,
+            *TINY,
+            "device=auto",
+        ],
+        tmp_path,
+        **barrier_env(2, tmp_path / "barrier"),
+    )
     assert proc.returncode == 0, proc.stderr
     runs = summaries(sweep_dir_of(tmp_path))
     assert all(s.status == "completed" and s.summary.device == "cuda:0" for s in runs.values())
@@ -193,7 +229,9 @@ def test_cuda_ids_must_be_visible(monkeypatch):
         "hydra.launcher.devices=[5] is not allowed: CUDA device 5 is not visible; "
         "visible CUDA devices: none (use [cpu] or auto)"
     )
-    with pytest.raises(LauncherConfigError, match=r"devices 1, 2 are not visible; visible CUDA devices: 0 \(as nvidia-smi"):
+    with pytest.raises(
+        LauncherConfigError, match=r"devices 1, 2 are not visible; visible CUDA devices: 0 \(as nvidia-smi"
+    ):
         make_slots([0, 1, 2], 1, "auto", visible=["0"])
     with pytest.raises(LauncherConfigError, match="CUDA device GPU-1a2b is not visible; visible CUDA devices: none"):
         make_slots(["GPU-1a2b"], 1, "auto", visible=[])
@@ -212,8 +250,10 @@ def test_a_cuda_device_that_is_not_there_is_refused_before_any_job(tmp_path):
     missing = _cuda_count() + 5
     proc = run_cli(["-m", f"hydra.launcher.devices=[{missing}]", "seed=0,1", *TINY], tmp_path)
     assert proc.returncode != 0
-    assert (f"hydra.launcher.devices=[{missing}] is not allowed: CUDA device {missing} is not visible; "
-            "visible CUDA devices: ") in proc.stderr
+    assert (
+        f"hydra.launcher.devices=[{missing}] is not allowed: CUDA device {missing} is not visible; "
+        "visible CUDA devices: "
+    ) in proc.stderr
     assert "Traceback" not in proc.stderr
     assert "started on" not in proc.stdout and not list(tmp_path.glob("multirun/*/*/*/summary.json"))
 
@@ -222,10 +262,17 @@ def test_a_cuda_device_that_is_not_there_is_refused_before_any_job(tmp_path):
 def test_failed_jobs_are_listed_in_one_line_each_and_keep_their_tracebacks(tmp_path):
     """A config error (env.num_envs=0) and a training failure (the env raises): one line each at the end of
     the sweep, the completed job goes on, the tracebacks are in the jobs' own summary.json and log."""
-    proc = run_cli(["-m", "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2",
-                    "env._target_=rlchain.core.envs.PushCubeEnv,tests.helpers.sweep_faults.FailingPushCube", "env.num_envs=16,0",
-                    *TINY],
-                   tmp_path)  # fmt: skip
+    proc = run_cli(
+        [
+            "-m",
+            "hydra.launcher.devices=[cpu]",
+            "hydra.launcher.jobs_per_device=2",
+            "env._target_=rlchain.core.envs.PushCubeEnv,tests.helpers.sweep_faults.FailingPushCube",
+            "env.num_envs=16,0",
+            *TINY,
+        ],
+        tmp_path,
+    )
     assert proc.returncode != 0
     console = proc.stdout + proc.stderr
     assert "Traceback" not in console
@@ -242,8 +289,8 @@ def test_failed_jobs_are_listed_in_one_line_each_and_keep_their_tracebacks(tmp_p
     lines = [line.strip() for line in console.splitlines()]
     header = max(i for i, line in enumerate(lines) if "3 job(s) failed" in line)
     assert all("started on" not in line and "completed after" not in line for line in lines[header:])
-    for n, line in expected.items():
-        assert any(shown.endswith(line) for shown in lines[header + 1:header + 4]), (line, lines[header:])
+    for line in expected.values():
+        assert any(shown.endswith(line) for shown in lines[header + 1 : header + 4]), (line, lines[header:])
     # the tracebacks are in each failed job's own summary.json and Hydra job log
     for n in (1, 2, 3):
         assert "Traceback (most recent call last)" in runs[n].summary.traceback
@@ -261,8 +308,15 @@ def test_failed_jobs_are_listed_in_one_line_each_and_keep_their_tracebacks(tmp_p
 
 @pytest.mark.slow
 def test_a_killed_worker_fails_its_job_and_the_sweep_goes_on(tmp_path):
-    proc = run_cli(["-m", "env._target_=rlchain.core.envs.push_cube.PushCubeEnv,tests.helpers.user_components.process_killing_env",
-                    "seed=0,1", *TINY], tmp_path)  # fmt: skip
+    proc = run_cli(
+        [
+            "-m",
+            "env._target_=rlchain.core.envs.push_cube.PushCubeEnv,tests.helpers.user_components.process_killing_env",
+            "seed=0,1",
+            *TINY,
+        ],
+        tmp_path,
+    )
     assert proc.returncode != 0
     runs = summaries(sweep_dir_of(tmp_path))
     assert [runs[n].status for n in range(4)] == ["completed", "completed", "failed", "failed"]
@@ -275,8 +329,18 @@ def test_a_killed_worker_fails_its_job_and_the_sweep_goes_on(tmp_path):
 def test_a_worker_that_died_while_idle_is_replaced_for_the_next_job(tmp_path):
     # batches of 2 on 2 slots: in the first, job 1 kills job 0's worker once it is idle; the second batch's
     # job must run on a fresh worker in that slot, not end the sweep with the dead pool's error
-    proc = run_cli(["-m", "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", "hydra.sweeper.max_batch_size=2",
-                    "env._target_=tests.helpers.sweep_faults.killing_an_idle_worker", "seed=0,1,2", *TINY], tmp_path)  # fmt: skip
+    proc = run_cli(
+        [
+            "-m",
+            "hydra.launcher.devices=[cpu]",
+            "hydra.launcher.jobs_per_device=2",
+            "hydra.sweeper.max_batch_size=2",
+            "env._target_=tests.helpers.sweep_faults.killing_an_idle_worker",
+            "seed=0,1,2",
+            *TINY,
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     runs = summaries(sweep_dir_of(tmp_path))
     assert [runs[n].status for n in range(3)] == ["completed"] * 3
@@ -290,8 +354,13 @@ ENDLESS = [*TINY, "trainer.iterations=100000", "trainer.eval_freq=1000", "traine
 def start_sweep(args: list[str], cwd: Path, **env_extra: str) -> subprocess.Popen:
     """``python -m rlchain -m *args`` in the background; its stdout and stderr go to files in ``cwd``."""
     with open(cwd / "stdout.txt", "w") as out, open(cwd / "stderr.txt", "w") as err:
-        return subprocess.Popen([sys.executable, "-m", "rlchain", "-m", *args], cwd=cwd, env=subprocess_env(**env_extra),
-                                stdout=out, stderr=err)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-m", "rlchain", "-m", *args],
+            cwd=cwd,
+            env=subprocess_env(**env_extra),
+            stdout=out,
+            stderr=err,
+        )
 
 
 @contextlib.contextmanager
@@ -351,14 +420,22 @@ def test_a_stop_signal_stops_the_jobs_gracefully_and_keeps_finished_work(tmp_pat
 @pytest.mark.slow
 def test_a_second_ctrl_c_aborts_the_jobs_and_the_sweep_exits_130(tmp_path):
     """The jobs are held inside their first iteration: the first Ctrl-C cannot end it, the second aborts them."""
-    args = ["hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", "seed=0,1", *ENDLESS,
-            "env._target_=tests.helpers.sweep_faults.GatedPushCube"]  # fmt: skip
+    args = [
+        "hydra.launcher.devices=[cpu]",
+        "hydra.launcher.jobs_per_device=2",
+        "seed=0,1",
+        *ENDLESS,
+        "env._target_=tests.helpers.sweep_faults.GatedPushCube",
+    ]
     with running_sweep(args, tmp_path, **gate_env(tmp_path / "gate")) as proc:
         wait_for(lambda: len(list((tmp_path / "gate").glob("*.waiting"))) == 2, "both jobs reached the gate", proc)
         proc.send_signal(signal.SIGINT)
         # the launcher has forwarded it, and each job's trainer has taken it as its first stop signal (and said so)
-        wait_for(lambda: stderr_of(tmp_path).count("stopping after this iteration") == 2,
-                 "the first Ctrl-C to reach both jobs", proc)  # fmt: skip
+        wait_for(
+            lambda: stderr_of(tmp_path).count("stopping after this iteration") == 2,
+            "the first Ctrl-C to reach both jobs",
+            proc,
+        )
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130, stderr_of(tmp_path)
     sweep = sweep_dir_of(tmp_path)
@@ -373,8 +450,14 @@ def test_a_second_ctrl_c_aborts_the_jobs_and_the_sweep_exits_130(tmp_path):
 @pytest.mark.slow
 def test_workers_that_do_not_stop_are_killed_after_kill_after_s(tmp_path):
     """Jobs that ignore SIGINT and SIGTERM: after the second SIGTERM and kill_after_s, the launcher kills them."""
-    args = ["hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", "hydra.launcher.kill_after_s=1",
-            "seed=0,1", *ENDLESS, "env._target_=tests.helpers.sweep_faults.StubbornPushCube"]  # fmt: skip
+    args = [
+        "hydra.launcher.devices=[cpu]",
+        "hydra.launcher.jobs_per_device=2",
+        "hydra.launcher.kill_after_s=1",
+        "seed=0,1",
+        *ENDLESS,
+        "env._target_=tests.helpers.sweep_faults.StubbornPushCube",
+    ]
     with running_sweep(args, tmp_path) as proc:
         wait_for(lambda: jobs_with_metrics(tmp_path) == 2, "two jobs logged an iteration", proc)
         proc.send_signal(signal.SIGTERM)
@@ -443,16 +526,30 @@ def test_workers_die_with_their_launcher(tmp_path):
 def test_optuna_search_runs_trials_in_parallel_and_reports_the_best(tmp_path):
     """The preset's search on 2 slots: trials run side by side (pairs meet at a barrier, so on distinct slots),
     each a trial of the study, and optimization_results.yaml names the best."""
-    proc = run_cli(["-m", "hparams_search=ppo_push_cube_optuna", "hydra.sweeper.n_trials=4",
-                    "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2", *TINY, MEET],
-                   tmp_path, **barrier_env(2, tmp_path / "barrier"))  # fmt: skip
+    proc = run_cli(
+        [
+            "-m",
+            "hparams_search=ppo_push_cube_optuna",
+            "hydra.sweeper.n_trials=4",
+            "hydra.launcher.devices=[cpu]",
+            "hydra.launcher.jobs_per_device=2",
+            *TINY,
+            MEET,
+        ],
+        tmp_path,
+        **barrier_env(2, tmp_path / "barrier"),
+    )
     assert proc.returncode == 0, proc.stderr
     sweep = sweep_dir_of(tmp_path)
     runs = summaries(sweep)
     assert sorted(runs) == [0, 1, 2, 3] and all(s.status == "completed" for s in runs.values())
     results = OmegaConf.load(sweep / "optimization_results.yaml")
-    assert set(results.best_params) == {"algorithm.learning_rate", "algorithm.clip_coef", "algorithm.ent_coef",
-                                        "algorithm.n_epochs"}  # fmt: skip
+    assert set(results.best_params) == {
+        "algorithm.learning_rate",
+        "algorithm.clip_coef",
+        "algorithm.ent_coef",
+        "algorithm.n_epochs",
+    }
     assert results.best_value == max(s.summary.objective for s in runs.values())
     assert results.trials == {"complete": 4} and results.study_name == "ppo_push_cube"
     # each job's return names its directory (hydra.runtime.output_dir), as Hydra's own launchers' do
@@ -481,8 +578,9 @@ def test_submitit_local_runs_a_two_job_sweep(tmp_path):
 def test_a_submitit_job_of_two_tasks_trains_one_run_over_both(tmp_path):
     """tasks_per_node=2 (slurm.yaml's recipe for several GPUs or nodes per job): one run of world size 2."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    proc = run_cli(["-m", "hydra/launcher=slurm_local", "hydra.launcher.tasks_per_node=2", "seed=0", *TINY, "device=cpu"],
-                   tmp_path)  # fmt: skip
+    proc = run_cli(
+        ["-m", "hydra/launcher=slurm_local", "hydra.launcher.tasks_per_node=2", "seed=0", *TINY, "device=cpu"], tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     (job,) = summaries(sweep_dir_of(tmp_path)).values()
     assert (job.status, job.summary.world_size, job.summary.global_step) == ("completed", 2, 2 * 2 * 8 * 16)
@@ -496,8 +594,13 @@ def test_ctrl_c_stops_an_optuna_search_and_the_same_command_resumes_it(tmp_path)
     from optuna.trial import TrialState
 
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    search = ["hparams_search=ppo_push_cube_optuna", f"hydra.sweeper.storage={storage}", "hydra.sweeper.n_trials=2",
-              "hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=2"]  # fmt: skip
+    search = [
+        "hparams_search=ppo_push_cube_optuna",
+        f"hydra.sweeper.storage={storage}",
+        "hydra.sweeper.n_trials=2",
+        "hydra.launcher.devices=[cpu]",
+        "hydra.launcher.jobs_per_device=2",
+    ]
     with running_sweep([*search, *ENDLESS], tmp_path) as proc:
         wait_for(lambda: jobs_with_metrics(tmp_path) == 2, "two trials logged an iteration", proc)
         proc.send_signal(signal.SIGINT)

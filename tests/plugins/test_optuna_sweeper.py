@@ -83,19 +83,27 @@ def test_search_space_matches_hydra_plugin(expression):
 
 
 def test_search_space_shuffle_fixed_values_and_command_line():
-    distributions, fixed = search_space({"y": "shuffle(range(-5, 5))", "z": 7, "w": "relu", "x": "interval(0, 1)"},
-                                        ["x=choice(1, 2)", "seed=3"])  # fmt: skip
+    distributions, fixed = search_space(
+        {"y": "shuffle(range(-5, 5))", "z": 7, "w": "relu", "x": "interval(0, 1)"}, ["x=choice(1, 2)", "seed=3"]
+    )
     assert isinstance(distributions["y"], CategoricalDistribution)
     assert sorted(distributions["y"].choices) == list(range(-5, 5))  # shuffle(range): its values, range end excluded
     assert distributions["x"] == CategoricalDistribution([1, 2])  # the command line wins over params
     assert fixed == {"z": "7", "w": "relu", "seed": "3"}
-    assert grid_of({"a": IntDistribution(3, 9, step=3), "b": FloatDistribution(0.0, 1.0, step=0.5),
-                    "c": CategoricalDistribution(["p", "q"])}) == {"a": [3, 6, 9], "b": [0.0, 0.5, 1.0], "c": ["p", "q"]}  # fmt: skip
+    assert grid_of(
+        {
+            "a": IntDistribution(3, 9, step=3),
+            "b": FloatDistribution(0.0, 1.0, step=0.5),
+            "c": CategoricalDistribution(["p", "q"]),
+        }
+    ) == {"a": [3, 6, 9], "b": [0.0, 0.5, 1.0], "c": ["p", "q"]}
     with pytest.raises(SweeperError, match="sampler=grid"):
         grid_of({"x": FloatDistribution(0, 1)})
 
 
-@pytest.mark.parametrize("expression", ["interval(1)", "interval(1, 0)", "choice()", "range(1, 5, 0)", "tag(log, interval(-1, 1))"])
+@pytest.mark.parametrize(
+    "expression", ["interval(1)", "interval(1, 0)", "choice()", "range(1, 5, 0)", "tag(log, interval(-1, 1))"]
+)
 def test_malformed_search_space_names_the_key(expression):
     with pytest.raises(SweeperError, match=r"hydra\.sweeper\.params\.lr="):
         search_space({"lr": expression}, [])
@@ -103,8 +111,15 @@ def test_malformed_search_space_names_the_key(expression):
 
 def _kill_while_trial_2_runs(command: list[str], storage: str, tmp_path: Path) -> None:
     """Run the sweep ``command`` (whose trial 2 waits: ``hold=2``) until trial 2 runs, then SIGKILL it."""
-    first = subprocess.Popen(command, cwd=tmp_path, env=subprocess_env(), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    first = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and first.poll() is None:  # until trial 2 runs (and waits)
@@ -113,7 +128,9 @@ def _kill_while_trial_2_runs(command: list[str], storage: str, tmp_path: Path) -
                 break
             time.sleep(0.2)
         else:
-            pytest.fail(f"the first sweep did not reach trial 2: {first.stderr.read() if first.poll() is not None else ''}")
+            pytest.fail(
+                f"the first sweep did not reach trial 2: {first.stderr.read() if first.poll() is not None else ''}"
+            )
     finally:
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)  # also when the test fails: no sweep is left waiting
@@ -127,15 +144,27 @@ def test_a_killed_sweep_resumes_its_study(tmp_path, kind):
     """Stop a sweep (SIGKILL) while trial 2 runs; the same command then ends the study with exactly n_trials
     finished trials: the first two kept as they were, trial 2 marked failed, no number twice."""
     storage = f"sqlite:///{tmp_path / 'study.db'}" if kind == "sqlite" else str(tmp_path / "study.log")
-    command = [sys.executable, "-m", APP, *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra/launcher=basic",
-               f"hydra.sweeper.storage={storage}", "hydra.sweeper.n_trials=4", "hydra.sweeper.seed=0",
-               "x=interval(0, 1)", "hold=2", "hold_s=300"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        APP,
+        *SWEEP,
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "hydra/launcher=basic",
+        f"hydra.sweeper.storage={storage}",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.seed=0",
+        "x=interval(0, 1)",
+        "hold=2",
+        "hold_s=300",
+    ]
     _kill_while_trial_2_runs(command, storage, tmp_path)
     before = load(storage).trials
     assert [t.state for t in before] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.RUNNING]
 
-    again = subprocess.run([*command[:-2], "hold=null"], cwd=tmp_path, env=subprocess_env(), capture_output=True,
-                           text=True, timeout=120)  # fmt: skip
+    again = subprocess.run(
+        [*command[:-2], "hold=null"], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "trial 2 was left running by a sweep that ended before it: marked failed" in again.stdout + again.stderr
     trials = load(storage).trials
@@ -160,9 +189,17 @@ def test_a_resumed_seeded_search_continues_and_is_reproduced(tmp_path, kind, sam
 
     def sweep(where: str, n_trials: int) -> subprocess.CompletedProcess:
         storage = f"sqlite:///{tmp_path / where}.db" if kind == "sqlite" else str(tmp_path / f"{where}.log")
-        return app(tmp_path, "hydra/launcher=basic", f"hydra.sweeper.storage={storage}", "hydra.sweeper.seed=0",
-                   f"hydra.sweeper.sampler={sampler}", f"hydra.sweeper.n_trials={n_trials}", "x=interval(0, 1)",
-                   "y=range(0, 1000)", f"hydra.sweep.dir={tmp_path / where}")  # fmt: skip
+        return app(
+            tmp_path,
+            "hydra/launcher=basic",
+            f"hydra.sweeper.storage={storage}",
+            "hydra.sweeper.seed=0",
+            f"hydra.sweeper.sampler={sampler}",
+            f"hydra.sweeper.n_trials={n_trials}",
+            "x=interval(0, 1)",
+            "y=range(0, 1000)",
+            f"hydra.sweep.dir={tmp_path / where}",
+        )
 
     def params(where: str) -> list[tuple]:
         storage = f"sqlite:///{tmp_path / where}.db" if kind == "sqlite" else str(tmp_path / f"{where}.log")
@@ -203,8 +240,18 @@ def test_processes_that_create_one_sqlite_study_at_the_same_moment_all_open_it(t
 def test_a_trial_starts_while_a_long_one_runs(tmp_path):
     """Two slots: trial 0 waits until trial 2 releases it, so the search only ends well if trial 2 starts (on
     the slot trial 1 freed) while trial 0 still runs; asserted on the launcher's recorded timeline."""
-    done = app(tmp_path, "hydra/launcher=devices", "hydra.launcher.jobs_per_device=2", "hydra.launcher.devices=[cpu]", "x=interval(0, 1)",
-               "hydra.sweeper.n_trials=4", "hold=0", "release=2", "hold_s=120", timeout=300)  # fmt: skip
+    done = app(
+        tmp_path,
+        "hydra/launcher=devices",
+        "hydra.launcher.jobs_per_device=2",
+        "hydra.launcher.devices=[cpu]",
+        "x=interval(0, 1)",
+        "hydra.sweeper.n_trials=4",
+        "hold=0",
+        "release=2",
+        "hold_s=120",
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     records = JobRecord.read_all(tmp_path / "sweep")
     assert sorted(records) == [0, 1, 2, 3]
@@ -233,8 +280,14 @@ def test_a_search_whose_trials_all_fail_gives_up(tmp_path):
 def test_a_grid_search_runs_each_point_once_and_ends_cleanly(tmp_path):
     """Optuna's grid sampler stops its study once the grid is covered, which raises outside Study.optimize;
     the sweeper ends the search itself, at the grid's size."""
-    done = app(tmp_path, "hydra/launcher=basic", "hydra.sweeper.sampler=grid", "x=choice(0.1, 0.5)", "y=range(0, 1)",
-               "hydra.sweeper.n_trials=10")  # fmt: skip
+    done = app(
+        tmp_path,
+        "hydra/launcher=basic",
+        "hydra.sweeper.sampler=grid",
+        "x=choice(0.1, 0.5)",
+        "y=range(0, 1)",
+        "hydra.sweeper.n_trials=10",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     study = load(str(tmp_path / "sweep" / "optuna_journal.log"))
     assert sorted((t.params["x"], t.params["y"]) for t in study.trials) == [(0.1, 0), (0.1, 1), (0.5, 0), (0.5, 1)]
@@ -246,8 +299,14 @@ def test_a_grid_point_whose_trial_failed_runs_again(tmp_path):
     """Grid y in {8, 9, 10}, trial 1 crashes once: Optuna's grid sampler counted its point as visited and the
     replacement landed on a random point (with seed 1: y=10 failed, [8, 9, 8] completed). Now every point is
     completed once."""
-    done = app(tmp_path, "hydra/launcher=basic", "hydra.sweeper.sampler=grid", "hydra.sweeper.seed=1",
-               "y=range(8, 10)", "crash=1")  # fmt: skip
+    done = app(
+        tmp_path,
+        "hydra/launcher=basic",
+        "hydra.sweeper.sampler=grid",
+        "hydra.sweeper.seed=1",
+        "y=range(8, 10)",
+        "crash=1",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     study = load(str(tmp_path / "sweep" / "optuna_journal.log"))
     assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.FAIL, *[TrialState.COMPLETE] * 2]
@@ -260,8 +319,10 @@ def test_a_grid_point_that_always_fails_is_named(tmp_path):
     search's one line names the point it could not run."""
     done = app(tmp_path, "hydra/launcher=basic", "hydra.sweeper.sampler=grid", "y=range(8, 10)", "crash_y=9")
     assert done.returncode == 1
-    assert ("the search stopped: 3 trial(s) of this sweep failed, 2 of 3 finished; grid points not run: y=9 (see "
-            in done.stderr), done.stderr  # fmt: skip
+    assert (
+        "the search stopped: 3 trial(s) of this sweep failed, 2 of 3 finished; grid points not run: y=9 (see "
+        in done.stderr
+    ), done.stderr
     study = load(str(tmp_path / "sweep" / "optuna_journal.log"))
     assert [t.params["y"] for t in study.trials] == [8, 9, 10, 9, 9]
     assert [t.state for t in study.trials].count(TrialState.COMPLETE) == 2
@@ -273,12 +334,23 @@ def test_a_killed_grid_search_runs_exactly_the_missing_points(tmp_path, kind):
     """Grid y in {8, 9, 10, 11}, killed while trial 2 (y=10) runs: the same command runs y=10 and y=11, once each
     (Optuna's grid sampler took the killed trial's point as visited: [8, 8, 9, 10] completed, 11 missing)."""
     storage = f"sqlite:///{tmp_path / 'study.db'}" if kind == "sqlite" else str(tmp_path / "study.log")
-    command = [sys.executable, "-m", APP, *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra/launcher=basic",
-               f"hydra.sweeper.storage={storage}", "hydra.sweeper.sampler=grid", "y=range(8, 11)", "hold=2",
-               "hold_s=300"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        APP,
+        *SWEEP,
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "hydra/launcher=basic",
+        f"hydra.sweeper.storage={storage}",
+        "hydra.sweeper.sampler=grid",
+        "y=range(8, 11)",
+        "hold=2",
+        "hold_s=300",
+    ]
     _kill_while_trial_2_runs(command, storage, tmp_path)
-    again = subprocess.run([*command[:-2], "hold=null"], cwd=tmp_path, env=subprocess_env(), capture_output=True,
-                           text=True, timeout=120)  # fmt: skip
+    again = subprocess.run(
+        [*command[:-2], "hold=null"], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     trials = load(storage).trials
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL] + [TrialState.COMPLETE] * 2
@@ -297,12 +369,18 @@ def test_the_direction_has_one_home_in_a_run_config(tmp_path):
     from hydra_plugins.rlchain_optuna._study import Search
     from hydra_plugins.rlchain_optuna.config import OptunaSweeperConf
 
-    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}, "job": {"name": "train"}},
-                               "trainer": {"objective_direction": "maximize"}})  # fmt: skip
+    config = OmegaConf.create(
+        {
+            "hydra": {"sweep": {"dir": str(tmp_path / "sweep")}, "job": {"name": "train"}},
+            "trainer": {"objective_direction": "maximize"},
+        }
+    )
     space = {"params": {"x": "interval(0, 1)"}}
     assert Search(OptunaSweeperConf(**space), config, []).direction == "maximize"
-    with pytest.raises(SweeperError, match="hydra.sweeper.direction='minimize' is not allowed with "
-                                           "trainer.objective_direction='maximize'"):  # fmt: skip
+    with pytest.raises(
+        SweeperError,
+        match="hydra.sweeper.direction='minimize' is not allowed with trainer.objective_direction='maximize'",
+    ):
         Search(OptunaSweeperConf(direction="minimize", **space), config, [])
 
 
@@ -315,8 +393,12 @@ def test_the_metric_name_has_one_home_in_a_run_config(tmp_path):
 
     def search(objective: str | None, **settings) -> Search:
         sweep_dir = str(tmp_path / (objective or "app").replace("/", "_"))
-        config = OmegaConf.create({"hydra": {"sweep": {"dir": sweep_dir}, "job": {"name": "a"}},
-                                   **({"trainer": {"objective": objective}} if objective else {})})  # fmt: skip
+        config = OmegaConf.create(
+            {
+                "hydra": {"sweep": {"dir": sweep_dir}, "job": {"name": "a"}},
+                **({"trainer": {"objective": objective}} if objective else {}),
+            }
+        )
         return Search(OptunaSweeperConf(params={"x": "interval(0, 1)"}, **settings), config, [])
 
     assert search("eval/avg_reward").study.metric_names == ["eval/avg_reward"]
@@ -329,8 +411,9 @@ def test_the_metric_name_has_one_home_in_a_run_config(tmp_path):
     auto.tell(number, JobReturn(overrides=[], status=JobStatus.COMPLETED, _return_value=0.5, hydra_cfg=hydra_cfg))
     assert auto.study.metric_names == ["eval/success_rate"]
     assert search(None, metric_name="loss").study.metric_names == ["loss"]
-    with pytest.raises(SweeperError, match="hydra.sweeper.metric_name='loss' is not allowed with "
-                                           "trainer.objective='auto'"):  # fmt: skip
+    with pytest.raises(
+        SweeperError, match="hydra.sweeper.metric_name='loss' is not allowed with trainer.objective='auto'"
+    ):
         search("auto", metric_name="loss")
 
 
@@ -342,8 +425,10 @@ def _direction_mismatch(tmp_path: Path) -> list[str]:
 
 CLI_BAD = {
     "space": (lambda _: ["x=interval(1, 0)"], "the argument 'x=interval(1, 0)'="),
-    "storage": (lambda tmp: ["x=interval(0, 1)", f"hydra.sweeper.storage=sqlite:///{tmp / 'afile' / 'study.db'}"],
-                "hydra.sweeper.storage='sqlite:///"),
+    "storage": (
+        lambda tmp: ["x=interval(0, 1)", f"hydra.sweeper.storage=sqlite:///{tmp / 'afile' / 'study.db'}"],
+        "hydra.sweeper.storage='sqlite:///",
+    ),
     "direction": (_direction_mismatch, "hydra.sweeper.direction='maximize' is not allowed for study 'optuna_app'"),
 }
 
@@ -360,17 +445,27 @@ def test_bad_input_is_one_line_before_any_trial(tmp_path, case):
 
 SETTINGS_BAD = {
     "params": ({"params": {"x": "range(1, 5, 0)"}}, "hydra.sweeper.params.x='range(1, 5, 0)' is not allowed"),
-    "sampler": ({"sampler": "bayes"}, "hydra.sweeper.sampler='bayes' is not allowed: expected one of tpe, random, "
-                                      "cmaes, grid"),
-    "sampler_option": ({"sampler_options": {"seed": 3}}, "hydra.sweeper.sampler_options.seed=3 is not allowed: "
-                                                         "the sampler's seed is hydra.sweeper.seed"),
+    "sampler": (
+        {"sampler": "bayes"},
+        "hydra.sweeper.sampler='bayes' is not allowed: expected one of tpe, random, cmaes, grid",
+    ),
+    "sampler_option": (
+        {"sampler_options": {"seed": 3}},
+        "hydra.sweeper.sampler_options.seed=3 is not allowed: the sampler's seed is hydra.sweeper.seed",
+    ),
     "grid": ({"sampler": "grid"}, "hydra.sweeper.params.x is not allowed with hydra.sweeper.sampler=grid"),
-    "pruner": ({"pruner": "asha"}, "hydra.sweeper.pruner='asha' is not allowed: expected one of median, "
-                                   "successive_halving, hyperband, none"),
-    "pruner_option": ({"pruner_options": {"warmup": 3}}, "hydra.sweeper.pruner_options.warmup=3 is not allowed: "
-                                                         "MedianPruner takes n_startup_trials, n_warmup_steps"),
-    "pruner_value": ({"pruner_options": {"n_startup_trials": -1}},
-                     "hydra.sweeper.pruner_options={'n_startup_trials': -1} is not allowed for median"),
+    "pruner": (
+        {"pruner": "asha"},
+        "hydra.sweeper.pruner='asha' is not allowed: expected one of median, successive_halving, hyperband, none",
+    ),
+    "pruner_option": (
+        {"pruner_options": {"warmup": 3}},
+        "hydra.sweeper.pruner_options.warmup=3 is not allowed: MedianPruner takes n_startup_trials, n_warmup_steps",
+    ),
+    "pruner_value": (
+        {"pruner_options": {"n_startup_trials": -1}},
+        "hydra.sweeper.pruner_options={'n_startup_trials': -1} is not allowed for median",
+    ),
     "n_trials": ({"n_trials": 0}, "hydra.sweeper.n_trials=0 is not allowed: expected an integer >= 1"),
     "direction": ({"direction": "up"}, "hydra.sweeper.direction='up' is not allowed: expected maximize or minimize"),
     "journal": ({"storage": "{tmp}/afile/study.log"}, "hydra.sweeper.storage='{tmp}/afile/study.log' cannot be opened"),
@@ -403,13 +498,27 @@ def test_a_hopeless_trial_is_pruned_and_its_files_say_so(tmp_path):
     study = optuna.create_study(study_name="hopeless", storage=storage, direction="maximize")
     study.enqueue_trial({"algorithm.learning_rate": 3e-3})
     study.enqueue_trial({"algorithm.learning_rate": 1e-9})
-    done = run_cli(["-m", "hydra/sweeper=rlchain_optuna", "hydra/launcher=basic", "experiment=cart_pole_ppo",
-                    "device=cpu", "trainer.iterations=4", "trainer.num_eval_envs=32", "trainer.num_eval_episodes=32",
-                    "trainer.progress=false", "trainer.fresh_eval=false", "hydra.sweeper.study_name=hopeless",
-                    f"hydra.sweeper.storage={storage}", "hydra.sweeper.n_trials=2",
-                    "+hydra.sweeper.pruner_options={n_startup_trials:1,n_warmup_steps:0}",
-                    "algorithm.learning_rate=tag(log, interval(1e-9, 1e-2))", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-                   tmp_path)  # fmt: skip
+    done = run_cli(
+        [
+            "-m",
+            "hydra/sweeper=rlchain_optuna",
+            "hydra/launcher=basic",
+            "experiment=cart_pole_ppo",
+            "device=cpu",
+            "trainer.iterations=4",
+            "trainer.num_eval_envs=32",
+            "trainer.num_eval_episodes=32",
+            "trainer.progress=false",
+            "trainer.fresh_eval=false",
+            "hydra.sweeper.study_name=hopeless",
+            f"hydra.sweeper.storage={storage}",
+            "hydra.sweeper.n_trials=2",
+            "+hydra.sweeper.pruner_options={n_startup_trials:1,n_warmup_steps:0}",
+            "algorithm.learning_rate=tag(log, interval(1e-9, 1e-2))",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     trials = load(storage, "hopeless").trials
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.PRUNED]
@@ -449,15 +558,26 @@ def test_a_users_own_app_is_swept_and_pruned(tmp_path, launcher):
     study.enqueue_trial({"trainer.lr": 0.25})
     study.enqueue_trial({"trainer.lr": 0.001})
     slots = ["hydra.launcher.devices=[cpu]", "hydra.launcher.jobs_per_device=1"] if launcher == "devices" else []
-    done = run_cli([*SWEEP, f"hydra/launcher={launcher}", *slots, f"hydra.sweep.dir={tmp_path / 'sweep'}",
-                    f"hydra.sweeper.storage={storage}", "hydra.sweeper.n_trials=2", "hydra.sweeper.metric_name=loss",
-                    "+hydra.sweeper.pruner_options={n_startup_trials:1,n_warmup_steps:0}",
-                    "trainer.lr=interval(0.001, 0.5)"], tmp_path, module="tests.helpers.user_app")  # fmt: skip
+    done = run_cli(
+        [
+            *SWEEP,
+            f"hydra/launcher={launcher}",
+            *slots,
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            f"hydra.sweeper.storage={storage}",
+            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.metric_name=loss",
+            "+hydra.sweeper.pruner_options={n_startup_trials:1,n_warmup_steps:0}",
+            "trainer.lr=interval(0.001, 0.5)",
+        ],
+        tmp_path,
+        module="tests.helpers.user_app",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     trials = load(storage, "user_app").trials
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.PRUNED]
-    assert sorted(trials[0].intermediate_values) == [0, 1, 2, 3, 4] and trials[0].value == pytest.approx(0.5 ** 10)
-    assert trials[1].intermediate_values == {0: pytest.approx(0.998 ** 2)} and trials[1].last_step == 0
+    assert sorted(trials[0].intermediate_values) == [0, 1, 2, 3, 4] and trials[0].value == pytest.approx(0.5**10)
+    assert trials[1].intermediate_values == {0: pytest.approx(0.998**2)} and trials[1].last_step == 0
     assert trials[1].user_attrs[tuning.PRUNED_AT] == 0
     assert load(storage, "user_app").metric_names == ["loss"]
     for number, lr in ((0, 0.25), (1, 0.001)):  # the app's config, and nothing else

@@ -37,9 +37,23 @@ def test_a_full_disk_keeps_the_last_good_checkpoint_and_fails_in_one_line(tmp_pa
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
 
-    proc = subprocess.run([sys.executable, "-m", "rlchain", *USER, "trainer.iterations=4",
-                           f"hydra.run.dir={run}", "trainer.resume_from=auto"], cwd=tmp_path, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=300, preexec_fn=small_files)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlchain",
+            *USER,
+            "trainer.iterations=4",
+            f"hydra.run.dir={run}",
+            "trainer.resume_from=auto",
+        ],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=small_files,
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert f"rlchain: failed: OSError: [Errno 27] cannot write the checkpoint {run / 'checkpoints'}" in proc.stderr
     assert "File too large" in proc.stderr
@@ -50,8 +64,13 @@ def test_a_full_disk_keeps_the_last_good_checkpoint_and_fails_in_one_line(tmp_pa
 
 def _state(step: int, best_step: int | None, best: float | None, best_id: str | None = None) -> dict:
     """The keys of a trainer checkpoint that ``Checkpoints.align_best`` reads, and a marker tensor."""
-    return {"global_step": step, "best_objective_step": best_step, "best_objective": best, "best_objective_id": best_id,
-            "mark": torch.tensor(step)}  # fmt: skip
+    return {
+        "global_step": step,
+        "best_objective_step": best_step,
+        "best_objective": best,
+        "best_objective_id": best_id,
+        "mark": torch.tensor(step),
+    }
 
 
 def _step_of(path) -> int:

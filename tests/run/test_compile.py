@@ -26,8 +26,17 @@ def test_a_compiled_run_trains_with_the_eager_loss_and_logs_its_compile_time_onc
     env = PushCubeEnv(num_envs=16, seed=0)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[32, 32])
     ppo = PPO(policy, batch_size=64, n_epochs=2)
-    trainer = Trainer(env, policy, ppo, iterations=3, rollout_steps=8, output_dir=str(tmp_path), progress=False,
-                      fresh_eval=False, compile=True)  # fmt: skip
+    trainer = Trainer(
+        env,
+        policy,
+        ppo,
+        iterations=3,
+        rollout_steps=8,
+        output_dir=str(tmp_path),
+        progress=False,
+        fresh_eval=False,
+        compile=True,
+    )
     assert ppo.minibatch_loss is not ppo._minibatch_loss
     rollout = trainer.collector.collect().data.reshape(-1)[:64].clone()
     rollout.set("advantages", torch.randn(64))

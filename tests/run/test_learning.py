@@ -18,8 +18,17 @@ def train_push_cube(tmp_path, policy_cls, make_algorithm, iterations: int, rollo
     torch.manual_seed(0)
     env = PushCubeEnv(num_envs=512, seed=0)
     policy = policy_cls(env.single_observation_space, env.single_action_space)
-    trainer = Trainer(env, policy, make_algorithm(policy), eval_env=PushCubeEnv, iterations=iterations,
-                      rollout_steps=rollout_steps, eval_freq=iterations, output_dir=str(tmp_path), progress=False)  # fmt: skip
+    trainer = Trainer(
+        env,
+        policy,
+        make_algorithm(policy),
+        eval_env=PushCubeEnv,
+        iterations=iterations,
+        rollout_steps=rollout_steps,
+        eval_freq=iterations,
+        output_dir=str(tmp_path),
+        progress=False,
+    )
     before = evaluate(trainer.eval_env, policy, 256, seed=1).means()["success_rate"]
     return before, trainer.train().final["eval/success_rate"]
 
@@ -27,9 +36,12 @@ def train_push_cube(tmp_path, policy_cls, make_algorithm, iterations: int, rollo
 @pytest.mark.slow
 def test_ppo_learns_push_cube(tmp_path):
     before, after = train_push_cube(
-        tmp_path, ActorCritic, lambda p: PPO(p, learning_rate=1e-3, batch_size=2048, n_epochs=5, ent_coef=0.01),
-        iterations=40, rollout_steps=32,
-    )  # fmt: skip
+        tmp_path,
+        ActorCritic,
+        lambda p: PPO(p, learning_rate=1e-3, batch_size=2048, n_epochs=5, ent_coef=0.01),
+        iterations=40,
+        rollout_steps=32,
+    )
     assert before < 0.1
     assert after >= 0.3
 

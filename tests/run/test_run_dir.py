@@ -39,8 +39,9 @@ def test_a_fresh_run_refuses_a_directory_that_holds_a_run_and_a_resume_is_let_in
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert f"rlchain: {run} already holds a run (summary.json)" in proc.stderr
     assert (run / ".hydra" / "config.yaml").read_text() == config  # seed 1's config is not lost
-    resumed = run_cli([*USER, "seed=1", f"hydra.run.dir={run}", "trainer.resume_from=auto", "trainer.iterations=3"],
-                      tmp_path)  # fmt: skip
+    resumed = run_cli(
+        [*USER, "seed=1", f"hydra.run.dir={run}", "trainer.resume_from=auto", "trainer.iterations=3"], tmp_path
+    )
     assert resumed.returncode == 0, resumed.stderr
 
 

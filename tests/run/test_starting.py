@@ -10,8 +10,8 @@ import torch
 from rlchain.core.algorithms import GRPO, PPO
 from rlchain.core.envs import CartPoleEnv, GymVecEnv, PushCubeEnv
 from rlchain.core.policies import ActorCritic, ActorOnly
-from rlchain.run.summary import RunSummary
 from rlchain.run.starting import start
+from rlchain.run.summary import RunSummary
 from rlchain.run.trainer import Trainer
 from tests.helpers.runs import TINY, USER, rows, run_cli, summary_of
 from tests.helpers.toy_env import LineEnv, ScoredByEvaluation
@@ -27,10 +27,24 @@ def started(trainer: Trainer) -> Trainer:
 def make_push_cube_ppo(tmp_path, iterations, resume_from=None, seed=3):
     torch.manual_seed(seed)
     env = PushCubeEnv(num_envs=32, seed=seed)
-    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[32, 32], obs_normalization=True)
+    policy = ActorCritic(
+        env.single_observation_space, env.single_action_space, hidden_sizes=[32, 32], obs_normalization=True
+    )
     algo = PPO(policy, batch_size=256, n_epochs=2, seed=seed)
-    return started(Trainer(env, policy, algo, iterations=iterations, rollout_steps=16, save_freq=100,
-                           output_dir=str(tmp_path), seed=seed, progress=False, resume_from=resume_from))  # fmt: skip
+    return started(
+        Trainer(
+            env,
+            policy,
+            algo,
+            iterations=iterations,
+            rollout_steps=16,
+            save_freq=100,
+            output_dir=str(tmp_path),
+            seed=seed,
+            progress=False,
+            resume_from=resume_from,
+        )
+    )
 
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
@@ -55,8 +69,18 @@ def test_resume_on_an_env_that_cannot_save_its_state_restarts_it_fresh(tmp_path,
     def make(out, iterations, resume_from=None):
         env = GymVecEnv("Pendulum-v1", num_envs=4, seed=0)  # 200-step episodes: in progress at every checkpoint
         policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-        return started(Trainer(env, policy, PPO(policy, batch_size=16), iterations=iterations, rollout_steps=8,
-                               output_dir=str(out), progress=False, resume_from=resume_from))  # fmt: skip
+        return started(
+            Trainer(
+                env,
+                policy,
+                PPO(policy, batch_size=16),
+                iterations=iterations,
+                rollout_steps=8,
+                output_dir=str(out),
+                progress=False,
+                resume_from=resume_from,
+            )
+        )
 
     make(tmp_path / "a", iterations=2).train()
     capsys.readouterr()
@@ -77,10 +101,22 @@ def test_a_resume_never_keeps_a_best_checkpoint_of_the_branch_it_discards(tmp_pa
     def make(fail_at=None, resume_from=None):
         env = ScoredByEvaluation(num_envs=4, max_episode_steps=3)
         policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-        return Trainer(env, policy, FailingPPO(policy, fail_at=fail_at, batch_size=8),
-                       eval_env=ScoredByEvaluation(num_envs=4, max_episode_steps=3), iterations=6, rollout_steps=3,
-                       eval_freq=1, save_freq=4, num_eval_envs=4, num_eval_episodes=4, objective="eval/avg_reward",
-                       output_dir=str(tmp_path), progress=False, resume_from=resume_from)  # fmt: skip
+        return Trainer(
+            env,
+            policy,
+            FailingPPO(policy, fail_at=fail_at, batch_size=8),
+            eval_env=ScoredByEvaluation(num_envs=4, max_episode_steps=3),
+            iterations=6,
+            rollout_steps=3,
+            eval_freq=1,
+            save_freq=4,
+            num_eval_envs=4,
+            num_eval_episodes=4,
+            objective="eval/avg_reward",
+            output_dir=str(tmp_path),
+            progress=False,
+            resume_from=resume_from,
+        )
 
     with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate"):
         make(fail_at=6).train()  # evaluations 1-5 each a new best; latest.pt written at iteration 4
@@ -98,10 +134,22 @@ def test_a_resume_from_a_latest_without_its_best_never_makes_latest_the_best(tmp
     def make(iterations, resume_from=None):
         env = ScoredByEvaluation(num_envs=4, max_episode_steps=3)
         policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-        return Trainer(env, policy, PPO(policy, batch_size=8), eval_env=ScoredByEvaluation(num_envs=4, max_episode_steps=3),
-                       iterations=iterations, rollout_steps=3, eval_freq=1, num_eval_envs=4, num_eval_episodes=4,
-                       objective="eval/avg_reward", objective_direction="minimize", output_dir=str(tmp_path),
-                       progress=False, resume_from=resume_from)  # fmt: skip
+        return Trainer(
+            env,
+            policy,
+            PPO(policy, batch_size=8),
+            eval_env=ScoredByEvaluation(num_envs=4, max_episode_steps=3),
+            iterations=iterations,
+            rollout_steps=3,
+            eval_freq=1,
+            num_eval_envs=4,
+            num_eval_episodes=4,
+            objective="eval/avg_reward",
+            objective_direction="minimize",
+            output_dir=str(tmp_path),
+            progress=False,
+            resume_from=resume_from,
+        )
 
     first = make(iterations=2).train()  # evaluations score 3 then 6: the best is the first
     assert first.best_objective_step == 12 and first.global_step == 24
@@ -114,20 +162,38 @@ def test_a_resume_from_a_latest_without_its_best_never_makes_latest_the_best(tmp
 
 
 # 3. A resume applies the config's learning rate under the constant and linear schedules.
-@pytest.mark.parametrize("schedule, notice", [
-    ("constant", "algorithm.learning_rate=1e-05 replaces the checkpoint's 0.001 (lr_schedule='constant')"),
-    ("linear", "algorithm.learning_rate=1e-05 replaces the checkpoint's 0.001 (lr_schedule='linear')"),
-    ("adaptive", "lr_schedule='adaptive' goes on from the checkpoint's rate 0.000666667; "
-                 "algorithm.learning_rate=1e-05 starts fresh runs only"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "schedule, notice",
+    [
+        ("constant", "algorithm.learning_rate=1e-05 replaces the checkpoint's 0.001 (lr_schedule='constant')"),
+        ("linear", "algorithm.learning_rate=1e-05 replaces the checkpoint's 0.001 (lr_schedule='linear')"),
+        (
+            "adaptive",
+            "lr_schedule='adaptive' goes on from the checkpoint's rate 0.000666667; "
+            "algorithm.learning_rate=1e-05 starts fresh runs only",
+        ),
+    ],
+)
 def test_a_resume_takes_the_configs_learning_rate_unless_the_schedule_adapts_it(tmp_path, capsys, schedule, notice):
     def make(out, lr, iterations, resume_from=None):
         env = LineEnv(num_envs=8)
         policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
         extra = {"target_kl": 1e-9} if schedule == "adaptive" else {}  # adaptive: the rate falls at every update
-        algorithm = PPO(policy, learning_rate=lr, lr_schedule=schedule, batch_size=16, total_iterations=iterations, **extra)
-        return started(Trainer(env, policy, algorithm, iterations=iterations, rollout_steps=4, output_dir=str(out),
-                               progress=False, resume_from=resume_from))  # fmt: skip
+        algorithm = PPO(
+            policy, learning_rate=lr, lr_schedule=schedule, batch_size=16, total_iterations=iterations, **extra
+        )
+        return started(
+            Trainer(
+                env,
+                policy,
+                algorithm,
+                iterations=iterations,
+                rollout_steps=4,
+                output_dir=str(out),
+                progress=False,
+                resume_from=resume_from,
+            )
+        )
 
     first = make(tmp_path / "a", 1e-3, iterations=1)
     first.train()
@@ -139,9 +205,13 @@ def test_a_resume_takes_the_configs_learning_rate_unless_the_schedule_adapts_it(
     assert resumed.algorithm.current_lr == pytest.approx(expected)
     assert f"rlchain: {notice}" in capsys.readouterr().err.splitlines()
     resumed.train()
-    assert rows(tmp_path / "b")[-1]["charts/learning_rate"] == pytest.approx(expected / 1.5 if schedule == "adaptive" else expected)
+    assert rows(tmp_path / "b")[-1]["charts/learning_rate"] == pytest.approx(
+        expected / 1.5 if schedule == "adaptive" else expected
+    )
     same = make(tmp_path / "c", 1e-3, iterations=2, resume_from=str(tmp_path / "a" / "checkpoints" / "latest.pt"))
-    assert "learning_rate" not in capsys.readouterr().err and same.global_step == first.global_step  # unchanged: no line
+    assert (
+        "learning_rate" not in capsys.readouterr().err and same.global_step == first.global_step
+    )  # unchanged: no line
 
 
 # 5. env=gym's seed generator travels with checkpoints: a resumed GRPO run does not reuse its first start seeds.
@@ -150,8 +220,16 @@ def test_a_resumed_gym_run_continues_its_reset_seeds(tmp_path):
         torch.manual_seed(0)
         env = GymVecEnv("CartPole-v1", num_envs=4, seed=0, max_episode_steps=10)
         policy = ActorOnly(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-        return Trainer(env, policy, GRPO(policy, group_size=2, batch_size=20), iterations=iterations, rollout_steps=10,
-                       output_dir=str(out), progress=False, resume_from=resume_from)  # fmt: skip
+        return Trainer(
+            env,
+            policy,
+            GRPO(policy, group_size=2, batch_size=20),
+            iterations=iterations,
+            rollout_steps=10,
+            output_dir=str(out),
+            progress=False,
+            resume_from=resume_from,
+        )
 
     straight = make(tmp_path / "a", 3)
     straight.train()
@@ -161,9 +239,14 @@ def test_a_resumed_gym_run_continues_its_reset_seeds(tmp_path):
     assert torch.equal(resumed.collector.buffer.data["obs"][0], straight.collector.buffer.data["obs"][0])
 
 
-@pytest.mark.parametrize("content, reason", [(b"\x00\x9f random bytes \xff" * 10, "unreadable as a torch checkpoint"),
-                                             (b"a text file\n", "unreadable as a torch checkpoint"),
-                                             (b"", "an empty file")])  # fmt: skip
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (b"\x00\x9f random bytes \xff" * 10, "unreadable as a torch checkpoint"),
+        (b"a text file\n", "unreadable as a torch checkpoint"),
+        (b"", "an empty file"),
+    ],
+)
 @pytest.mark.slow
 def test_resuming_from_a_file_that_is_not_a_checkpoint_names_it(tmp_path, content, reason):
     bad = tmp_path / "bad.pt"
@@ -181,7 +264,10 @@ def test_resuming_with_a_policy_that_does_not_match_names_the_shapes(tmp_path):
     loose.write_bytes((run / "checkpoints" / "latest.pt").read_bytes())
     proc = run_cli([*USER, f"trainer.resume_from={loose}"], tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Error in call to target" not in proc.stderr
-    assert "the checkpoint's policy does not match this run's: actor.0.weight is (16, 2) there, (128, 2) here" in proc.stderr
+    assert (
+        "the checkpoint's policy does not match this run's: actor.0.weight is (16, 2) there, (128, 2) here"
+        in proc.stderr
+    )
 
 
 @pytest.mark.slow
@@ -205,8 +291,16 @@ def test_a_run_resumed_into_its_directory_does_not_repeat_logged_rows(tmp_path):
         torch.manual_seed(0)
         env = PushCubeEnv(num_envs=8, seed=0)
         policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-        return Trainer(env, policy, PPO(policy, batch_size=32), iterations=iterations, rollout_steps=4,
-                       output_dir=str(tmp_path), progress=False, resume_from=resume_from)  # fmt: skip
+        return Trainer(
+            env,
+            policy,
+            PPO(policy, batch_size=32),
+            iterations=iterations,
+            rollout_steps=4,
+            output_dir=str(tmp_path),
+            progress=False,
+            resume_from=resume_from,
+        )
 
     first = make(2)
     first.train()
@@ -237,9 +331,19 @@ def test_grpo_fine_tunes_a_ppo_policy_against_the_loaded_reference(tmp_path):
     assert proc.returncode == 0, proc.stderr
     # One minibatch per update (16 envs x 8 steps), one epoch: the first update's
     # KL is measured before its only optimiser step, so against the reference.
-    proc = run_cli(["algorithm=grpo", "policy=actor_critic", "algorithm.kl_coef=0.02", f"trainer.init_from={ppo_dir}",
-                    *fixed, "algorithm.n_epochs=1", "algorithm.batch_size=128", f"trainer.output_dir={grpo_dir}"],
-                   tmp_path)  # fmt: skip
+    proc = run_cli(
+        [
+            "algorithm=grpo",
+            "policy=actor_critic",
+            "algorithm.kl_coef=0.02",
+            f"trainer.init_from={ppo_dir}",
+            *fixed,
+            "algorithm.n_epochs=1",
+            "algorithm.batch_size=128",
+            f"trainer.output_dir={grpo_dir}",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     loaded = ppo_dir / "checkpoints" / "latest.pt"
     assert f"policy initialised from {loaded}" in proc.stderr
@@ -264,10 +368,20 @@ def test_grpo_fine_tunes_a_ppo_policy_against_the_loaded_reference(tmp_path):
 @pytest.mark.slow
 def test_a_checkpoint_whose_policy_does_not_match_is_refused_naming_the_shapes(tmp_path):
     ppo_dir = tmp_path / "ppo"
-    proc = run_cli(["algorithm=ppo", *GRPO_SHORT, "policy.hidden_sizes=[32]", f"trainer.output_dir={ppo_dir}"], tmp_path)
+    proc = run_cli(
+        ["algorithm=ppo", *GRPO_SHORT, "policy.hidden_sizes=[32]", f"trainer.output_dir={ppo_dir}"], tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
-    proc = run_cli(["algorithm=grpo", "policy=actor_critic", *GRPO_SHORT, f"trainer.init_from={ppo_dir}",
-                    f"trainer.output_dir={tmp_path / 'grpo'}"], tmp_path)  # fmt: skip
+    proc = run_cli(
+        [
+            "algorithm=grpo",
+            "policy=actor_critic",
+            *GRPO_SHORT,
+            f"trainer.init_from={ppo_dir}",
+            f"trainer.output_dir={tmp_path / 'grpo'}",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("Invalid config: trainer.init_from=") and "does not match this run's" in line
@@ -279,9 +393,21 @@ def _cart_pole_run(tmp_path, name, **trainer_kwargs):
     env = CartPoleEnv(num_envs=4, max_episode_steps=8, seed=0)
     policy = ActorCritic(env.single_observation_space, env.single_action_space)
     algorithm = GRPO(policy, group_size=2, kl_coef=0.1) if name == "grpo" else PPO(policy)
-    return started(Trainer(env, policy, algorithm, iterations=1, rollout_steps=8, eval_freq=1, num_eval_envs=2,
-                           num_eval_episodes=2, output_dir=str(tmp_path / name), progress=False,
-                           **trainer_kwargs))  # fmt: skip
+    return started(
+        Trainer(
+            env,
+            policy,
+            algorithm,
+            iterations=1,
+            rollout_steps=8,
+            eval_freq=1,
+            num_eval_envs=2,
+            num_eval_episodes=2,
+            output_dir=str(tmp_path / name),
+            progress=False,
+            **trainer_kwargs,
+        )
+    )
 
 
 def test_bad_init_from_paths_are_refused_before_any_step(tmp_path):
@@ -337,7 +463,9 @@ def test_resuming_a_run_rebuilds_it_from_its_saved_config_and_goes_on_in_its_dir
     assert _saved_files(run) == saved  # the run's own config, overrides and Hydra config stay
 
 
-@pytest.mark.parametrize("override", ["policy.hidden_sizes=[32]", "env.num_envs=8", "seed=9", "experiment=push_cube_ppo"])
+@pytest.mark.parametrize(
+    "override", ["policy.hidden_sizes=[32]", "env.num_envs=8", "seed=9", "experiment=push_cube_ppo"]
+)
 @pytest.mark.slow
 def test_a_resume_refuses_what_would_change_the_saved_run_and_writes_nothing(tmp_path, override):
     # A failed resume attempt overwrote the run's .hydra/config.yaml and overrides.yaml with a config that did not
@@ -348,8 +476,9 @@ def test_a_resume_refuses_what_would_change_the_saved_run_and_writes_nothing(tmp
     proc = run_cli([*USER, f"hydra.run.dir={run}", "trainer.resume_from=auto", override], tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith(f"rlchain: {override} is not allowed when resuming {run}: a resumed run keeps its saved "
-                           "config"), line  # fmt: skip
+    assert line.startswith(
+        f"rlchain: {override} is not allowed when resuming {run}: a resumed run keeps its saved config"
+    ), line
     assert _saved_files(run) == saved and (run / "summary.json").read_bytes() == summary
 
 
@@ -357,8 +486,10 @@ def test_a_resume_from_a_path_that_does_not_exist_is_one_line_and_leaves_nothing
     proc = run_cli([*USER, f"trainer.resume_from={tmp_path / 'nope'}"], tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Error in call to target" not in proc.stderr
     (line,) = proc.stderr.strip().splitlines()
-    assert line == (f"rlchain: trainer.resume_from='{tmp_path / 'nope'}' does not exist: expected a run directory "
-                    "(outputs/<date>/<time>_<id>) or a checkpoint file")  # fmt: skip
+    assert line == (
+        f"rlchain: trainer.resume_from='{tmp_path / 'nope'}' does not exist: expected a run directory "
+        "(outputs/<date>/<time>_<id>) or a checkpoint file"
+    )
     assert not (tmp_path / "outputs").exists()
 
 
@@ -382,8 +513,9 @@ def test_a_resume_lets_through_the_option_the_saved_run_has_so_that_its_keys_com
     run = tmp_path / "run"
     first = run_cli(["experiment=push_cube_grpo", *TINY, "env.episode_length=8", f"hydra.run.dir={run}"], tmp_path)
     assert first.returncode == 0, first.stderr
-    proc = run_cli([f"trainer.resume_from={run}", "algorithm=grpo", "algorithm.group_size=4", "trainer.iterations=3"],
-                   tmp_path)  # fmt: skip
+    proc = run_cli(
+        [f"trainer.resume_from={run}", "algorithm=grpo", "algorithm.group_size=4", "trainer.iterations=3"], tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     state = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
     assert state["config"]["algorithm"]["group_size"] == 4 and state["iteration"] == 3

@@ -54,8 +54,9 @@ print(t.train().status, flush=True)
 @pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_flushes_logs_and_exits_cleanly(tmp_path):
     script = CTRL_C_SCRIPT.format(out=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=subprocess_env())  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env()
+    )
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.time() + 60
     while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
@@ -75,9 +76,16 @@ def test_ctrl_c_saves_a_checkpoint_flushes_logs_and_exits_cleanly(tmp_path):
 def start(args: list[str], cwd: Path, **popen) -> tuple[subprocess.Popen, Path]:
     """Start ``python -m rlchain *args`` in ``cwd`` as from a terminal; stderr goes to a file the test can read."""
     err = cwd / "stderr.txt"
-    proc = subprocess.Popen([sys.executable, "-m", "rlchain", *args], cwd=cwd, env=subprocess_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=err.open("w"), preexec_fn=sigint_as_in_a_terminal,
-                            **popen)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlchain", *args],
+        cwd=cwd,
+        env=subprocess_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=err.open("w"),
+        preexec_fn=sigint_as_in_a_terminal,
+        **popen,
+    )
     return proc, err
 
 
@@ -112,8 +120,14 @@ def test_the_resume_command_printed_at_a_stop_continues_the_run_in_its_directory
     run, stopped = run_dir(tmp_path), summary_of(run_dir(tmp_path))
     command = out.strip().splitlines()[-1].split("resume with: ")[1].split()
     assert command[0] == "rlchain-train"
-    more = subprocess.run([sys.executable, "-m", "rlchain", *command[1:], f"trainer.iterations={stopped.iteration + 1}"],
-                          cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    more = subprocess.run(
+        [sys.executable, "-m", "rlchain", *command[1:], f"trainer.iterations={stopped.iteration + 1}"],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert more.returncode == 0, more.stderr
     assert run_dir(tmp_path) == run  # the one run directory
     summary = summary_of(run)
@@ -189,8 +203,17 @@ def run_preempted_sweep(tmp_path: Path, *overrides: str) -> tuple[Path, str]:
     """
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     marker = tmp_path / "preempted"
-    proc = run_cli(["-m", "hydra/launcher=slurm_local", *FOUR_ITERATIONS, *PREEMPT_IN_ITERATION_3,
-                    f"+env.marker={marker}", *overrides], tmp_path)  # fmt: skip
+    proc = run_cli(
+        [
+            "-m",
+            "hydra/launcher=slurm_local",
+            *FOUR_ITERATIONS,
+            *PREEMPT_IN_ITERATION_3,
+            f"+env.marker={marker}",
+            *overrides,
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert marker.exists()  # the signal was sent
     (sweep,) = list((tmp_path / "multirun").glob("*/*"))  # the default sweep dir: one for both attempts
@@ -221,8 +244,6 @@ def test_a_preempted_slurm_job_finishes_its_iteration_and_saves_before_it_is_req
     assert logged_iterations(run_dir) == [1, 2, 3, 4]
 
 
-
-
 @pytest.mark.slow
 def test_a_run_started_again_in_its_directory_with_resume_from_auto_goes_on(tmp_path):
     # What a requeued job does, by hand: the same run directory, trainer.resume_from=auto.
@@ -235,7 +256,6 @@ def test_a_run_started_again_in_its_directory_with_resume_from_auto_goes_on(tmp_
     summary = RunSummary.read(run_dir)
     assert summary.status == "completed" and summary.global_step == 4 * STEPS_PER_ITERATION
     assert logged_iterations(run_dir) == [1, 2, 3, 4]
-
 
 
 @pytest.mark.parametrize("launcher", ["slurm", "slurm_local"])
@@ -261,8 +281,15 @@ def test_a_submitit_job_goes_on_from_its_own_latest_checkpoint_and_a_plain_run_r
     def make():
         env = CartPoleEnv(num_envs=4, max_episode_steps=8)
         policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-        trainer = Trainer(env, policy, PPO(policy, batch_size=16), iterations=2, rollout_steps=4,
-                          output_dir=str(tmp_path), progress=False)  # fmt: skip
+        trainer = Trainer(
+            env,
+            policy,
+            PPO(policy, batch_size=16),
+            iterations=2,
+            rollout_steps=4,
+            output_dir=str(tmp_path),
+            progress=False,
+        )
         start(trainer)  # as rlchain-train's build does
         return trainer
 
@@ -293,8 +320,9 @@ def test_a_stop_signal_in_the_last_iteration_leaves_the_run_completed(tmp_path, 
     # nothing (every iteration ran), so the run is complete and a requeue would have nothing to do.
     env = SignalsItselfAt(at_step, num_envs=8)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-    summary = Trainer(env, policy, PPO(policy, batch_size=16), iterations=2, rollout_steps=4, output_dir=str(tmp_path),
-                      progress=False).train()  # fmt: skip
+    summary = Trainer(
+        env, policy, PPO(policy, batch_size=16), iterations=2, rollout_steps=4, output_dir=str(tmp_path), progress=False
+    ).train()
     assert (summary.status, summary.iteration) == (status, iterations)
     assert summary.signal == ("SIGINT" if status == "interrupted" else None)
     assert summary.exit_code == (130 if status == "interrupted" else 0)

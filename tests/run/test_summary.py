@@ -13,8 +13,14 @@ from rlchain.run.summary import STOP_SIGNALS, JobRecord, RunSummary, placement, 
 
 
 def test_a_summary_is_written_once_and_read_back_as_it_was(tmp_path):
-    summary = RunSummary(status="interrupted", signal="SIGTERM", global_step=4096, final={"eval/success_rate": 0.5},
-                         checkpoints={"latest": "checkpoints/latest.pt"}, **placement("cpu"))  # fmt: skip
+    summary = RunSummary(
+        status="interrupted",
+        signal="SIGTERM",
+        global_step=4096,
+        final={"eval/success_rate": 0.5},
+        checkpoints={"latest": "checkpoints/latest.pt"},
+        **placement("cpu"),
+    )
     path = summary.write(tmp_path)
     assert path == tmp_path / "summary.json" and not list(tmp_path.glob(".*.tmp"))
     assert RunSummary.read(tmp_path) == summary
@@ -30,8 +36,16 @@ def test_a_summary_of_another_version_or_a_torn_one_is_read_without_failing(tmp_
     assert torn.status == "unreadable" and "summary.json" in torn.error
 
 
-@pytest.mark.parametrize("status, sig, code", [("completed", None, 0), ("failed", None, 1), ("interrupted", "SIGINT", 130),
-                                               ("aborted", "SIGTERM", 143), ("interrupted", "SIGUSR2", 140)])  # fmt: skip
+@pytest.mark.parametrize(
+    "status, sig, code",
+    [
+        ("completed", None, 0),
+        ("failed", None, 1),
+        ("interrupted", "SIGINT", 130),
+        ("aborted", "SIGTERM", 143),
+        ("interrupted", "SIGUSR2", 140),
+    ],
+)
 def test_the_exit_code_of_a_run_says_how_it_ended(status, sig, code):
     assert RunSummary(status=status, signal=sig).exit_code == code
 
@@ -48,12 +62,20 @@ def test_the_launchers_records_are_joined_with_the_runs_own_summaries(tmp_path):
     for num in (0, 1, 2):
         (tmp_path / str(num) / ".hydra").mkdir(parents=True)
         OmegaConf.save(OmegaConf.create([f"seed={num}"]), tmp_path / str(num) / ".hydra" / "overrides.yaml")
-        OmegaConf.save(OmegaConf.create({"hydra": {"job": {"num": num}}}), tmp_path / str(num) / ".hydra" / "hydra.yaml")
+        OmegaConf.save(
+            OmegaConf.create({"hydra": {"job": {"num": num}}}), tmp_path / str(num) / ".hydra" / "hydra.yaml"
+        )
     RunSummary(status="completed", device="cuda:0", elapsed_s=10.0).write(tmp_path / "0")
     RunSummary(status="interrupted", signal="SIGINT", elapsed_s=5.0).write(tmp_path / "1")
     JobRecord(job=0, status="completed", device="cuda:3", wall_s=12.5).append(tmp_path)
-    JobRecord(job=2, status="aborted", signal="SIGINT", error="killed by the launcher: a third stop signal (SIGINT) came",
-              device="cuda:1", wall_s=3.0).append(tmp_path)  # fmt: skip
+    JobRecord(
+        job=2,
+        status="aborted",
+        signal="SIGINT",
+        error="killed by the launcher: a third stop signal (SIGINT) came",
+        device="cuda:1",
+        wall_s=3.0,
+    ).append(tmp_path)
     with open(tmp_path / "launcher.jsonl", "a") as f:
         f.write('{"job": 1, "status": "compl')  # a line torn by a kill of the launcher
     jobs = {job.num: job for job in load_jobs(tmp_path)}

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlchain.commands.train import ConfigError, build
 from rlchain.core.algorithms import GRPO, PPO, NonFiniteError
 from rlchain.core.algorithms.ppo import ppo_loss
 from rlchain.core.envs import PushCubeEnv
 from rlchain.core.policies import ActorCritic, ActorOnly
 from rlchain.run.summary import RunSummary
-from rlchain.commands.train import ConfigError, build
 from rlchain.run.trainer import Trainer
 from tests.helpers.toy_env import LineEnv, ScoredByEvaluation
 from tests.helpers.user_components import FailingPPO
@@ -23,9 +23,21 @@ from tests.helpers.user_components import FailingPPO
 def test_trainer_writes_the_run_directory(tmp_path):
     env = LineEnv(num_envs=8)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-    trainer = Trainer(env, policy, PPO(policy, batch_size=16), eval_env=lambda num_envs, seed: LineEnv(num_envs, seed=seed),
-                      iterations=4, rollout_steps=4, eval_freq=2, save_freq=2, num_eval_envs=4, num_eval_episodes=6,
-                      output_dir=str(tmp_path), progress=False, run_config={"algorithm": {"name": "ppo"}})  # fmt: skip
+    trainer = Trainer(
+        env,
+        policy,
+        PPO(policy, batch_size=16),
+        eval_env=lambda num_envs, seed: LineEnv(num_envs, seed=seed),
+        iterations=4,
+        rollout_steps=4,
+        eval_freq=2,
+        save_freq=2,
+        num_eval_envs=4,
+        num_eval_episodes=6,
+        output_dir=str(tmp_path),
+        progress=False,
+        run_config={"algorithm": {"name": "ppo"}},
+    )
     summary = trainer.train()
     assert summary == RunSummary.read(tmp_path)
     assert summary.status == "completed" and summary.global_step == 4 * 8 * 4
@@ -35,7 +47,15 @@ def test_trainer_writes_the_run_directory(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["global_step"] for r in rows] == [32, 64, 96, 128]
     assert "eval/success_rate" in rows[1] and "eval/success_rate" not in rows[0]
-    for key in ("charts/SPS", "losses/policy_loss", "losses/explained_variance", "losses/clipfrac", "charts/learning_rate", "rewards/progress", "metrics/distance"):
+    for key in (
+        "charts/SPS",
+        "losses/policy_loss",
+        "losses/explained_variance",
+        "losses/clipfrac",
+        "charts/learning_rate",
+        "rewards/progress",
+        "metrics/distance",
+    ):
         assert key in rows[-1], key
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     state = torch.load(tmp_path / "checkpoints" / "latest.pt", weights_only=True)
@@ -47,10 +67,21 @@ def test_trainer_writes_the_run_directory(tmp_path):
 def test_best_checkpoint_follows_the_objective_and_its_direction(tmp_path, direction, best_eval):
     env = ScoredByEvaluation(num_envs=4, max_episode_steps=3)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-    trainer = Trainer(env, policy, PPO(policy, batch_size=8), eval_env=ScoredByEvaluation(num_envs=4, max_episode_steps=3),
-                      iterations=4, rollout_steps=3, eval_freq=1, num_eval_envs=4, num_eval_episodes=4,
-                      objective="eval/avg_reward", output_dir=str(tmp_path), progress=False,
-                      **({} if direction == "maximize" else {"objective_direction": direction}))  # maximize: the default
+    trainer = Trainer(
+        env,
+        policy,
+        PPO(policy, batch_size=8),
+        eval_env=ScoredByEvaluation(num_envs=4, max_episode_steps=3),
+        iterations=4,
+        rollout_steps=3,
+        eval_freq=1,
+        num_eval_envs=4,
+        num_eval_episodes=4,
+        objective="eval/avg_reward",
+        output_dir=str(tmp_path),
+        progress=False,
+        **({} if direction == "maximize" else {"objective_direction": direction}),
+    )  # maximize: the default
     summary = trainer.train()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["eval/avg_reward"] for r in rows] == [3.0, 6.0, 9.0, 12.0]
@@ -63,9 +94,20 @@ def test_best_checkpoint_follows_the_objective_and_its_direction(tmp_path, direc
 def test_a_task_without_success_logs_and_shows_no_success_rate(tmp_path, capsys):
     env = ScoredByEvaluation(num_envs=4, max_episode_steps=3)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-    summary = Trainer(env, policy, PPO(policy, batch_size=8), eval_env=ScoredByEvaluation(num_envs=4, max_episode_steps=3),
-                      iterations=2, rollout_steps=3, eval_freq=1, num_eval_envs=4, num_eval_episodes=4,
-                      objective="eval/avg_reward", output_dir=str(tmp_path), progress=True).train()  # fmt: skip
+    summary = Trainer(
+        env,
+        policy,
+        PPO(policy, batch_size=8),
+        eval_env=ScoredByEvaluation(num_envs=4, max_episode_steps=3),
+        iterations=2,
+        rollout_steps=3,
+        eval_freq=1,
+        num_eval_envs=4,
+        num_eval_episodes=4,
+        objective="eval/avg_reward",
+        output_dir=str(tmp_path),
+        progress=True,
+    ).train()
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iter ")]
     assert len(lines) == 2 and all("success" not in line and "eval return" in line for line in lines)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -79,8 +121,17 @@ def test_wandb_mirrors_rows_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     env = LineEnv(num_envs=8)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-    Trainer(env, policy, PPO(policy, batch_size=16), iterations=2, rollout_steps=4, output_dir=str(tmp_path),
-            progress=False, use_wandb=True, wandb_project="rlchain-test").train()  # fmt: skip
+    Trainer(
+        env,
+        policy,
+        PPO(policy, batch_size=16),
+        iterations=2,
+        rollout_steps=4,
+        output_dir=str(tmp_path),
+        progress=False,
+        use_wandb=True,
+        wandb_project="rlchain-test",
+    ).train()
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
 
@@ -99,10 +150,21 @@ def test_a_resumed_run_continues_its_wandb_run_with_its_name_group_and_tags(tmp_
     def make(iterations, resume_from=None):
         env = LineEnv(num_envs=8)
         policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-        return Trainer(env, policy, PPO(policy, batch_size=16), iterations=iterations, rollout_steps=4,
-                       output_dir=str(tmp_path), progress=False, use_wandb=True, wandb_project="rlchain-test",
-                       wandb_name="line-run-7", wandb_group="line-group-3", wandb_tags=["tag-alpha"],
-                       resume_from=resume_from)  # fmt: skip
+        return Trainer(
+            env,
+            policy,
+            PPO(policy, batch_size=16),
+            iterations=iterations,
+            rollout_steps=4,
+            output_dir=str(tmp_path),
+            progress=False,
+            use_wandb=True,
+            wandb_project="rlchain-test",
+            wandb_name="line-run-7",
+            wandb_group="line-group-3",
+            wandb_tags=["tag-alpha"],
+            resume_from=resume_from,
+        )
 
     make(2).train()
     make(3, resume_from="auto").train()
@@ -115,8 +177,11 @@ def test_use_wandb_without_the_extra_names_it_before_any_step(compose_cfg, monke
     # sys.modules[name] = None is Python's own way to make `import name` fail, as on a machine without wandb.
     monkeypatch.setitem(sys.modules, "wandb", None)
     cfg = compose_cfg(["trainer.use_wandb=true", "env.num_envs=8", "device=cpu"])
-    with pytest.raises(ConfigError, match=r'^Invalid config: trainer.use_wandb=True needs wandb, an optional extra: '
-                                          r'pip install "rlchain\[wandb\]"$'):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^Invalid config: trainer.use_wandb=True needs wandb, an optional extra: "
+        r'pip install "rlchain\[wandb\]"$',
+    ):
         build(cfg)
     assert not (Path(cfg.trainer.output_dir) / "metrics.jsonl").exists()
 
@@ -124,14 +189,24 @@ def test_use_wandb_without_the_extra_names_it_before_any_step(compose_cfg, monke
 def test_non_finite_loss_stops_the_run_naming_the_iteration_and_keeps_the_checkpoint(tmp_path):
     env = LineEnv(num_envs=8)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-    trainer = Trainer(env, policy, PPO(policy, batch_size=16), iterations=3, rollout_steps=4, save_freq=1,
-                      output_dir=str(tmp_path), progress=False)  # fmt: skip
+    trainer = Trainer(
+        env,
+        policy,
+        PPO(policy, batch_size=16),
+        iterations=3,
+        rollout_steps=4,
+        save_freq=1,
+        output_dir=str(tmp_path),
+        progress=False,
+    )
     trainer.train()  # 3 good iterations, checkpoint at the end
     good = (tmp_path / "checkpoints" / "latest.pt").read_bytes()
     trainer.cfg.iterations = 5
     with torch.no_grad():
         policy.critic[0].weight.fill_(float("nan"))
-    with pytest.raises(RuntimeError, match=r"non-finite loss at iteration 4 \(nan\); last good checkpoint: .*latest.pt"):
+    with pytest.raises(
+        RuntimeError, match=r"non-finite loss at iteration 4 \(nan\); last good checkpoint: .*latest.pt"
+    ):
         trainer.train()
     assert (tmp_path / "checkpoints" / "latest.pt").read_bytes() == good
     summary = RunSummary.read(tmp_path)
@@ -141,8 +216,15 @@ def test_non_finite_loss_stops_the_run_naming_the_iteration_and_keeps_the_checkp
 def test_any_error_during_training_is_recorded_and_reraised(tmp_path):
     env = LineEnv(num_envs=8)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-    trainer = Trainer(env, policy, FailingPPO(policy, fail_at=3, batch_size=16), iterations=5, rollout_steps=4,
-                      output_dir=str(tmp_path), progress=False)  # fmt: skip
+    trainer = Trainer(
+        env,
+        policy,
+        FailingPPO(policy, fail_at=3, batch_size=16),
+        iterations=5,
+        rollout_steps=4,
+        output_dir=str(tmp_path),
+        progress=False,
+    )
     with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate"):
         trainer.train()
     summary = RunSummary.read(tmp_path)
@@ -177,8 +259,17 @@ def non_finite_run(tmp_path, make_algorithm, policy_cls=ActorCritic, **trainer_k
     torch.manual_seed(0)
     env = PushCubeEnv(num_envs=64, seed=0, episode_length=16)
     policy = policy_cls(env.single_observation_space, env.single_action_space, hidden_sizes=[32])
-    trainer = Trainer(env, policy, make_algorithm(policy), iterations=4, rollout_steps=16, save_freq=1,
-                      output_dir=str(tmp_path), progress=False, **trainer_kwargs)  # fmt: skip
+    trainer = Trainer(
+        env,
+        policy,
+        make_algorithm(policy),
+        iterations=4,
+        rollout_steps=16,
+        save_freq=1,
+        output_dir=str(tmp_path),
+        progress=False,
+        **trainer_kwargs,
+    )
     with pytest.raises(RuntimeError) as info:
         trainer.train()
     summary = RunSummary.read(tmp_path)
@@ -197,8 +288,9 @@ def test_a_non_finite_gradient_norm_stops_the_run(tmp_path):
 
 def test_grpo_with_a_huge_learning_rate_stops_at_its_non_finite_kl(tmp_path):
     # The issue's case: GRPO at learning_rate=1e8 completed with approx_kl = inf in every row.
-    message = non_finite_run(tmp_path, lambda policy: GRPO(policy, learning_rate=1e8, batch_size=512, group_size=8),
-                             policy_cls=ActorOnly)  # fmt: skip
+    message = non_finite_run(
+        tmp_path, lambda policy: GRPO(policy, learning_rate=1e8, batch_size=512, group_size=8), policy_cls=ActorOnly
+    )
     assert message.startswith("non-finite approx_kl at iteration 1 (inf); last good checkpoint: none written yet")
 
 
@@ -216,8 +308,9 @@ def test_a_non_finite_parameter_stops_the_run(tmp_path):
 def test_no_checkpoint_is_written_from_a_non_finite_policy(tmp_path):
     env = LineEnv(num_envs=8)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-    trainer = Trainer(env, policy, PPO(policy, batch_size=16), iterations=1, rollout_steps=4,
-                      output_dir=str(tmp_path), progress=False)  # fmt: skip
+    trainer = Trainer(
+        env, policy, PPO(policy, batch_size=16), iterations=1, rollout_steps=4, output_dir=str(tmp_path), progress=False
+    )
     trainer.train()
     good = (tmp_path / "checkpoints" / "latest.pt").read_bytes()
     policy.obs_normalizer.mean.fill_(float("nan"))  # as NaN observations would leave it
@@ -231,10 +324,21 @@ def test_a_best_checkpoint_that_cannot_be_written_leaves_the_recorded_best_as_it
     # Every evaluation of ScoredByEvaluation beats the one before; the second one's best.pt cannot be written.
     env = ScoredByEvaluation(num_envs=4, max_episode_steps=3)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-    trainer = Trainer(env, policy, PPO(policy, batch_size=8), eval_env=ScoredByEvaluation(num_envs=4, max_episode_steps=3),
-                      iterations=1, rollout_steps=3, eval_freq=1, num_eval_envs=4, num_eval_episodes=4,
-                      objective="eval/avg_reward", output_dir=str(tmp_path), progress=False,
-                      fresh_eval=False)  # its evaluation would be the env's next reset, and score 6  # fmt: skip
+    trainer = Trainer(
+        env,
+        policy,
+        PPO(policy, batch_size=8),
+        eval_env=ScoredByEvaluation(num_envs=4, max_episode_steps=3),
+        iterations=1,
+        rollout_steps=3,
+        eval_freq=1,
+        num_eval_envs=4,
+        num_eval_episodes=4,
+        objective="eval/avg_reward",
+        output_dir=str(tmp_path),
+        progress=False,
+        fresh_eval=False,
+    )  # its evaluation would be the env's next reset, and score 6
     trainer.train()
     first = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=True)
     (tmp_path / "checkpoints" / "best.pt").unlink()
@@ -244,7 +348,11 @@ def test_a_best_checkpoint_that_cannot_be_written_leaves_the_recorded_best_as_it
         trainer.train()
     summary = RunSummary.read(tmp_path)
     assert summary.status == "failed" and summary.final["eval/avg_reward"] == 6.0  # the second evaluation's
-    assert (summary.best_objective, summary.best_objective_step) == (first["best_objective"], first["global_step"]) == (3.0, 12)
+    assert (
+        (summary.best_objective, summary.best_objective_step)
+        == (first["best_objective"], first["global_step"])
+        == (3.0, 12)
+    )
 
 
 def test_a_failed_fresh_evaluation_leaves_the_run_completed_and_says_why(tmp_path, capsys):
@@ -258,9 +366,19 @@ def test_a_failed_fresh_evaluation_leaves_the_run_completed_and_says_why(tmp_pat
 
     env = LineEnv(num_envs=4)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
-    trainer = Trainer(env, policy, PPO(policy, batch_size=8), eval_env=RefusesFreshStarts(num_envs=4), iterations=2,
-                      rollout_steps=4, eval_freq=1, num_eval_envs=4, num_eval_episodes=4, output_dir=str(tmp_path),
-                      progress=False)  # fmt: skip
+    trainer = Trainer(
+        env,
+        policy,
+        PPO(policy, batch_size=8),
+        eval_env=RefusesFreshStarts(num_envs=4),
+        iterations=2,
+        rollout_steps=4,
+        eval_freq=1,
+        num_eval_envs=4,
+        num_eval_episodes=4,
+        output_dir=str(tmp_path),
+        progress=False,
+    )
     summary = trainer.train()
     assert summary.status == "completed" and summary.exit_code == 0
     assert summary.best_fresh == {"error": "RuntimeError: no such start states"} == RunSummary.read(tmp_path).best_fresh

@@ -14,10 +14,13 @@ from rlchain.run.video import encode_gif, write_mp4
 from tests.helpers.runs import TINY, run_cli, summary_of
 
 
-@pytest.mark.parametrize("make_env", [
-    lambda: PushCubeEnv(num_envs=4, episode_length=12, render_mode="rgb_array"),
-    lambda: CartPoleEnv(num_envs=4, max_episode_steps=30, render_mode="rgb_array"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "make_env",
+    [
+        lambda: PushCubeEnv(num_envs=4, episode_length=12, render_mode="rgb_array"),
+        lambda: CartPoleEnv(num_envs=4, max_episode_steps=30, render_mode="rgb_array"),
+    ],
+)
 def test_video_holds_the_first_episode_of_each_recorded_env_one_frame_per_action(make_env):
     env = make_env()
     torch.manual_seed(0)
@@ -54,8 +57,18 @@ def test_a_written_mp4_decodes_to_its_frames(tmp_path):
 @pytest.mark.slow
 def test_training_with_video_writes_one_mp4_per_evaluation(tmp_path):
     run = tmp_path / "run"
-    proc = run_cli(["algorithm=ppo", "env=push_cube", *TINY, "env.episode_length=10", "trainer.video=true",
-                    "trainer.video_episodes=2", f"hydra.run.dir={run}"], tmp_path)  # fmt: skip
+    proc = run_cli(
+        [
+            "algorithm=ppo",
+            "env=push_cube",
+            *TINY,
+            "env.episode_length=10",
+            "trainer.video=true",
+            "trainer.video_episodes=2",
+            f"hydra.run.dir={run}",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     summary = summary_of(run)
     videos = sorted((run / "videos").glob("*.mp4"))
@@ -85,7 +98,9 @@ def test_video_on_an_env_that_cannot_render_fails_before_any_step(compose_cfg):
     cfg = compose_cfg(["env=push_cube", *TINY, "trainer.video=true"])
     with open_dict(cfg):  # a user's env, as --config-dir's env=line gives it
         cfg.env = OmegaConf.create({"_target_": "tests.helpers.toy_env.LineEnv", "num_envs": 16})
-    with pytest.raises(ConfigError, match=r"trainer.video=True needs an env that renders: its settings have no render_mode"):
+    with pytest.raises(
+        ConfigError, match=r"trainer.video=True needs an env that renders: its settings have no render_mode"
+    ):
         build(cfg)
 
 

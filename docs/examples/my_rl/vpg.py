@@ -37,8 +37,15 @@ class VPG(Algorithm):
 
     def update(self, rollout: TensorDict) -> dict[str, float]:
         cfg = self.cfg
-        advantages, returns = compute_gae(rollout["reward"], rollout["value"], rollout["next_value"],
-                                          rollout["terminated"], rollout["done"], cfg.gamma, cfg.gae_lambda)
+        advantages, returns = compute_gae(
+            rollout["reward"],
+            rollout["value"],
+            rollout["next_value"],
+            rollout["terminated"],
+            rollout["done"],
+            cfg.gamma,
+            cfg.gae_lambda,
+        )
         data = rollout.select("obs", "action").clone(False)
         data.set("advantages", (advantages - advantages.mean()) / (advantages.std() + 1e-8))
         data.set("returns", returns)
@@ -52,5 +59,9 @@ class VPG(Algorithm):
         value_loss = 0.5 * (out["value"] - batch["returns"]).pow(2).mean()
         entropy = out["entropy"].mean()
         loss = policy_loss + self.cfg.vf_coef * value_loss - self.cfg.ent_coef * entropy
-        return {"loss": loss, "policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),
-                "entropy": entropy.detach()}
+        return {
+            "loss": loss,
+            "policy_loss": policy_loss.detach(),
+            "value_loss": value_loss.detach(),
+            "entropy": entropy.detach(),
+        }

@@ -22,11 +22,11 @@ import os
 import signal
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
@@ -74,9 +74,11 @@ class Worker:
     def __init__(self, slot: Slot) -> None:
         self.slot = slot
         self.executor = ProcessPoolExecutor(
-            max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-            initializer=init_worker, initargs=(slot.environ(), slot.num_threads, os.getpid(), slot.ranks),
-        )  # fmt: skip
+            max_workers=1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=init_worker,
+            initargs=(slot.environ(), slot.num_threads, os.getpid(), slot.ranks),
+        )
         self._pid: Future = self.executor.submit(os.getpid)
         self.job: Job | None = None
         self.started = 0.0  # when the launcher handed it the current job (Unix seconds)
@@ -157,8 +159,9 @@ class DevicePool:
             if reason is not None and worker.killed is None:
                 worker.kill(reason)
 
-    def stream(self, next_job: Callable[[], Job | None], context: bytes, sweep_dir: Path,
-               batch: Batch) -> Iterator[tuple[Job, JobReturn]]:  # fmt: skip
+    def stream(
+        self, next_job: Callable[[], Job | None], context: bytes, sweep_dir: Path, batch: Batch
+    ) -> Iterator[tuple[Job, JobReturn]]:
         """Start a job from ``next_job()`` whenever a slot is free; yield each job with its result as it ends.
 
         ``next_job()`` is called only when a slot is free, and again after
@@ -187,7 +190,7 @@ class DevicePool:
                         break
                 try:
                     job = waiting.popleft() if waiting else next_job()
-                except Exception as err:
+                except Exception as err:  # noqa: BLE001 - the sweeper's error, handed to the sweep as it is
                     offering = err
                     break
                 if job is None:
@@ -201,7 +204,9 @@ class DevicePool:
                     continue
                 worker.job, worker.signals_sent, worker.killed = job, 0, None
                 worker.started = self._last_start = time.time()
-                log.info(f"job {job.idx} started on {worker.slot.label} (slot {worker.slot.index}): {_shown_overrides(job.overrides)}")
+                log.info(
+                    f"job {job.idx} started on {worker.slot.label} (slot {worker.slot.index}): {_shown_overrides(job.overrides)}"
+                )
                 running[future] = worker
             if not running:
                 break
@@ -223,7 +228,7 @@ class DevicePool:
         job, slot = worker.job, worker.slot
         try:
             outcome: Outcome = future.result()
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - a worker's failure of any kind is this job's
             status, signal_name, now = "failed", None, time.time()
             if isinstance(err, BrokenProcessPool):  # the worker died: killed, out of memory, segfault
                 worker.broken = True
@@ -235,8 +240,9 @@ class DevicePool:
             else:  # e.g. a result that could not travel back
                 error = f"the job's result could not be returned: {describe_error(err)}"
             ret = JobReturn(overrides=job.overrides, status=JobStatus.FAILED, _return_value=RuntimeError(error))
-            outcome = Outcome(cloudpickle.dumps(ret), status, error, signal_name, None, worker.started, now,
-                              worker.pid, None)  # fmt: skip
+            outcome = Outcome(
+                cloudpickle.dumps(ret), status, error, signal_name, None, worker.started, now, worker.pid, None
+            )
         ret = cloudpickle.loads(outcome.job_return)
         ret.hydra_cfg = OmegaConf.masked_copy(job.config, "hydra")
         with read_write(ret.hydra_cfg.hydra.runtime):
@@ -246,18 +252,28 @@ class DevicePool:
             del ret.cfg["hydra"]
         if outcome.status != "completed":  # the sweeper raises it: one line, no traceback on the console
             where = f" (traceback: {_shown_path(outcome.log_file)})" if outcome.log_file and outcome.traceback else ""
-            failed = JobFailed(f"job {job.idx} {'failed: ' if outcome.status == 'failed' else ''}{outcome.error}{where}")
+            failed = JobFailed(
+                f"job {job.idx} {'failed: ' if outcome.status == 'failed' else ''}{outcome.error}{where}"
+            )
             if outcome.traceback is not None:
                 failed.__cause__ = RemoteTraceback(outcome.traceback)
             ret.status, ret._return_value = JobStatus.FAILED, failed
         wall = outcome.end_time - outcome.start_time
         record = JobRecord(
-            job=job.idx, status=outcome.status, error=outcome.error, signal=outcome.signal,
-            traceback=outcome.traceback, slot=slot.index,
-            device=slot.label, cuda_visible_devices=slot.environ()["CUDA_VISIBLE_DEVICES"],
-            num_threads=slot.num_threads, pid=outcome.pid, start_time=outcome.start_time, end_time=outcome.end_time,
+            job=job.idx,
+            status=outcome.status,
+            error=outcome.error,
+            signal=outcome.signal,
+            traceback=outcome.traceback,
+            slot=slot.index,
+            device=slot.label,
+            cuda_visible_devices=slot.environ()["CUDA_VISIBLE_DEVICES"],
+            num_threads=slot.num_threads,
+            pid=outcome.pid,
+            start_time=outcome.start_time,
+            end_time=outcome.end_time,
             wall_s=wall,
-        )  # fmt: skip
+        )
         try:
             record.append(sweep_dir)
         except OSError as err:  # the job's own files are what matters
@@ -284,7 +300,7 @@ def _shown_overrides(overrides: list[str], width: int = 60) -> str:
     shown = []
     for override in overrides:
         key, eq, value = override.partition("=")
-        shown.append(f"{key}{eq}{value[:width - 3]}..." if len(value) > width else override)
+        shown.append(f"{key}{eq}{value[: width - 3]}..." if len(value) > width else override)
     return " ".join(shown)
 
 

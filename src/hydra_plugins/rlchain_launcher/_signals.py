@@ -19,7 +19,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from rlchain.run.summary import STOP_SIGNALS, signal_exit_code
 
@@ -75,13 +76,17 @@ class StopSignals:
             name = signal.Signals(self.received[self._announced]).name
             self._announced += 1
             if self._announced == 1:
-                message = (f"{name}: stopping the sweep: running jobs save and stop after their iteration, "
-                           "no new job starts; Ctrl-C (or SIGTERM) again aborts them")  # fmt: skip
+                message = (
+                    f"{name}: stopping the sweep: running jobs save and stop after their iteration, "
+                    "no new job starts; Ctrl-C (or SIGTERM) again aborts them"
+                )
             elif self._announced == 2:
                 self._kill_at = time.monotonic() + self.kill_after_s
                 self._kill_reason = f"it had not stopped {self.kill_after_s:g} s after the second stop signal ({name})"
-                message = (f"{name} again: the running jobs abort now (no new checkpoint); a worker still running "
-                           f"in {self.kill_after_s:g} s is killed")  # fmt: skip
+                message = (
+                    f"{name} again: the running jobs abort now (no new checkpoint); a worker still running "
+                    f"in {self.kill_after_s:g} s is killed"
+                )
             else:
                 self._kill_at = time.monotonic()
                 self._kill_reason = f"a third stop signal ({name}) came"

@@ -10,8 +10,9 @@ which Hydra prints in one line.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from hydra.errors import CompactHydraException
 from omegaconf import ListConfig, OmegaConf
@@ -46,8 +47,11 @@ class Slot:
         """The environment a worker of this slot runs its jobs in: its GPU, and its CPU threads (read by torch,
         OpenMP and MKL when they start)."""
         threads = str(self.num_threads)
-        return {"CUDA_VISIBLE_DEVICES": "" if self.device == "cpu" else self.device,
-                "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}  # fmt: skip
+        return {
+            "CUDA_VISIBLE_DEVICES": "" if self.device == "cpu" else self.device,
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+        }
 
 
 def usable_cpus() -> int:
@@ -68,9 +72,11 @@ def exported_threads() -> int | None:
     if not value:
         return None
     if not value.isdigit() or int(value) < 1:
-        raise LauncherConfigError(f"OMP_NUM_THREADS={value!r}, exported to the launcher, is not allowed with "
-                                  "hydra.launcher.threads_per_job='auto', which gives it to every job: expected an "
-                                  "integer >= 1 (or unset it, or set threads_per_job)")  # fmt: skip
+        raise LauncherConfigError(
+            f"OMP_NUM_THREADS={value!r}, exported to the launcher, is not allowed with "
+            "hydra.launcher.threads_per_job='auto', which gives it to every job: expected an "
+            "integer >= 1 (or unset it, or set threads_per_job)"
+        )
     return int(value)
 
 
@@ -153,8 +159,13 @@ def resolve_devices(devices: Any, visible: Sequence[str] | None = None) -> list[
     return ids
 
 
-def make_slots(devices: Any, jobs_per_device: int, threads_per_job: Any, devices_per_job: int = 1,
-               visible: Sequence[str] | None = None) -> list[Slot]:  # fmt: skip
+def make_slots(
+    devices: Any,
+    jobs_per_device: int,
+    threads_per_job: Any,
+    devices_per_job: int = 1,
+    visible: Sequence[str] | None = None,
+) -> list[Slot]:
     """Slots for ``devices`` x ``jobs_per_device``, ordered round-robin over the devices.
 
     The round-robin order makes the first jobs of a sweep land on distinct

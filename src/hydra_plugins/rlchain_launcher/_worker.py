@@ -42,9 +42,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import cloudpickle
 from hydra.core.hydra_config import HydraConfig
@@ -167,8 +168,10 @@ def _watch_launcher(launcher_pid: int) -> None:
         running = _job_running
     if not running:
         _exit_orphan()
-    log.warning(f"the launcher (pid {launcher_pid}) is gone: this worker (pid {os.getpid()}) stops its job "
-                "after the iteration and exits")  # fmt: skip
+    log.warning(
+        f"the launcher (pid {launcher_pid}) is gone: this worker (pid {os.getpid()}) stops its job "
+        "after the iteration and exits"
+    )
     os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -213,23 +216,37 @@ def _execute(job: Job, task_function: Any, hydra_context: Any, singleton_state: 
             if _pending_signal is not None:  # forwarded before this worker took the job up
                 name, _pending_signal, _armed = signal.Signals(_pending_signal).name, None, False
                 raise JobInterrupted(name)
-            ret = run_job(hydra_context=hydra_context, config=job.config, task_function=task_function,
-                          job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")  # fmt: skip
+            ret = run_job(
+                hydra_context=hydra_context,
+                config=job.config,
+                task_function=task_function,
+                job_dir_key="hydra.sweep.dir",
+                job_subdir_key="hydra.sweep.subdir",
+            )
         finally:
             _armed = False
-    except BaseException as err:  # a stopped run's SystemExit, a forwarded signal, an error of Hydra itself
+    except BaseException as err:  # noqa: BLE001 - a stopped run's SystemExit, a forwarded signal, an error of Hydra itself
         ret = JobReturn(overrides=job.overrides, status=JobStatus.FAILED, _return_value=err)
     end = time.time()
     ret, status, error, signal_name, tb = _how_it_ended(ret, job.output_dir, start)
     handler = _job_log_file(job.output_dir)
     if status == "failed" and handler is not None:  # the traceback goes to the job's log, not the console
-        handler.handle(logging.LogRecord(log.name, logging.ERROR, __file__, 0, "job %d failed: %s\n%s",
-                                         (job.idx, error, (tb or "").rstrip()), None))  # fmt: skip
+        handler.handle(
+            logging.LogRecord(
+                log.name,
+                logging.ERROR,
+                __file__,
+                0,
+                "job %d failed: %s\n%s",
+                (job.idx, error, (tb or "").rstrip()),
+                None,
+            )
+        )
     ret.cfg = ret.hydra_cfg = None  # the launcher restores them from the job's config
     try:
         payload = cloudpickle.dumps(ret)
         pickle.loads(payload)
-    except Exception:  # a return value or an error that cannot travel back: send it as text
+    except Exception:  # noqa: BLE001 - a return value or an error that cannot travel back: send it as text
         ret._return_value = RuntimeError(error) if ret.status is JobStatus.FAILED else repr(ret._return_value)
         payload = cloudpickle.dumps(ret)
     _release_cuda_memory()
@@ -237,8 +254,11 @@ def _execute(job: Job, task_function: Any, hydra_context: Any, singleton_state: 
     return Outcome(payload, status, error, signal_name, tb, start, end, os.getpid(), log_file)
 
 
-def _how_it_ended(ret: JobReturn, output_dir: Path, start: float,
-                  ) -> tuple[JobReturn, str, str | None, str | None, str | None]:  # fmt: skip
+def _how_it_ended(
+    ret: JobReturn,
+    output_dir: Path,
+    start: float,
+) -> tuple[JobReturn, str, str | None, str | None, str | None]:
     """``(JobReturn, status, error on one line, stop signal, traceback)`` of a job that began at ``start``.
 
     Where the job raised, the run's own ``summary.json``, if it wrote one
@@ -291,11 +311,21 @@ def _other_ranks(job: bytes, context: bytes) -> Iterator[None]:
     with socket.socket() as s:  # a free port for the ranks' rendezvous, as torchrun --standalone picks one
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    world = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(_ranks),
-             "LOCAL_WORLD_SIZE": str(_ranks)}  # fmt: skip
+    world = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(_ranks),
+        "LOCAL_WORLD_SIZE": str(_ranks),
+    }
     spawn = multiprocessing.get_context("spawn")
-    ranks = [spawn.Process(target=run_rank, args=(job, context, {**world, "RANK": str(r), "LOCAL_RANK": str(r)}, os.getpid()),
-                           name=f"rlchain-rank-{r}") for r in range(1, _ranks)]  # fmt: skip
+    ranks = [
+        spawn.Process(
+            target=run_rank,
+            args=(job, context, {**world, "RANK": str(r), "LOCAL_RANK": str(r)}, os.getpid()),
+            name=f"rlchain-rank-{r}",
+        )
+        for r in range(1, _ranks)
+    ]
     for rank in ranks:
         rank.start()
     saved = {key: os.environ.get(key) for key in (*world, "RANK", "LOCAL_RANK")}

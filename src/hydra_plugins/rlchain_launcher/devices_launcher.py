@@ -44,8 +44,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn
@@ -107,8 +108,9 @@ class DevicesLauncher(Launcher):
             _log_failures(jobs, batch.failed)
         return [results[idx] for idx, _ in jobs if idx in results]
 
-    def launch_as_completed(self, next_job: Callable[[], tuple[int, Sequence[str]] | None]
-                            ) -> Iterator[tuple[int, JobReturn]]:  # fmt: skip
+    def launch_as_completed(
+        self, next_job: Callable[[], tuple[int, Sequence[str]] | None]
+    ) -> Iterator[tuple[int, JobReturn]]:
         """Start a job whenever a slot frees; yield ``(job number, JobReturn)`` as each job ends.
 
         ``next_job()`` returns the next job's number and overrides, or None
@@ -149,8 +151,11 @@ class DevicesLauncher(Launcher):
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         if self.pool is None:
             cfg = self.settings
-            self.pool = DevicePool(make_slots(cfg.devices, cfg.jobs_per_device, cfg.threads_per_job, cfg.devices_per_job),
-                                   cfg.stagger_s, cfg.kill_after_s)  # fmt: skip
+            self.pool = DevicePool(
+                make_slots(cfg.devices, cfg.jobs_per_device, cfg.threads_per_job, cfg.devices_per_job),
+                cfg.stagger_s,
+                cfg.kill_after_s,
+            )
             weakref.finalize(self, self.pool.shutdown)  # also runs at exit; atexit alone kept them to the end
 
     def _run(self, next_job: Callable[[], Any], batch: Any) -> Iterator[tuple[int, JobReturn]]:
@@ -165,9 +170,16 @@ class DevicesLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         devices = sorted({s.label for s in pool.slots})
         slot = pool.slots[0]
-        each = f"{slot.ranks} processes of {slot.num_threads} thread(s)" if slot.ranks > 1 else f"{slot.num_threads} thread(s)"
-        each += " each" + (", as exported in OMP_NUM_THREADS" if self.settings.threads_per_job == "auto"
-                           and exported_threads() is not None else "")  # fmt: skip
+        each = (
+            f"{slot.ranks} processes of {slot.num_threads} thread(s)"
+            if slot.ranks > 1
+            else f"{slot.num_threads} thread(s)"
+        )
+        each += " each" + (
+            ", as exported in OMP_NUM_THREADS"
+            if self.settings.threads_per_job == "auto" and exported_threads() is not None
+            else ""
+        )
         log.info(f"devices launcher: {len(pool.slots)} slot(s) ({', '.join(devices)}; {each}); sweep dir {sweep_dir}")
         ran = 0
         with pool.signals.handling():
@@ -176,12 +188,14 @@ class DevicesLauncher(Launcher):
                 ran += 1
                 yield job.idx, ret
             if pool.signals.first is not None:
-                log.warning(f"sweep stopped by {signal.Signals(pool.signals.first).name} after {ran} job(s); "
-                            f"finished jobs and checkpoints are in {sweep_dir}")  # fmt: skip
+                log.warning(
+                    f"sweep stopped by {signal.Signals(pool.signals.first).name} after {ran} job(s); "
+                    f"finished jobs and checkpoints are in {sweep_dir}"
+                )
                 pool.shutdown()
                 try:
                     self.hydra_context.callbacks.on_multirun_end(config=self.config)
-                except Exception as err:  # a stopped sweep exits with its signal's code whatever a callback says
+                except Exception as err:  # noqa: BLE001 - a stopped sweep exits with its signal's code whatever a callback says
                     log.warning(f"a multirun-end callback failed: {error_line(err)}")
                 raise SystemExit(pool.signals.exit_code)
 
@@ -195,7 +209,9 @@ class DevicesLauncher(Launcher):
             sweep_config.hydra.job.num = idx
         HydraConfig.instance().set_config(sweep_config)
         sweep = sweep_config.hydra.sweep
-        return Job(idx, list(overrides), sweep_config, Path(os.path.abspath(os.path.join(str(sweep.dir), str(sweep.subdir)))))
+        return Job(
+            idx, list(overrides), sweep_config, Path(os.path.abspath(os.path.join(str(sweep.dir), str(sweep.subdir))))
+        )
 
 
 def _log_failures(jobs: Sequence[tuple[int, Sequence[str]]], failed: Sequence[tuple[Any, str]]) -> None:

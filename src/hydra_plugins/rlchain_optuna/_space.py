@@ -18,7 +18,8 @@ a value                            a fixed value: passed to every trial as it is
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep, Transformer
@@ -44,7 +45,9 @@ def _distribution(override: Override, name: str) -> Any:
         choices = list(override.sweep_iterator(transformer=Transformer.encode))
         for choice in choices:
             if not isinstance(choice, (str, int, float, bool, type(None))):
-                raise SweeperError(f"{name} is not allowed: a choice is a str, int, float, bool or null, got {choice!r}")
+                raise SweeperError(
+                    f"{name} is not allowed: a choice is a str, int, float, bool or null, got {choice!r}"
+                )
         if not choices:
             raise SweeperError(f"{name} is not allowed: an empty choice")
         return CategoricalDistribution(choices)
@@ -89,9 +92,11 @@ def search_space(params: Mapping[str, Any] | None, arguments: Sequence[str]) -> 
         except SweeperError:
             raise
         except (OverrideParseException, ValueError, TypeError) as err:
-            raise SweeperError(f"{name}={line.partition('=')[2]!r} is not allowed: {error_line(str(err))}; "
-                               "expected interval(a, b), tag(log, interval(a, b)), range(a, b[, step]), "
-                               "choice(...) or a value") from None  # fmt: skip
+            raise SweeperError(
+                f"{name}={line.partition('=')[2]!r} is not allowed: {error_line(str(err))}; "
+                "expected interval(a, b), tag(log, interval(a, b)), range(a, b[, step]), "
+                "choice(...) or a value"
+            ) from None
         distributions.pop(key, None)
         fixed.pop(key, None)
         if isinstance(value, str):
@@ -119,6 +124,8 @@ def grid_of(distributions: Mapping[str, Any]) -> dict[str, list[Any]]:
             n = int(round((dist.high - dist.low) / dist.step))
             grid[key] = [dist.low + i * dist.step for i in range(n + 1)]
         else:
-            raise SweeperError(f"hydra.sweeper.params.{key} is not allowed with hydra.sweeper.sampler=grid: the grid "
-                               "sampler takes choice(...) and range(...), not an interval")  # fmt: skip
+            raise SweeperError(
+                f"hydra.sweeper.params.{key} is not allowed with hydra.sweeper.sampler=grid: the grid "
+                "sampler takes choice(...) and range(...), not an interval"
+            )
     return grid

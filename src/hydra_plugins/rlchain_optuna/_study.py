@@ -12,18 +12,27 @@ import logging
 import math
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.rlchain_optuna._space import SweeperError, grid_of, search_space
 from hydra_plugins.rlchain_optuna.config import OptunaSweeperConf
-from rlchain.files import write_text
 from rlchain.console import error_line
+from rlchain.files import write_text
 from rlchain.run.summary import RunSummary
-from rlchain.run.tuning import PRUNED_AT, TRIAL_SETTING, StudyError, make_pruner, make_sampler, open_storage, quiet_optuna
+from rlchain.run.tuning import (
+    PRUNED_AT,
+    TRIAL_SETTING,
+    StudyError,
+    make_pruner,
+    make_sampler,
+    open_storage,
+    quiet_optuna,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +44,11 @@ DEFAULT_DIRECTION = "minimize"
 _ABSENT = object()
 #: The result file and Optuna's plots, in the sweep directory.
 RESULTS = "optimization_results.yaml"
-PLOTS = {"optimization_history.png": "plot_optimization_history",
-         "param_importances.png": "plot_param_importances", "trial_timeline.png": "plot_timeline"}  # fmt: skip
+PLOTS = {
+    "optimization_history.png": "plot_optimization_history",
+    "param_importances.png": "plot_param_importances",
+    "trial_timeline.png": "plot_timeline",
+}
 
 
 def _grammar(value: Any) -> str:
@@ -86,8 +98,10 @@ class Search:
         self.sweep_dir = Path(str(config.hydra.sweep.dir))
         self.distributions, self.fixed = search_space(s.params, arguments)
         if not self.distributions:
-            raise SweeperError("hydra.sweeper.params is empty: nothing to search (give a key=interval(...), "
-                               "range(...) or choice(...) there or on the command line)")  # fmt: skip
+            raise SweeperError(
+                "hydra.sweeper.params is empty: nothing to search (give a key=interval(...), "
+                "range(...) or choice(...) there or on the command line)"
+            )
         self.direction = _direction(s.direction, OmegaConf.select(config, "trainer.objective_direction", default=None))
         self.metric_name = _metric_name(s.metric_name, OmegaConf.select(config, "trainer.objective", default=None))
         self.study_name = s.study_name or str(config.hydra.job.name)
@@ -97,8 +111,14 @@ class Search:
             storage = open_storage(self.storage, "hydra.sweeper.storage")
             sampler = make_sampler(s.sampler, s.sampler_options, s.seed, grid, "hydra.sweeper.sampler")
             pruner = make_pruner(s.pruner, s.pruner_options, "hydra.sweeper.pruner")
-            self.study = optuna.create_study(study_name=self.study_name, storage=storage, sampler=sampler,
-                                             pruner=pruner, direction=self.direction, load_if_exists=True)  # fmt: skip
+            self.study = optuna.create_study(
+                study_name=self.study_name,
+                storage=storage,
+                sampler=sampler,
+                pruner=pruner,
+                direction=self.direction,
+                load_if_exists=True,
+            )
         except StudyError as err:
             raise SweeperError(str(err)) from None
         stored = self.study.direction.name.lower()
@@ -116,9 +136,15 @@ class Search:
         self._name_metric(self.metric_name)
         self.failures = 0
         self.running: dict[int, Any] = {}
-        resumed = f", resuming {len(self.study.trials)} trial(s), {self.finished} finished or pruned" if self.study.trials else ""
-        log.info(f"Optuna study {self.study_name!r} in {self.storage}: {s.sampler} sampler, {s.pruner} pruner, "
-                 f"{self.direction} the objective, {self.n_trials} trial(s){resumed}")  # fmt: skip
+        resumed = (
+            f", resuming {len(self.study.trials)} trial(s), {self.finished} finished or pruned"
+            if self.study.trials
+            else ""
+        )
+        log.info(
+            f"Optuna study {self.study_name!r} in {self.storage}: {s.sampler} sampler, {s.pruner} pruner, "
+            f"{self.direction} the objective, {self.n_trials} trial(s){resumed}"
+        )
         log.info("search space: " + ", ".join(f"{k}: {_shown(d)}" for k, d in self.distributions.items()))
 
     def _name_metric(self, name: str | None) -> None:
@@ -139,8 +165,10 @@ class Search:
         from optuna.trial import TrialState
 
         trials = self.study.get_trials(deepcopy=False, states=tuple(TrialState[s] for s in states))
-        return {self._point(t.system_attrs.get("fixed_params", {}) if t.state == TrialState.WAITING else t.params)
-                for t in trials}  # fmt: skip
+        return {
+            self._point(t.system_attrs.get("fixed_params", {}) if t.state == TrialState.WAITING else t.params)
+            for t in trials
+        }
 
     def _next_point(self) -> dict[str, Any] | None:
         """The grid point the next trial runs: of the points with no finished, pruned, running or waiting trial,
@@ -177,8 +205,11 @@ class Search:
         from optuna.trial import TrialState
 
         for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            self._fail(optuna.trial.Trial(self.study, frozen._trial_id), "abandoned",
-                       "left running by a sweep that ended before it")  # fmt: skip
+            self._fail(
+                optuna.trial.Trial(self.study, frozen._trial_id),
+                "abandoned",
+                "left running by a sweep that ended before it",
+            )
             log.warning(f"trial {frozen.number} was left running by a sweep that ended before it: marked failed")
 
     def _fail(self, trial: Any, status: str, error: str) -> None:
@@ -206,8 +237,13 @@ class Search:
         for key, value in self.fixed.items():
             trial.set_user_attr(key, value)
         self.running[trial.number] = trial
-        link = {"storage": self.storage, "study_name": self.study_name, "number": trial.number,
-                "pruner": self.settings.pruner, "pruner_options": self.settings.pruner_options}  # fmt: skip
+        link = {
+            "storage": self.storage,
+            "study_name": self.study_name,
+            "number": trial.number,
+            "pruner": self.settings.pruner,
+            "pruner_options": self.settings.pruner_options,
+        }
         overrides = [f"{k}={v}" for k, v in trial.params.items()] + [f"{k}={v}" for k, v in self.fixed.items()]
         return trial.number, overrides + [f"++{TRIAL_SETTING}={_grammar(link)}"]  # ++: into the empty dict
 
@@ -244,8 +280,10 @@ class Search:
         elif status == "completed":
             self.study.tell(trial, value, skip_if_finished=True)
             self.finished = self._finished()
-            log.info(f"trial {number} finished with {value:.4g}: {_params(trial.params)}; best so far "
-                     f"{self.study.best_value:.4g} (trial {self.study.best_trial.number})")  # fmt: skip
+            log.info(
+                f"trial {number} finished with {value:.4g}: {_params(trial.params)}; best so far "
+                f"{self.study.best_value:.4g} (trial {self.study.best_trial.number})"
+            )
         else:
             if error is None and ret._return_value is not None and not isinstance(ret._return_value, (int, float)):
                 error = error_line(ret._return_value)
@@ -274,8 +312,10 @@ class Search:
         missing = "; ".join(_params(p) for p in self.grid_not_run()) if self.finished < self.n_trials else ""
         if self.failures >= self.n_trials and self.finished < self.n_trials:
             not_run = f"; grid points not run: {missing}" if missing else ""
-            raise SweeperError(f"the search stopped: {self.failures} trial(s) of this sweep failed, "
-                               f"{self.finished} of {self.n_trials} finished{not_run} (see {self.sweep_dir / RESULTS})")
+            raise SweeperError(
+                f"the search stopped: {self.failures} trial(s) of this sweep failed, "
+                f"{self.finished} of {self.n_trials} finished{not_run} (see {self.sweep_dir / RESULTS})"
+            )
         if missing:
             log.warning(f"grid points not run: {missing} (the same command runs them)")
 
@@ -284,14 +324,23 @@ class Search:
 
         trials = self.study.get_trials(deepcopy=False)
         counts = {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState}
-        results: dict[str, Any] = {"name": "rlchain_optuna", "study_name": self.study_name, "storage": self.storage,
-                                   "direction": self.direction, "n_trials": self.n_trials,
-                                   "trials": {k: v for k, v in counts.items() if v}}  # fmt: skip
+        results: dict[str, Any] = {
+            "name": "rlchain_optuna",
+            "study_name": self.study_name,
+            "storage": self.storage,
+            "direction": self.direction,
+            "n_trials": self.n_trials,
+            "trials": {k: v for k, v in counts.items() if v},
+        }
         complete = [t for t in trials if t.state == TrialState.COMPLETE]
         if complete:
             best = self.study.best_trial
-            results.update(best_params=dict(best.params), best_value=best.value, best_trial=best.number,
-                           best_job_dir=best.user_attrs.get("job_dir"))  # fmt: skip
+            results.update(
+                best_params=dict(best.params),
+                best_value=best.value,
+                best_trial=best.number,
+                best_job_dir=best.user_attrs.get("job_dir"),
+            )
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         write_text(self.sweep_dir / RESULTS, OmegaConf.to_yaml(OmegaConf.create(results)))
         log.info(f"{RESULTS}: {_summary_line(results)}")
@@ -331,9 +380,11 @@ def _direction(sweeper: str | None, trainer: str | None) -> str:
     if sweeper is not None and sweeper not in ("maximize", "minimize"):
         raise SweeperError(f"hydra.sweeper.direction={sweeper!r} is not allowed: expected maximize or minimize")
     if sweeper is not None and trainer is not None and sweeper != trainer:
-        raise SweeperError(f"hydra.sweeper.direction={sweeper!r} is not allowed with "
-                           f"trainer.objective_direction={trainer!r}: the study optimises the run's objective; "
-                           "set trainer.objective_direction alone")  # fmt: skip
+        raise SweeperError(
+            f"hydra.sweeper.direction={sweeper!r} is not allowed with "
+            f"trainer.objective_direction={trainer!r}: the study optimises the run's objective; "
+            "set trainer.objective_direction alone"
+        )
     return trainer or sweeper or DEFAULT_DIRECTION
 
 
@@ -345,8 +396,10 @@ def _metric_name(sweeper: str | None, trainer: str | None) -> str | None:
         SweeperError: a name that differs from the run's ``trainer.objective``.
     """
     if sweeper is not None and trainer is not None and sweeper != trainer:
-        raise SweeperError(f"hydra.sweeper.metric_name={sweeper!r} is not allowed with trainer.objective={trainer!r}: "
-                           "the study optimises the run's objective; set trainer.objective alone")  # fmt: skip
+        raise SweeperError(
+            f"hydra.sweeper.metric_name={sweeper!r} is not allowed with trainer.objective={trainer!r}: "
+            "the study optimises the run's objective; set trainer.objective alone"
+        )
     if trainer is not None:
         return None if trainer == "auto" else trainer
     return sweeper
@@ -380,8 +433,11 @@ def _params(params: dict[str, Any]) -> str:
 
 def _summary_line(results: dict[str, Any]) -> str:
     counts = ", ".join(f"{v} {k}" for k, v in results["trials"].items())
-    best = (f"best {results['best_value']:.4g} (trial {results['best_trial']}): {_params(results['best_params'])}"
-            if "best_value" in results else "no trial finished yet")  # fmt: skip
+    best = (
+        f"best {results['best_value']:.4g} (trial {results['best_trial']}): {_params(results['best_params'])}"
+        if "best_value" in results
+        else "no trial finished yet"
+    )
     return f"{counts}; {best}"
 
 
@@ -399,4 +455,3 @@ def returned_value(ret: JobReturn) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
-

@@ -49,6 +49,7 @@ __all__ = ["OptunaSweeper"]
 
 log = logging.getLogger(__name__)
 
+
 class OptunaSweeper(Sweeper):
     """A Hydra sweeper that runs an Optuna study (Akiba et al. 2019) on Optuna's ask/tell API.
 
@@ -63,8 +64,9 @@ class OptunaSweeper(Sweeper):
     """
 
     def __init__(self, **settings: Any) -> None:
-        settings = {k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
-                    for k, v in settings.items()}  # fmt: skip
+        settings = {
+            k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v for k, v in settings.items()
+        }
         self.settings = OptunaSweeperConf(**settings)
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None

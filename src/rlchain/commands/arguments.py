@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from rlchain.console import error_line
 from rlchain.settings import SettingError, Settings
@@ -92,13 +93,26 @@ def command_parser(prog: str, doc: str, schema: type[SavedRunOptions]) -> argpar
     """
     paragraphs = doc.replace("``", "").split("\n\n")
     examples = next((paragraphs[i + 1] for i, text in enumerate(paragraphs) if text.strip() == "Usage::"), "")
-    parser = _OneLineParser(prog=prog, description=paragraphs[0], epilog=f"examples:\n{examples}" if examples else None,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = _OneLineParser(
+        prog=prog,
+        description=paragraphs[0],
+        epilog=f"examples:\n{examples}" if examples else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     options = ", ".join(f.name for f in dataclasses.fields(schema) if not f.name.startswith("_"))
     parser.add_argument("source", help="a run directory or a checkpoint file")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help=f"options ({options}) and env.<key>=<value> overrides of the saved config")  # fmt: skip
-    parser.add_argument("--allow-target", action="append", default=[], metavar="MODULE",
-                        help="a module whose _target_s the saved config may instantiate and that its env may import "
-                             "(env.imports, an env.id module:Name) besides rlchain's; repeatable")  # fmt: skip
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help=f"options ({options}) and env.<key>=<value> overrides of the saved config",
+    )
+    parser.add_argument(
+        "--allow-target",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="a module whose _target_s the saved config may instantiate and that its env may import "
+        "(env.imports, an env.id module:Name) besides rlchain's; repeatable",
+    )
     return parser

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import difflib
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["HIDDEN_GROUPS", "help_groups", "register_help_resolver", "unknown_keys"]
 
@@ -62,8 +63,14 @@ def unknown_keys(argv: Sequence[str], config_module: str = CONFIG_MODULE, config
     import rlchain.commands.config  # noqa: F401  (registers the schemas that rlchain's config options extend)
 
     args, _ = get_args_parser().parse_known_args(list(argv))
-    if (args.config_path is not None or args.experimental_rerun is not None or args.hydra_help or args.info
-            or args.shell_completion or not args.overrides):  # fmt: skip
+    if (
+        args.config_path is not None
+        or args.experimental_rerun is not None
+        or args.hydra_help
+        or args.info
+        or args.shell_completion
+        or not args.overrides
+    ):
         return []
     overrides = list(args.overrides)
     try:
@@ -86,8 +93,11 @@ def unknown_keys(argv: Sequence[str], config_module: str = CONFIG_MODULE, config
         check = _Check(loader, args.config_name or config_name, mode)
         # A multirun composes its sweeps (trainer.iterations=5,10) only in each job, from the choices of that job;
         # their keys are looked up in the sweep's config unless a group is swept (a key may be in one option only).
-        swept = [] if any(o.is_sweep_override() for o in plain if o not in keys) else \
-            [o.input_line for o in keys if o.is_sweep_override()]  # fmt: skip
+        swept = (
+            []
+            if any(o.is_sweep_override() for o in plain if o not in keys)
+            else [o.input_line for o in keys if o.is_sweep_override()]
+        )
         return check.lines(overrides, swept)
 
 
@@ -168,8 +178,9 @@ class _Check:
 
     def compose(self, overrides: Sequence[str]) -> Any:
         """The config of ``overrides`` (Hydra's node included); raises what Hydra's composition raises."""
-        return self.loader.load_configuration(config_name=self.config_name, overrides=list(overrides),
-                                              run_mode=self.mode, from_shell=True)  # fmt: skip
+        return self.loader.load_configuration(
+            config_name=self.config_name, overrides=list(overrides), run_mode=self.mode, from_shell=True
+        )
 
     def missing(self, overrides: Sequence[str]) -> tuple[int, str] | None:
         """``(index in overrides, the missing key)`` of the override the composition fails on for a key the
@@ -180,7 +191,7 @@ class _Check:
 
         try:
             self.compose(overrides)
-        except Exception as err:  # whatever the composition raises is Hydra's to report, but a missing key
+        except Exception as err:  # noqa: BLE001 - whatever the composition raises is Hydra's to report, but a missing key
             if not isinstance(err, ConfigCompositionException):
                 return None
             cause = err.__cause__
@@ -204,7 +215,7 @@ class _Check:
             bad.append((rest.pop(i), full_key))
         try:
             cfg = self.compose(rest)
-        except Exception:  # Hydra's to report
+        except Exception:  # noqa: BLE001 - Hydra's to report
             return []
         for line in swept:
             full_key = _missing_key(cfg, line.partition("=")[0])
@@ -220,13 +231,15 @@ class _Check:
 
         key, _, value = line.partition("=")
         parent, _, name = full_key.rpartition(".")
-        tail = key[len(full_key):]  # what follows the missing key in the override's key
+        tail = key[len(full_key) :]  # what follows the missing key in the override's key
         if not parent:
             allowed = sorted({str(k) for k in cfg if k != "hydra"} | set(_app_groups(self.loader)))
             close = difflib.get_close_matches(name, allowed, n=1)
             hint = f" (did you mean {close[0]}{tail}={value}?)" if close else ""
-            return (f"Invalid config: {line}: {name} is not a setting or config group{hint}: "
-                    f"expected one of {', '.join(allowed)}")  # fmt: skip
+            return (
+                f"Invalid config: {line}: {name} is not a setting or config group{hint}: "
+                f"expected one of {', '.join(allowed)}"
+            )
         node = OmegaConf.select(cfg, parent)
         keys = [str(k) for k in node if k != "_target_"] if OmegaConf.is_dict(node) else []
         group = parent.replace(".", "/")
@@ -252,7 +265,7 @@ class _Check:
             try:
                 chosen = [o for o in rest if o.partition("=")[0] != group]
                 node = OmegaConf.select(self.compose([*chosen, f"{group}={option}"]), parent)
-            except Exception:  # an option that does not compose with the rest has no say
+            except Exception:  # noqa: BLE001 - an option that does not compose with the rest has no say
                 continue
             if OmegaConf.is_dict(node) and name in node.keys():
                 return option

@@ -35,13 +35,19 @@ from rlchain.core.algorithms import GRPOConfig, PPOConfig
 from rlchain.core.envs import CartPoleConfig, GymEnvConfig, PushCubeConfig
 from rlchain.core.policies import ActorCriticConfig, ActorOnlyConfig
 from rlchain.run.run_dir import register_resolver
-from rlchain.settings import Settings, setting
 from rlchain.run.trainer import TrainerConfig
+from rlchain.settings import Settings, setting
 from rlchain.utils import MAX_SEED
 
 __all__ = [
-    "SCHEMAS", "RunConfig", "TrainConfig", "TopLevelKeyError", "check_top_level_keys", "register_configs", "register_schema",
-]  # fmt: skip
+    "SCHEMAS",
+    "RunConfig",
+    "TrainConfig",
+    "TopLevelKeyError",
+    "check_top_level_keys",
+    "register_configs",
+    "register_schema",
+]
 
 
 @dataclass
@@ -119,8 +125,10 @@ def register_schema(group: str, name: str, schema: type) -> None:
         raise ValueError(f"register_schema({group!r}, {name!r}, ...): expected a group and a name, non-empty strings")
     builtin = {(g, n): s for g, n, s in SCHEMAS}.get((group, name))
     if builtin is not None and builtin is not schema:
-        raise ValueError(f"{group}/{name}_schema is rlchain's schema of {group}={name} ({builtin.__name__}): "
-                         "expected another option name")  # fmt: skip
+        raise ValueError(
+            f"{group}/{name}_schema is rlchain's schema of {group}={name} ({builtin.__name__}): "
+            "expected another option name"
+        )
     ConfigStore.instance().store(group=group, name=f"{name}_schema", node=schema)
 
 
@@ -149,7 +157,11 @@ def _added_paths() -> set[str]:
     """The config paths that this run's ``+key=value`` and ``++key=value`` overrides add (not group choices)."""
     hc = HydraConfig.get()
     overrides = OverridesParser.create().parse_overrides(list(hc.overrides.task))
-    return {o.key_or_group for o in overrides if (o.is_add() or o.is_force_add()) and o.key_or_group not in hc.runtime.choices}
+    return {
+        o.key_or_group
+        for o in overrides
+        if (o.is_add() or o.is_force_add()) and o.key_or_group not in hc.runtime.choices
+    }
 
 
 def _leaf_paths(node: Any, prefix: str) -> set[str]:
@@ -183,8 +195,7 @@ def check_top_level_keys(cfg: DictConfig) -> None:
     if not candidates:
         return
     groups, added = (_group_keys(), _added_paths()) if HydraConfig.initialized() else (set(), set())
-    unknown = sorted(key for key in candidates
-                     if key not in groups or _leaf_paths(cfg[key], key) <= added)  # fmt: skip
+    unknown = sorted(key for key in candidates if key not in groups or _leaf_paths(cfg[key], key) <= added)
     if not unknown:
         return
     allowed = sorted(fields | (candidates - set(unknown)))

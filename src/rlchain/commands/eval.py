@@ -27,9 +27,10 @@ seed) it reproduces the run's ``summary.json`` ``best_fresh``.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rlchain.commands.arguments import SavedRunOptions, command_parser, read_options
 from rlchain.settings import SettingError, setting
@@ -81,11 +82,11 @@ def run_eval(source: str | Path, overrides: Sequence[str] = (), allowed: Sequenc
     """
     import torch
 
+    from rlchain.commands.saved_run import SavedRunError, open_run
     from rlchain.console import notice
     from rlchain.core.evaluation import check_renders, fresh_seed
-    from rlchain.run.evaluator import evaluate_checkpoint
     from rlchain.files import write_json
-    from rlchain.commands.saved_run import SavedRunError, open_run
+    from rlchain.run.evaluator import evaluate_checkpoint
     from rlchain.run.video import check_video_support, prefer_headless_gl, write_mp4
 
     cfg, env_overrides = read_options(overrides, EvalConfig)
@@ -104,24 +105,36 @@ def run_eval(source: str | Path, overrides: Sequence[str] = (), allowed: Sequenc
         env = run.build_env(env_overrides, **settings)
     except SavedRunError as err:
         if cfg.video and "render_mode" in str(err):
-            raise SavedRunError(f"video=True needs an env that renders: {run.config['env'].get('_target_')} takes no "
-                                "render_mode") from None  # fmt: skip
+            raise SavedRunError(
+                f"video=True needs an env that renders: {run.config['env'].get('_target_')} takes no render_mode"
+            ) from None
         raise
     try:
         if cfg.video:
             if cfg.video_episodes > env.num_envs:
-                raise SavedRunError(f"video_episodes={cfg.video_episodes} is not allowed with env.num_envs={env.num_envs}: "
-                                    "expected at most num_envs (each recorded episode is the first of one env)")  # fmt: skip
+                raise SavedRunError(
+                    f"video_episodes={cfg.video_episodes} is not allowed with env.num_envs={env.num_envs}: "
+                    "expected at most num_envs (each recorded episode is the first of one env)"
+                )
             check_renders(env)
         policy = run.build_policy(env)
         seed = cfg.seed if cfg.seed is not None else fresh_seed(int(run.trainer_setting("seed", 0)))
         episodes = cfg.num_episodes or int(run.trainer_setting("num_eval_episodes", env.num_envs))
         if episodes % env.num_envs:
-            notice(f"{-(-episodes // env.num_envs) * env.num_envs} episodes: num_episodes={episodes} rounded up to a "
-                   f"multiple of env.num_envs={env.num_envs} (every env runs as many)")  # fmt: skip
+            notice(
+                f"{-(-episodes // env.num_envs) * env.num_envs} episodes: num_episodes={episodes} rounded up to a "
+                f"multiple of env.num_envs={env.num_envs} (every env runs as many)"
+            )
         torch.manual_seed(seed)  # the sampled actions of deterministic=false
-        result, _ = evaluate_checkpoint(env, policy, run.checkpoint, episodes, seed, deterministic=cfg.deterministic,
-                                        video_episodes=cfg.video_episodes if cfg.video else 0)  # fmt: skip
+        result, _ = evaluate_checkpoint(
+            env,
+            policy,
+            run.checkpoint,
+            episodes,
+            seed,
+            deterministic=cfg.deterministic,
+            video_episodes=cfg.video_episodes if cfg.video else 0,
+        )
     except SettingError as err:
         raise SavedRunError(str(err)) from None
     except (RuntimeError, ValueError) as err:  # the env's own error, or episodes that never end
@@ -135,8 +148,14 @@ def run_eval(source: str | Path, overrides: Sequence[str] = (), allowed: Sequenc
     try:
         if result.frames is not None:
             video = str(write_mp4(out_dir / "eval.mp4", result.frames, result.fps))
-        record = {"source": str(source), "checkpoint": str(run.checkpoint), "global_step": run.global_step,
-                  "overrides": list(overrides), **result.to_json(), "video": video}  # fmt: skip
+        record = {
+            "source": str(source),
+            "checkpoint": str(run.checkpoint),
+            "global_step": run.global_step,
+            "overrides": list(overrides),
+            **result.to_json(),
+            "video": video,
+        }
         record["eval_json"] = str(write_json(out_dir / "eval.json", record))
     except OSError as err:
         raise SavedRunError(f"cannot write next to the checkpoint in {out_dir}: {err.strerror or err}") from None
@@ -148,8 +167,10 @@ def _table(record: dict[str, Any]) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    title = (f"{record['checkpoint']} (global_step {record['global_step']:,}): {record['episodes']} episodes, "
-             f"seed {record['seed']}, {'deterministic' if record['deterministic'] else 'stochastic'}")  # fmt: skip
+    title = (
+        f"{record['checkpoint']} (global_step {record['global_step']:,}): {record['episodes']} episodes, "
+        f"seed {record['seed']}, {'deterministic' if record['deterministic'] else 'stochastic'}"
+    )
     table = Table()
     for column in ("metric", "mean", "std", "95% CI"):
         table.add_column(column, justify="left" if column == "metric" else "right")
@@ -174,7 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rlchain-eval: {err}", file=sys.stderr, flush=True)
         return 1
     print(_table(record), end="", flush=True)
-    print(f"rlchain-eval: wrote {record['eval_json']}" + (f" and {record['video']}" if record["video"] else ""), flush=True)
+    print(
+        f"rlchain-eval: wrote {record['eval_json']}" + (f" and {record['video']}" if record["video"] else ""),
+        flush=True,
+    )
     return 0
 
 

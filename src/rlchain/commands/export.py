@@ -38,9 +38,10 @@ import logging
 import math
 import sys
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import gymnasium as gym
 import torch
@@ -66,6 +67,8 @@ class ExportConfig(SavedRunOptions):
     """The file format, required: 'torchscript' or 'onnx' (the ``export`` extra)."""
     output: str | None = None
     """Where to write; None: next to the checkpoint, as <checkpoint name>.torchscript.pt or .onnx."""
+
+
 #: What to install for ONNX.
 EXPORT_EXTRA = 'pip install "rlchain[export]"'
 #: The key of the metadata in the exported file.
@@ -109,8 +112,13 @@ def _space(space: gym.Space) -> dict[str, Any]:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
     bound = lambda a: [x if math.isfinite(x) else ("inf" if x > 0 else "-inf") for x in a.astype(float).tolist()]  # noqa: E731
-    return {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype), "low": bound(space.low.ravel()),
-            "high": bound(space.high.ravel())}  # fmt: skip
+    return {
+        "type": "Box",
+        "shape": list(space.shape),
+        "dtype": str(space.dtype),
+        "low": bound(space.low.ravel()),
+        "high": bound(space.high.ravel()),
+    }
 
 
 def metadata_of(env: Any, checkpoint: Path, global_step: int, fmt: str) -> dict[str, Any]:
@@ -127,9 +135,12 @@ def metadata_of(env: Any, checkpoint: Path, global_step: int, fmt: str) -> dict[
         "format": fmt,
         "rlchain_version": __version__,
         "input": {"name": "obs", "dtype": "float32", "shape": ["B", obs_dim], "normalization": "baked in"},
-        "output": {"name": "action", "dtype": "int64" if discrete else "float32",
-                   "shape": ["B"] if discrete else ["B", int(env.single_action_space.shape[0])],
-                   "meaning": "the likeliest category" if discrete else "the Gaussian's mean, clipped to the Box"},
+        "output": {
+            "name": "action",
+            "dtype": "int64" if discrete else "float32",
+            "shape": ["B"] if discrete else ["B", int(env.single_action_space.shape[0])],
+            "meaning": "the likeliest category" if discrete else "the Gaussian's mean, clipped to the Box",
+        },
         "observation_space": _space(env.single_observation_space),
         "action_space": action_space,
         "observation_layout": list(names) if names is not None else None,
@@ -137,11 +148,18 @@ def metadata_of(env: Any, checkpoint: Path, global_step: int, fmt: str) -> dict[
         "env_id": getattr(env.cfg, "id", None),
         "checkpoint": str(checkpoint),
         "global_step": int(global_step),
-    }  # fmt: skip
+    }
 
 
-def export_policy(policy: nn.Module, action_space: gym.Space, obs_dim: int, fmt: str, path: str | Path,
-                  metadata: dict[str, Any], action_start: int = 0) -> Path:  # fmt: skip
+def export_policy(
+    policy: nn.Module,
+    action_space: gym.Space,
+    obs_dim: int,
+    fmt: str,
+    path: str | Path,
+    metadata: dict[str, Any],
+    action_start: int = 0,
+) -> Path:
     """Write ``policy``'s :class:`ExportedPolicy` to ``path`` (atomically) as ``fmt``; returns the path.
 
     Args:
@@ -173,8 +191,11 @@ def export_policy(policy: nn.Module, action_space: gym.Space, obs_dim: int, fmt:
             buffer = io.BytesIO()
             with warnings.catch_warnings():  # torch 2.9+ deprecates TorchScript; a libtorch program still loads it
                 warnings.simplefilter("ignore", DeprecationWarning)
-                torch.jit.save(torch.jit.freeze(torch.jit.trace(module, example)), buffer,
-                               _extra_files={f"{METADATA_KEY}.json": json.dumps(metadata)})  # fmt: skip
+                torch.jit.save(
+                    torch.jit.freeze(torch.jit.trace(module, example)),
+                    buffer,
+                    _extra_files={f"{METADATA_KEY}.json": json.dumps(metadata)},
+                )
             data = buffer.getvalue()
         else:
             data = _onnx_bytes(module, example, metadata)
@@ -192,8 +213,15 @@ def _onnx_bytes(module: nn.Module, example: torch.Tensor, metadata: dict[str, An
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(module, (example,), input_names=["obs"], output_names=["action"],
-                                    dynamic_shapes=({0: batch},), dynamo=True, verbose=False)  # fmt: skip
+        program = torch.onnx.export(
+            module,
+            (example,),
+            input_names=["obs"],
+            output_names=["action"],
+            dynamic_shapes=({0: batch},),
+            dynamo=True,
+            verbose=False,
+        )
     model = program.model_proto
     entry = model.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, json.dumps(metadata)
@@ -213,13 +241,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     for flag in _FLAGS:
         if getattr(args, f"flag_{flag}") is not None:
             overrides.append(f"{flag}={getattr(args, f'flag_{flag}')}")
-            print(f"rlchain-export: --{flag} {getattr(args, f'flag_{flag}')} is read as {overrides[-1]} "
-                  "(the flag will go: write the option)", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"rlchain-export: --{flag} {getattr(args, f'flag_{flag}')} is read as {overrides[-1]} "
+                "(the flag will go: write the option)",
+                file=sys.stderr,
+                flush=True,
+            )
     try:
         cfg, passed_on = read_options(overrides, ExportConfig)
         if passed_on:
-            raise SavedRunError(f"{passed_on[0]}: an export takes the saved run as it is: its options are "
-                                + ", ".join(f.name for f in dataclasses.fields(ExportConfig)))  # fmt: skip
+            raise SavedRunError(
+                f"{passed_on[0]}: an export takes the saved run as it is: its options are "
+                + ", ".join(f.name for f in dataclasses.fields(ExportConfig))
+            )
         if cfg.format is None:
             raise SavedRunError(f"format=<{'|'.join(FORMATS)}> is required: the file format")
         if cfg.format == "onnx" and importlib.util.find_spec("onnx") is None:
@@ -241,8 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SavedRunError as err:
         print(f"rlchain-export: {err}", file=sys.stderr, flush=True)
         return 1
-    print(f"rlchain-export: wrote {path} ({cfg.format}; obs float32 [B, {obs_dim}] -> action; "
-          f"{run.checkpoint}, global_step {run.global_step:,})", flush=True)
+    print(
+        f"rlchain-export: wrote {path} ({cfg.format}; obs float32 [B, {obs_dim}] -> action; "
+        f"{run.checkpoint}, global_step {run.global_step:,})",
+        flush=True,
+    )
     return 0
 
 

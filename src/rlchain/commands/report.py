@@ -46,9 +46,10 @@ import logging
 import math
 import statistics
 import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from hydra.core.utils import JobReturn
 from hydra.errors import CompactHydraException
@@ -56,13 +57,22 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from rlchain.files import write_text
 from rlchain.console import error_line
+from rlchain.files import write_text
 from rlchain.run.summary import STOPPED, JobRecord, RunSummary
 
 __all__ = [
-    "JobResult", "SweepFailed", "SweepSummary", "failure_lines", "learning_curves", "learning_curves_figure",
-    "load_jobs", "main", "plot_learning_curves", "sweep_objective", "write_summary",
+    "JobResult",
+    "SweepFailed",
+    "SweepSummary",
+    "failure_lines",
+    "learning_curves",
+    "learning_curves_figure",
+    "load_jobs",
+    "main",
+    "plot_learning_curves",
+    "sweep_objective",
+    "write_summary",
 ]
 
 #: Result columns: (summary field, title); `final/...` reads summary.final[...].
@@ -117,7 +127,8 @@ class JobResult:
     def error(self) -> str | None:
         """What went wrong, on one line: the run's own word, else the launcher's."""
         return (self.summary.error if self.summary is not None else None) or (
-            self.record.error if self.record is not None else None)  # fmt: skip
+            self.record.error if self.record is not None else None
+        )
 
     @property
     def signal(self) -> str | None:
@@ -150,7 +161,7 @@ class JobResult:
         if self.summary is None:
             return None
         if key.startswith("final/"):
-            value = self.summary.final.get(key[len("final/"):])
+            value = self.summary.final.get(key[len("final/") :])
         elif key == "best_fresh":
             fresh = self.summary.best_fresh_objective
             value = fresh.get("mean") if fresh else None
@@ -290,21 +301,30 @@ def failure_lines(jobs: Sequence[JobResult], nums: set[int] | None = None) -> li
     keys = varying_keys(jobs)
     return [
         f"job {j.num} ({_label_of(j, keys)}): {error_line(j.error or j.status)}"
-        for j in jobs if j.failed and (nums is None or j.num in nums)
-    ]  # fmt: skip
+        for j in jobs
+        if j.failed and (nums is None or j.num in nums)
+    ]
 
 
 def sweep_objective(jobs: Sequence[JobResult]) -> str:
     """The metric the sweep's jobs optimise: the ``objective_name`` most of their summaries give (the resolved
     ``trainer.objective``), else :data:`DEFAULT_METRIC`."""
-    names = [j.summary.objective_name for j in jobs if j.summary is not None and j.summary.objective_name
-             and j.summary.objective_name != "auto"]  # fmt: skip
+    names = [
+        j.summary.objective_name
+        for j in jobs
+        if j.summary is not None and j.summary.objective_name and j.summary.objective_name != "auto"
+    ]
     return max(dict.fromkeys(names), key=names.count) if names else DEFAULT_METRIC
 
 
-def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: bool = True,
-                  metric: str | None = None, jobs: Sequence[JobResult] | None = None,
-                  at_steps: Sequence[float] = ()) -> dict[str, Path]:  # fmt: skip
+def write_summary(
+    sweep_dir: str | Path,
+    maximize: bool | None = None,
+    plot: bool = True,
+    metric: str | None = None,
+    jobs: Sequence[JobResult] | None = None,
+    at_steps: Sequence[float] = (),
+) -> dict[str, Path]:
     """Write ``summary.csv``, ``summary.md`` (and ``learning_curves.png``) into ``sweep_dir``.
 
     Args:
@@ -340,7 +360,9 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
     if maximize is None:
         maximize = all(s.objective_direction != "minimize" for s in summaries)
     ranked = sorted(jobs, key=lambda j: (_sort_key(j.value("objective"), maximize), j.num))
-    results_of = {job.num: [get(job) for _, get in columns] for job in jobs}  # each job's files read once for both tables
+    results_of = {
+        job.num: [get(job) for _, get in columns] for job in jobs
+    }  # each job's files read once for both tables
     objective_name = next((s.objective_name for s in summaries if s.objective_name), "objective")
 
     header = ["job", *keys, "status", "device", "wall_s", "global_step", *(title for title, _ in columns)]
@@ -351,8 +373,17 @@ def write_summary(sweep_dir: str | Path, maximize: bool | None = None, plot: boo
         results = results_of[job.num]
         head = [job.num, *(params.get(k, "") for k in keys), job.status, job.device or ""]
         step = job.summary.global_step if job.summary is not None else None
-        csv_rows.append([*head, job.wall_s, step, *results, job.error or "", " ".join(job.overrides),
-                         str(job.dir.relative_to(sweep_dir))])  # fmt: skip
+        csv_rows.append(
+            [
+                *head,
+                job.wall_s,
+                step,
+                *results,
+                job.error or "",
+                " ".join(job.overrides),
+                str(job.dir.relative_to(sweep_dir)),
+            ]
+        )
         wall = None if job.wall_s is None else round(job.wall_s, 1)
         cells = [_fmt(v) for v in [*head, wall, step, *results]]
         fresh = job.summary.best_fresh_objective if job.summary is not None else None
@@ -423,8 +454,10 @@ def _label(config: tuple[tuple[str, str], ...]) -> str:
     return " ".join(parts)
 
 
-def learning_curves(jobs: Sequence[JobResult], metric: str = "eval/success_rate",
-                    ) -> dict[str, tuple[list[float], list[float], list[float] | None, int]]:  # fmt: skip
+def learning_curves(
+    jobs: Sequence[JobResult],
+    metric: str = "eval/success_rate",
+) -> dict[str, tuple[list[float], list[float], list[float] | None, int]]:
     """``metric`` against env steps per configuration, over its seeds.
 
     Seeds of one configuration that logged at different steps are linearly
@@ -453,9 +486,13 @@ def learning_curves(jobs: Sequence[JobResult], metric: str = "eval/success_rate"
     return out
 
 
-def plot_learning_curves(sweep_dir: str | Path, jobs: Sequence[JobResult] | None = None,
-                         metric: str | None = None, max_curves: int = 10,
-                         name: str = "learning_curves.png") -> Path | None:  # fmt: skip
+def plot_learning_curves(
+    sweep_dir: str | Path,
+    jobs: Sequence[JobResult] | None = None,
+    metric: str | None = None,
+    max_curves: int = 10,
+    name: str = "learning_curves.png",
+) -> Path | None:
     """Draw :func:`learning_curves` of ``metric`` (None: the sweep's objective, :func:`sweep_objective`) into
     ``<sweep_dir>/<name>``, as :func:`learning_curves_figure` lays them out.
 
@@ -473,8 +510,9 @@ def plot_learning_curves(sweep_dir: str | Path, jobs: Sequence[JobResult] | None
     return path
 
 
-def learning_curves_figure(curves: dict[str, tuple[list[float], list[float], list[float] | None, int]], metric: str,
-                           max_curves: int = 10) -> Any:  # fmt: skip
+def learning_curves_figure(
+    curves: dict[str, tuple[list[float], list[float], list[float] | None, int]], metric: str, max_curves: int = 10
+) -> Any:
     """A matplotlib ``Figure`` of ``curves`` (:func:`learning_curves` of ``metric``): mean line, band of one std.
 
     With more than ``max_curves`` configurations that ran to their end, the
@@ -500,8 +538,14 @@ def learning_curves_figure(curves: dict[str, tuple[list[float], list[float], lis
     fig = Figure(figsize=(width, 4.8 + 0.17 * rows), layout="constrained")
     ax = fig.add_subplot()
     for i, (steps, mean, _, _) in enumerate(pruned.values()):
-        ax.plot(steps, mean, color="0.55", linestyle="--", linewidth=0.9,
-                label=f"pruned ({len(pruned)} configurations)" if i == 0 else None)  # fmt: skip
+        ax.plot(
+            steps,
+            mean,
+            color="0.55",
+            linestyle="--",
+            linewidth=0.9,
+            label=f"pruned ({len(pruned)} configurations)" if i == 0 else None,
+        )
     for label, (steps, mean, std, n) in shown:
         (line,) = ax.plot(steps, mean, label=f"{label} (n={n})")
         if std is not None:
@@ -581,8 +625,10 @@ class SweepSummary(Callback):
         lines = failure_lines(jobs)
         if lines:
             shown = "\n".join(f"  {line}" for line in lines)
-            raise SweepFailed(f"{len(lines)} of {len(jobs)} jobs failed (each traceback is in the job's summary.json "
-                              f"and log):\n{shown}\nSee {paths['md']}")  # fmt: skip
+            raise SweepFailed(
+                f"{len(lines)} of {len(jobs)} jobs failed (each traceback is in the job's summary.json "
+                f"and log):\n{shown}\nSee {paths['md']}"
+            )
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         """In a multirun, rewrite the sweep's tables (not the plot); a table that cannot be written is logged."""
@@ -592,7 +638,7 @@ class SweepSummary(Callback):
         try:
             with _locked(sweep_dir):
                 write_summary(sweep_dir, plot=False, metric=self.metric, at_steps=self.at_steps)
-        except Exception as err:  # the jobs' own files are what matters; never fail a job for a table
+        except Exception as err:  # noqa: BLE001 - the jobs' own files are what matters; never fail a job for a table
             log.warning(f"the sweep's summary tables could not be written in {sweep_dir}: {error_line(err)}")
 
 
@@ -604,15 +650,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("sweep_dir", type=Path, help="the multirun directory, e.g. multirun/2026-11-21/10-00-00")
     parser.add_argument("--metric", help="metrics.jsonl key to plot (default: the jobs' objective, trainer.objective)")
-    parser.add_argument("--minimize", action="store_true",
-                        help="rank jobs by lowest objective first (default: as the jobs' trainer.objective_direction)")
+    parser.add_argument(
+        "--minimize",
+        action="store_true",
+        help="rank jobs by lowest objective first (default: as the jobs' trainer.objective_direction)",
+    )
     parser.add_argument("--no-plot", action="store_true", help="write the tables only")
-    parser.add_argument("--at-steps", type=float, nargs="+", default=[], metavar="STEPS",
-                        help="env-step budgets (e.g. 1e6 5e6) at which to report --metric, one column each")
+    parser.add_argument(
+        "--at-steps",
+        type=float,
+        nargs="+",
+        default=[],
+        metavar="STEPS",
+        help="env-step budgets (e.g. 1e6 5e6) at which to report --metric, one column each",
+    )
     args = parser.parse_args(argv)
     try:
-        paths = write_summary(args.sweep_dir, maximize=False if args.minimize else None, plot=not args.no_plot,
-                              metric=args.metric, at_steps=args.at_steps)  # fmt: skip
+        paths = write_summary(
+            args.sweep_dir,
+            maximize=False if args.minimize else None,
+            plot=not args.no_plot,
+            metric=args.metric,
+            at_steps=args.at_steps,
+        )
     except (FileNotFoundError, ValueError) as err:
         print(f"rlchain-report: {err}", file=sys.stderr)
         return 2

@@ -29,9 +29,10 @@ from __future__ import annotations
 import contextlib
 import difflib
 import importlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -107,8 +108,9 @@ class SavedRun:
         for override in OverridesParser.create().parse_overrides(list(overrides)):
             key = override.key_or_group
             if override.is_add() or override.is_force_add() or override.is_delete():
-                raise SavedRunError(f"{override.input_line}: overrides set keys of the saved config; "
-                                    "they cannot add or delete one")  # fmt: skip
+                raise SavedRunError(
+                    f"{override.input_line}: overrides set keys of the saved config; they cannot add or delete one"
+                )
             if override.is_sweep_override():
                 raise SavedRunError(f"{override.input_line}: one value per key (an evaluation is no sweep)")
             if not key.startswith("env."):
@@ -118,8 +120,10 @@ class SavedRun:
                 keys = [str(k) for k in env if k != "_target_"]
                 close = difflib.get_close_matches(name.split(".")[0], keys, n=1)
                 hint = f" (did you mean env.{close[0]}?)" if close else ""
-                raise SavedRunError(f"{override.input_line}: the env of {self.checkpoint} has no key {name!r}{hint}; "
-                                    f"its keys: {', '.join(keys)}")  # fmt: skip
+                raise SavedRunError(
+                    f"{override.input_line}: the env of {self.checkpoint} has no key {name!r}{hint}; "
+                    f"its keys: {', '.join(keys)}"
+                )
             try:
                 OmegaConf.update(env, name, override.value(), merge=True)
             except OmegaConfBaseException as err:
@@ -160,8 +164,12 @@ class SavedRun:
         config = self.config["policy"]
         self._check_node(config, "policy")
         with _component_errors("policy"):
-            policy = instantiate(OmegaConf.create(config), observation_space=env.single_observation_space,
-                                 action_space=env.single_action_space, _convert_="all")  # fmt: skip
+            policy = instantiate(
+                OmegaConf.create(config),
+                observation_space=env.single_observation_space,
+                action_space=env.single_action_space,
+                _convert_="all",
+            )
         if not isinstance(policy, Policy):
             raise SavedRunError(f"policy._target_={config['_target_']!r} built a {type(policy).__name__}, not a Policy")
         policy = policy.to(env.device)
@@ -187,36 +195,57 @@ class SavedRun:
         for key, value in _walk(node, group):
             leaf = key.rsplit(".", 1)[-1]
             if leaf in _HYDRA_KEYS or (leaf == "_target_" and key != f"{group}._target_"):
-                raise SavedRunError(f"{key}={value!r} in the config of {self.checkpoint} is not allowed: {hint}, "
-                                    f"one per node, with no {', '.join(_HYDRA_KEYS)} and nothing nested")  # fmt: skip
+                raise SavedRunError(
+                    f"{key}={value!r} in the config of {self.checkpoint} is not allowed: {hint}, "
+                    f"one per node, with no {', '.join(_HYDRA_KEYS)} and nothing nested"
+                )
             if isinstance(value, str) and "${" in value:
-                raise SavedRunError(f"{key}={value!r} in the config of {self.checkpoint} is not allowed: "
-                                    "a saved config is resolved data, without ${...} interpolations")  # fmt: skip
+                raise SavedRunError(
+                    f"{key}={value!r} in the config of {self.checkpoint} is not allowed: "
+                    "a saved config is resolved data, without ${...} interpolations"
+                )
             # What env=gym imports to register its id: each module of env.imports, the module of an id module:Name.
             for i, module in enumerate(value if key == "env.imports" and isinstance(value, list) else ()):
                 if not isinstance(module, str) or not allowed_target(module, self.allowed):
-                    raise SavedRunError(_refused_import(f"{key}[{i}]", module, module, self.checkpoint,
-                                                        "the env would import it"))  # fmt: skip
-            if leaf == "id" and isinstance(value, str) and ":" in value and not allowed_target(value.partition(":")[0], self.allowed):
+                    raise SavedRunError(
+                        _refused_import(f"{key}[{i}]", module, module, self.checkpoint, "the env would import it")
+                    )
+            if (
+                leaf == "id"
+                and isinstance(value, str)
+                and ":" in value
+                and not allowed_target(value.partition(":")[0], self.allowed)
+            ):
                 module = value.partition(":")[0]
-                raise SavedRunError(_refused_import(key, value, module, self.checkpoint,
-                                                    f"gymnasium would import its module {module!r}"))  # fmt: skip
+                raise SavedRunError(
+                    _refused_import(
+                        key, value, module, self.checkpoint, f"gymnasium would import its module {module!r}"
+                    )
+                )
         target = node.get("_target_")
         if not isinstance(target, str):
-            raise SavedRunError(f"{group} in the config of {self.checkpoint} has no _target_: expected the class to build")
+            raise SavedRunError(
+                f"{group} in the config of {self.checkpoint} has no _target_: expected the class to build"
+            )
         if not allowed_target(target, self.allowed):
-            raise SavedRunError(f"{group}._target_={target!r} in the config of {self.checkpoint} is not allowed: {hint} "
-                                f"(e.g. --allow-target {target.split('.')[0]})")  # fmt: skip
+            raise SavedRunError(
+                f"{group}._target_={target!r} in the config of {self.checkpoint} is not allowed: {hint} "
+                f"(e.g. --allow-target {target.split('.')[0]})"
+            )
         module, _, name = target.rpartition(".")
         try:  # <module>.<Class>, the module under an allowed prefix (checked above) is imported, nothing else
             cls = getattr(importlib.import_module(module), name)
         except Exception as err:  # noqa: BLE001 - an import error of the user's module, or no such name: one line
-            raise SavedRunError(f"{group}._target_={target!r} in the config of {self.checkpoint} is not allowed: it is no "
-                                f"<module>.<class> that imports ({type(err).__name__}: {err})") from None
+            raise SavedRunError(
+                f"{group}._target_={target!r} in the config of {self.checkpoint} is not allowed: it is no "
+                f"<module>.<class> that imports ({type(err).__name__}: {err})"
+            ) from None
         if not isinstance(cls, type) or not allowed_target(cls.__module__, self.allowed) or not issubclass(cls, base):
             what = f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else f"a {type(cls).__name__}"
-            raise SavedRunError(f"{group}._target_={target!r} in the config of {self.checkpoint} is not allowed: it names "
-                                f"{what}, expected a {base.__name__} class defined under rlchain. or an allowed module")
+            raise SavedRunError(
+                f"{group}._target_={target!r} in the config of {self.checkpoint} is not allowed: it names "
+                f"{what}, expected a {base.__name__} class defined under rlchain. or an allowed module"
+            )
 
 
 _MISSING = object()
@@ -236,9 +265,11 @@ def _walk(node: Any, path: str) -> Iterator[tuple[str, Any]]:
 
 def _refused_import(key: str, value: Any, module: Any, checkpoint: Path, what: str) -> str:
     """The message of a ``module`` that ``key=value`` of a saved config would import and that no --allow-target allows."""
-    return (f"{key}={value!r} in the config of {checkpoint} is not allowed: {what}, and a saved config imports "
-            "only modules under rlchain. and those allowed with --allow-target: "
-            f"pass --allow-target {module} if you trust it")
+    return (
+        f"{key}={value!r} in the config of {checkpoint} is not allowed: {what}, and a saved config imports "
+        "only modules under rlchain. and those allowed with --allow-target: "
+        f"pass --allow-target {module} if you trust it"
+    )
 
 
 def _foreign_key(key: str) -> str:
@@ -246,7 +277,9 @@ def _foreign_key(key: str) -> str:
     if group == "policy":
         return f"{key}: overrides change the evaluation, not the policy: the policy is the checkpoint's"
     if group in ("algorithm", "trainer"):
-        return f"{key}: {group} settings play no part here: only env.<key>=<value> overrides and the command's own options"
+        return (
+            f"{key}: {group} settings play no part here: only env.<key>=<value> overrides and the command's own options"
+        )
     return f"{key}: no such key: overrides are env.<key>=<value> or the command's own options"
 
 
@@ -287,15 +320,20 @@ def open_run(source: str | Path, checkpoint: str = "best", allowed: Sequence[str
             path = source / "checkpoints" / f"{checkpoint}.pt"
             if not path.is_file():
                 there = sorted(p.stem for p in (source / "checkpoints").glob("*.pt"))
-                hint = f" (it has {', '.join(f'{p}.pt' for p in there)}: checkpoint={there[0]})" if there else (
-                    " and no other checkpoint: is it an rlchain run directory?")  # fmt: skip
+                hint = (
+                    f" (it has {', '.join(f'{p}.pt' for p in there)}: checkpoint={there[0]})"
+                    if there
+                    else (" and no other checkpoint: is it an rlchain run directory?")
+                )
                 raise SavedRunError(f"{source} has no checkpoints/{checkpoint}.pt{hint}")
         else:
             path = Path(checkpoint)
     else:
         if checkpoint != "best":
-            raise SavedRunError(f"checkpoint={checkpoint} is not allowed with a checkpoint file ({source}): "
-                                "it names a checkpoint of a run directory")  # fmt: skip
+            raise SavedRunError(
+                f"checkpoint={checkpoint} is not allowed with a checkpoint file ({source}): "
+                "it names a checkpoint of a run directory"
+            )
         path = source
         run_dir = source.parent.parent if source.parent.name == "checkpoints" else None
     try:
@@ -325,13 +363,19 @@ def _config_of(state: dict[str, Any], path: Path, run_dir: Path | None) -> dict[
         origin = str(run_dir / ".hydra" / "config.yaml")
         try:
             loaded = OmegaConf.load(origin)
-            config = {key: OmegaConf.to_container(loaded[key], resolve=True) for key in ("env", "policy") if key in loaded}
-            config["trainer"] = {name: OmegaConf.select(loaded, f"trainer.{name}", default=None)
-                                 for name in ("seed", "num_eval_envs", "num_eval_episodes")}  # fmt: skip
+            config = {
+                key: OmegaConf.to_container(loaded[key], resolve=True) for key in ("env", "policy") if key in loaded
+            }
+            config["trainer"] = {
+                name: OmegaConf.select(loaded, f"trainer.{name}", default=None)
+                for name in ("seed", "num_eval_envs", "num_eval_episodes")
+            }
         except Exception as err:  # noqa: BLE001 - YAML, OmegaConf or OS errors of a file from elsewhere: one line
             raise SavedRunError(f"{origin} cannot be read as a config: {err}") from None
     if config is None:
-        where = f"nor {run_dir / '.hydra' / 'config.yaml'}" if run_dir is not None else "and it lies in no run directory"
+        where = (
+            f"nor {run_dir / '.hydra' / 'config.yaml'}" if run_dir is not None else "and it lies in no run directory"
+        )
         raise SavedRunError(f"{path} holds no config {where}: the env and policy to rebuild are unknown")
     if not isinstance(config, dict):
         raise SavedRunError(f"{origin}: its config is a {type(config).__name__}, not a mapping")

@@ -25,8 +25,8 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import hydra
 import torch
@@ -39,17 +39,16 @@ from omegaconf import DictConfig, OmegaConf
 from rlchain import distributed, tuning
 from rlchain.commands.command_line import register_help_resolver
 from rlchain.commands.config import RunConfig, check_top_level_keys
-from rlchain.console import logged_warnings, show
+from rlchain.console import error_line, logged_warnings, show
 from rlchain.distributed import CollectiveError, rank_seed
 from rlchain.run.run_dir import remove_if_unused
-from rlchain.settings import rejection
 from rlchain.run.starting import start
 from rlchain.run.stopping import in_submitit_job, requeue_signal
-from rlchain.console import error_line
 from rlchain.run.summary import STOPPED, RunSummary, placement
 from rlchain.run.trainer import Trainer, TrainerConfig
-from rlchain.utils import resolve_device
 from rlchain.run.video import prefer_headless_gl
+from rlchain.settings import rejection
+from rlchain.utils import resolve_device
 
 __all__ = ["ConfigError", "RunFailed", "build", "main", "train"]
 
@@ -121,8 +120,12 @@ def build(cfg: DictConfig) -> Trainer:
         env = instantiate(cfg.env, **own_seed, _convert_="all")
     eval_env = instantiate(cfg.env, _partial_=True, _convert_="all") if world.main else None
     with _component("policy"):
-        policy = instantiate(cfg.policy, observation_space=env.single_observation_space,
-                             action_space=env.single_action_space, _convert_="all").to(env.device)  # fmt: skip
+        policy = instantiate(
+            cfg.policy,
+            observation_space=env.single_observation_space,
+            action_space=env.single_action_space,
+            _convert_="all",
+        ).to(env.device)
     with _component("algorithm"):
         algorithm = instantiate(cfg.algorithm, policy=policy, _convert_="all")
     if world.rank > 0:
@@ -130,8 +133,16 @@ def build(cfg: DictConfig) -> Trainer:
     config = OmegaConf.to_container(cfg, resolve=True)
     with _component("trainer"):
         trainer = instantiate(
-            cfg.trainer, env=env, policy=policy, algorithm=algorithm, eval_env=eval_env, run_config=config, trial=trial,
-            **_sweep_wandb(cfg), _convert_="all", _recursive_=False,  # run_config holds _target_ keys: keep it data
+            cfg.trainer,
+            env=env,
+            policy=policy,
+            algorithm=algorithm,
+            eval_env=eval_env,
+            run_config=config,
+            trial=trial,
+            **_sweep_wandb(cfg),
+            _convert_="all",
+            _recursive_=False,  # run_config holds _target_ keys: keep it data
         )
         start(trainer)  # resume, init_from or a fresh start; compile
     return trainer
@@ -190,10 +201,15 @@ def _train(cfg: DictConfig) -> RunSummary:
                 raise RunFailed(f"rlchain: rank {rank} stopped: {err}") from err
             raise
         refused = RunSummary(
-            status="failed", error=error,
-            traceback=traceback.format_exc(), exp_name=cfg.get("exp_name"), **placement(cfg.device),
-            start_time=start_time, end_time=time.time(), objective_name=cfg.trainer.objective,
-        )  # fmt: skip
+            status="failed",
+            error=error,
+            traceback=traceback.format_exc(),
+            exp_name=cfg.get("exp_name"),
+            **placement(cfg.device),
+            start_time=start_time,
+            end_time=time.time(),
+            objective_name=cfg.trainer.objective,
+        )
         run_dir = Path(cfg.trainer.output_dir)
         if _single_run():  # its one line says it all: the directory Hydra made for it goes (when it holds no run)
             with contextlib.suppress(OSError):
@@ -295,7 +311,6 @@ def main(cfg: DictConfig) -> float | None:
     if summary.status in STOPPED:
         raise SystemExit(summary.exit_code)
     return summary.objective
-
 
 
 if __name__ == "__main__":  # python -m rlchain.commands.train; `python -m rlchain` is the whole rlchain-train command

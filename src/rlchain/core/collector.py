@@ -125,15 +125,17 @@ class SyncCollector:
             episode longer than the rollout would never end).
     """
 
-    def __init__(self, env: VecEnv, policy: Policy, rollout_steps: int,
-                 reset_options: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, env: VecEnv, policy: Policy, rollout_steps: int, reset_options: dict[str, Any] | None = None
+    ) -> None:
         if reset_options is not None and rollout_steps < env.max_episode_steps:
             raise SettingError(
-                "rollout_steps", rollout_steps,
+                "rollout_steps",
+                rollout_steps,
                 f" is shorter than the env's time limit (max_episode_steps={env.max_episode_steps}): the algorithm "
                 "resets every env when a rollout starts, so an episode longer than the rollout would never end "
                 f"(no whole-episode return, no success); expected rollout_steps >= {env.max_episode_steps}",
-            )  # fmt: skip
+            )
         self.env, self.policy, self.reset_options = env, policy, reset_options
         self.act = policy.get_action
         """The acting forward pass (``policy.get_action``; compiled by :meth:`compile`)."""
@@ -296,8 +298,11 @@ class EpisodeWindow:
     def add(self, episodes: Episodes) -> None:
         """Add a rollout's episodes (:attr:`Rollout.episodes`) and drop those out of the window."""
         keep = max(self.min_episodes, len(episodes.returns))
-        for kept, new in ((self.returns, episodes.returns), (self.lengths, episodes.lengths),
-                          (self.successes, episodes.successes)):  # fmt: skip
+        for kept, new in (
+            (self.returns, episodes.returns),
+            (self.lengths, episodes.lengths),
+            (self.successes, episodes.successes),
+        ):
             kept.extend(new)
             del kept[: max(0, len(kept) - keep)]
 
@@ -318,4 +323,8 @@ class EpisodeWindow:
 
     def load_state_dict(self, state: dict[str, list]) -> None:
         """Restore :meth:`state_dict` output."""
-        self.returns, self.lengths, self.successes = list(state["returns"]), list(state["lengths"]), list(state["successes"])
+        self.returns, self.lengths, self.successes = (
+            list(state["returns"]),
+            list(state["lengths"]),
+            list(state["successes"]),
+        )

@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlchain.console import error_line
 from rlchain.core.collector import step_env
 from rlchain.core.envs.base import VecEnv
 from rlchain.core.policies import Policy
 from rlchain.settings import SettingError
-from rlchain.console import error_line
 from rlchain.utils import MAX_SEED
 
 __all__ = ["FRESH_SEED_OFFSET", "Evaluation", "Interval", "check_renders", "evaluate", "fresh_seed"]
@@ -141,13 +141,18 @@ class Evaluation:
 
     def to_json(self) -> dict[str, Any]:
         """``{"seed", "episodes", "deterministic", "metrics": {key: Interval fields}}`` (plain JSON data)."""
-        return {"seed": self.seed, "episodes": self.episodes, "deterministic": self.deterministic,
-                "metrics": {key: asdict(value) for key, value in self.intervals().items()}}  # fmt: skip
+        return {
+            "seed": self.seed,
+            "episodes": self.episodes,
+            "deterministic": self.deterministic,
+            "metrics": {key: asdict(value) for key, value in self.intervals().items()},
+        }
 
 
 @torch.no_grad()
-def evaluate(env: VecEnv, policy: Policy, num_episodes: int, seed: int, deterministic: bool = True,
-             video_episodes: int = 0) -> Evaluation:  # fmt: skip
+def evaluate(
+    env: VecEnv, policy: Policy, num_episodes: int, seed: int, deterministic: bool = True, video_episodes: int = 0
+) -> Evaluation:
     """Run whole episodes and keep each one's outcome.
 
     Every env of ``env`` runs ``ceil(num_episodes / num_envs)`` complete
@@ -177,7 +182,9 @@ def evaluate(env: VecEnv, policy: Policy, num_episodes: int, seed: int, determin
 
     n, dev = env.num_envs, env.device
     if video_episodes > n:
-        raise ValueError(f"video_episodes={video_episodes} is not allowed with {n} evaluation envs: expected at most {n}")
+        raise ValueError(
+            f"video_episodes={video_episodes} is not allowed with {n} evaluation envs: expected at most {n}"
+        )
     was_training = policy.training
     policy.eval()
     per_env = math.ceil(num_episodes / n)
@@ -225,11 +232,16 @@ def evaluate(env: VecEnv, policy: Policy, num_episodes: int, seed: int, determin
     host = lambda t: t.double().cpu().numpy()  # noqa: E731
     frames, lengths = video.result()
     return Evaluation(
-        returns=host(ep_ret), lengths=host(ep_len),
+        returns=host(ep_ret),
+        lengths=host(ep_len),
         successes=ep_succ.cpu().numpy() > 0.5 if env.reports_success else None,
-        metrics={name: host(values) for name, values in ep_metrics.items()}, seed=int(seed),
-        deterministic=deterministic, frames=frames, fps=float(env.metadata.get("render_fps", 30)), video_lengths=lengths,
-    )  # fmt: skip
+        metrics={name: host(values) for name, values in ep_metrics.items()},
+        seed=int(seed),
+        deterministic=deterministic,
+        frames=frames,
+        fps=float(env.metadata.get("render_fps", 30)),
+        video_lengths=lengths,
+    )
 
 
 def check_renders(env: VecEnv | None) -> None:
@@ -246,12 +258,19 @@ def check_renders(env: VecEnv | None) -> None:
         frames = env.render([0])
     except Exception as err:  # noqa: BLE001 - any failure to render is this setting's, said in one line
         text = repr(err).lower()
-        hint = "; headless MuJoCo renders with MUJOCO_GL=egl (or osmesa)" if "mujoco" in text or "opengl" in text else ""
-        raise SettingError("video", True, f" needs an env that renders: {type(env).__name__}.render failed: "
-                                          f"{error_line(err)}{hint}") from None  # fmt: skip
-    if not (isinstance(frames, torch.Tensor) and frames.dtype == torch.uint8 and frames.ndim == 4 and frames.shape[-1] == 3):
+        hint = (
+            "; headless MuJoCo renders with MUJOCO_GL=egl (or osmesa)" if "mujoco" in text or "opengl" in text else ""
+        )
+        raise SettingError(
+            "video", True, f" needs an env that renders: {type(env).__name__}.render failed: {error_line(err)}{hint}"
+        ) from None
+    if not (
+        isinstance(frames, torch.Tensor) and frames.dtype == torch.uint8 and frames.ndim == 4 and frames.shape[-1] == 3
+    ):
         got = f"{getattr(frames, 'dtype', type(frames).__name__)} {tuple(getattr(frames, 'shape', ()))}"
-        raise SettingError("video", True, f" needs frames of uint8 [K, H, W, 3]: {type(env).__name__}.render returned {got}")
+        raise SettingError(
+            "video", True, f" needs frames of uint8 [K, H, W, 3]: {type(env).__name__}.render returned {got}"
+        )
 
 
 def _put(target: torch.Tensor, row: torch.Tensor, mask: torch.Tensor, value: torch.Tensor) -> None:

@@ -27,8 +27,9 @@ observations of each rollout it learns from.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import torch
@@ -84,9 +85,12 @@ class ActorCriticConfig(Settings):
     def check(self) -> None:
         """``log_std_min <= init_log_std <= log_std_max``."""
         if self.log_std_min > self.log_std_max or not self.log_std_min <= self.init_log_std <= self.log_std_max:
-            raise SettingError("init_log_std", self.init_log_std,
-                               f" is not allowed with log_std_min={self.log_std_min}, log_std_max={self.log_std_max}: "
-                               "expected log_std_min <= init_log_std <= log_std_max")  # fmt: skip
+            raise SettingError(
+                "init_log_std",
+                self.init_log_std,
+                f" is not allowed with log_std_min={self.log_std_min}, log_std_max={self.log_std_max}: "
+                "expected log_std_min <= init_log_std <= log_std_max",
+            )
 
 
 @dataclass
@@ -378,4 +382,3 @@ class ActorOnly(ActorCritic):
     """
 
     has_critic = False
-

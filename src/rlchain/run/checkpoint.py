@@ -3,7 +3,9 @@
 A checkpoint is a dict of tensors and plain data (see
 :meth:`rlchain.run.trainer.Trainer.state_dict`); nothing in it is executed when it
 is read. :class:`Checkpoints` keeps a run's ``checkpoints/latest.pt`` and
-``checkpoints/best.pt`` consistent with each other and with a resume.
+``checkpoints/best.pt`` consistent with each other and with a resume;
+:func:`run_state`, :func:`checked_state` and :func:`save_best` assemble a
+trainer's checkpoint from its ranks and write it (every rank calls them).
 """
 
 from __future__ import annotations
@@ -15,10 +17,23 @@ from typing import Any
 
 import torch
 
+from rlchain.core.algorithms.base import NonFiniteError, first_non_finite
 from rlchain.files import remove_torn, write_bytes
 from rlchain.settings import SettingError
+from rlchain.utils import to_device
 
-__all__ = ["CHECKPOINT_KEYS", "Checkpoints", "check_state_matches", "checkpoint_of", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "CHECKPOINT_KEYS",
+    "Checkpoints",
+    "check_state_matches",
+    "checked_state",
+    "checkpoint_of",
+    "load_checkpoint",
+    "rank_state",
+    "run_state",
+    "save_best",
+    "save_checkpoint",
+]
 
 #: Keys every trainer checkpoint holds.
 CHECKPOINT_KEYS = ("policy", "algorithm", "collector", "global_step", "iteration")
@@ -51,8 +66,9 @@ def _write(path: Path, data: memoryview) -> Path:
         raise OSError(err.errno, f"cannot write the checkpoint {path}: {err.strerror or err}") from err
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
-                    name: str = "checkpoint") -> dict[str, Any]:  # fmt: skip
+def load_checkpoint(
+    path: str | os.PathLike, map_location: str | torch.device = "cpu", name: str = "checkpoint"
+) -> dict[str, Any]:
     """Read a trainer checkpoint written by :func:`save_checkpoint` (tensors and plain data only).
 
     Args:
@@ -68,7 +84,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception:  # torch raises several types for a file it cannot read; none is the user's fault
+    except Exception:  # noqa: BLE001 - torch raises several types for a file it cannot read; none is the user's fault
         reason = "an empty file" if path.stat().st_size == 0 else "unreadable as a torch checkpoint"
         raise SettingError(name, str(path), f" is not an rlchain checkpoint: {reason}") from None
     missing = [key for key in CHECKPOINT_KEYS if not isinstance(state, dict) or key not in state]
@@ -77,7 +93,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     return state
 
 
-def check_state_matches(module: torch.nn.Module, state: dict[str, torch.Tensor], name: str, path: str | os.PathLike) -> None:
+def check_state_matches(
+    module: torch.nn.Module, state: dict[str, torch.Tensor], name: str, path: str | os.PathLike
+) -> None:
     """Raise unless ``state`` has exactly ``module``'s parameter and buffer names and shapes.
 
     Raises:
@@ -85,14 +103,22 @@ def check_state_matches(module: torch.nn.Module, state: dict[str, torch.Tensor],
             naming the first mismatched shapes (checkpoint vs. here), missing and extra names.
     """
     own = module.state_dict()
-    shapes = [f"{k} is {tuple(state[k].shape)} there, {tuple(v.shape)} here"
-              for k, v in own.items() if k in state and tuple(state[k].shape) != tuple(v.shape)]  # fmt: skip
+    shapes = [
+        f"{k} is {tuple(state[k].shape)} there, {tuple(v.shape)} here"
+        for k, v in own.items()
+        if k in state and tuple(state[k].shape) != tuple(v.shape)
+    ]
     missing = [k for k in own if k not in state]
     extra = [k for k in state if k not in own]
-    problems = shapes[:4] + ([f"missing there: {', '.join(missing[:4])}"] if missing else []) + (
-        [f"not here: {', '.join(extra[:4])}"] if extra else [])  # fmt: skip
+    problems = (
+        shapes[:4]
+        + ([f"missing there: {', '.join(missing[:4])}"] if missing else [])
+        + ([f"not here: {', '.join(extra[:4])}"] if extra else [])
+    )
     if problems:
-        raise SettingError(name, str(path), f": the checkpoint's policy does not match this run's: {'; '.join(problems)}")
+        raise SettingError(
+            name, str(path), f": the checkpoint's policy does not match this run's: {'; '.join(problems)}"
+        )
 
 
 class Checkpoints:
@@ -174,7 +200,7 @@ def _holds_best(path: Path, state: dict[str, Any]) -> bool:
         return False
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # not a checkpoint (torn, foreign): not the one
+    except Exception:  # noqa: BLE001 - not a checkpoint (torn, foreign): not the one
         return False
     if not isinstance(saved, dict) or saved.get("global_step") != state.get("best_objective_step"):
         return False  # a later checkpoint of the same run carries the best's id too, but not its policy
@@ -195,9 +221,101 @@ def checkpoint_of(source: str | Path, name: str) -> Path:
     if path.is_dir():
         path = path / "checkpoints" / "latest.pt"
         if not path.is_file():
-            raise SettingError(name, str(source), " is a directory without checkpoints/latest.pt: expected an rlchain "
-                                                  "run directory that wrote a checkpoint, or a checkpoint file")  # fmt: skip
+            raise SettingError(
+                name,
+                str(source),
+                " is a directory without checkpoints/latest.pt: expected an rlchain "
+                "run directory that wrote a checkpoint, or a checkpoint file",
+            )
     elif not path.is_file():
-        raise SettingError(name, str(source), " does not exist: expected a run directory "
-                                              "(outputs/<date>/<time>_<id>) or a checkpoint file")  # fmt: skip
+        raise SettingError(
+            name,
+            str(source),
+            " does not exist: expected a run directory (outputs/<date>/<time>_<id>) or a checkpoint file",
+        )
     return path
+
+
+# ------------------------------------------------ a trainer's checkpoint, across its ranks
+def run_state(trainer: Any) -> dict[str, Any] | None:
+    """Everything a resumed run of ``trainer`` needs (the keys: :mod:`rlchain.run.trainer`'s docstring); None on a
+    rank other than 0.
+
+    What each rank has of its own (its env, collector and random streams)
+    is rank 0's at the top level and every other rank's in ``ranks``
+    (rank 1 first), with ``world_size``; every rank calls this (a gather).
+    """
+    own = rank_state(trainer)
+    if trainer.world.distributed:
+        others = trainer.world.gather(to_device(own, "cpu"), "the gather of the ranks' states for the checkpoint")
+        if not trainer.world.main:
+            return None
+    state = {
+        "policy": trainer.policy.state_dict(),
+        "algorithm": trainer.algorithm.state_dict(),
+        **own,
+        "episodes": trainer.episodes.state_dict(),
+        "global_step": trainer.global_step,
+        "iteration": trainer.iteration,
+        "best_success": trainer.evaluator.best_success.value,
+        "best_step": trainer.evaluator.best_success.step,
+        "best_objective": trainer.objective.best.value,
+        "best_objective_step": trainer.objective.best.step,
+        "best_objective_id": trainer.objective.best.id,
+        "last_train": trainer.last_train,
+        "last_eval": trainer.evaluator.last,
+        "config": trainer.config,
+        "wandb_id": trainer.wandb_id,
+    }
+    if trainer.world.distributed:
+        state.update(world_size=trainer.world.world_size, ranks=others[1:])
+    return state
+
+
+def rank_state(trainer: Any) -> dict[str, Any]:
+    """This rank's own part of a checkpoint: its collector, its env, what the algorithm keeps of its envs
+    (PPO's discounted returns with ``reward_norm``) and its random streams."""
+    state = {
+        "collector": trainer.collector.state_dict(),
+        "algorithm_rank": trainer.algorithm.rank_state_dict(),
+        "env": trainer.env.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def checked_state(trainer: Any) -> dict[str, Any] | None:
+    """:func:`run_state`, refused when a policy parameter or buffer is not finite (None on ranks but 0).
+
+    Raises:
+        NonFiniteError: a policy parameter or buffer (e.g. the observation
+            normaliser's statistics) is NaN or infinite.
+    """
+    state = run_state(trainer)
+    bad = first_non_finite(dict(trainer.policy.state_dict()))
+    if bad is not None:
+        raise NonFiniteError(f"policy {bad[0]}", bad[1], trainer.iteration)
+    return state
+
+
+def save_best(trainer: Any, value: float) -> Path | None:
+    """Take ``value`` as the objective's best and write ``best.pt`` (and ``latest.pt``) with it.
+
+    The best stays as it was when the checkpoints cannot be written (a
+    full disk, a second stop signal), so that ``summary.json`` never names a
+    best that no ``best.pt`` holds. In a multi-process run every rank
+    calls it (each sends its state); rank 0 alone keeps the best and writes.
+    """
+    if not trainer.world.main:
+        checked_state(trainer)
+        return None
+    best = trainer.objective.best
+    previous = best.state_dict()
+    best.take(value, trainer.global_step)
+    try:
+        return trainer.checkpoints.save_best(checked_state(trainer))
+    except BaseException:
+        best.load_state_dict(previous)
+        raise

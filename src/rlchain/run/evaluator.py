@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from rlchain.console import notice
+from rlchain.console import error_line, notice
 from rlchain.core.envs.base import VecEnv
 from rlchain.core.evaluation import Evaluation, check_renders, evaluate, fresh_seed
 from rlchain.core.policies import Policy
 from rlchain.run.checkpoint import check_state_matches, load_checkpoint
 from rlchain.run.objective import Best
-from rlchain.settings import SettingError
-from rlchain.console import error_line
 from rlchain.run.video import write_mp4
+from rlchain.settings import SettingError
 
 __all__ = ["Evaluator", "evaluate_checkpoint"]
 
@@ -49,8 +49,15 @@ class Evaluator:
         SettingError: ``video`` with an env whose settings take no ``render_mode``, or one that does not render.
     """
 
-    def __init__(self, env: VecEnv | Callable[..., VecEnv] | None, num_envs: int, num_episodes: int, seed: int,
-                 video_episodes: int = 0, video_dir: str | Path = "videos") -> None:  # fmt: skip
+    def __init__(
+        self,
+        env: VecEnv | Callable[..., VecEnv] | None,
+        num_envs: int,
+        num_episodes: int,
+        seed: int,
+        video_episodes: int = 0,
+        video_dir: str | Path = "videos",
+    ) -> None:
         if callable(env) and not isinstance(env, VecEnv):
             env = _build(env, num_envs, seed, video_episodes > 0)
         if video_episodes and env is not None:
@@ -112,8 +119,9 @@ class Evaluator:
         if self.env is None or not checkpoint.is_file():
             return None
         try:
-            result, state = evaluate_checkpoint(self.env, copy.deepcopy(policy), checkpoint, self.num_episodes,
-                                                seed=fresh_seed(run_seed))  # fmt: skip
+            result, state = evaluate_checkpoint(
+                self.env, copy.deepcopy(policy), checkpoint, self.num_episodes, seed=fresh_seed(run_seed)
+            )
         except Exception as err:  # noqa: BLE001 - training is done and saved; the score alone is lost, and said so
             notice(f"the fresh evaluation of best.pt failed (the run is complete): {error_line(err)}")
             return {"error": error_line(err)}
@@ -133,12 +141,21 @@ def _build(factory: Callable[..., VecEnv], num_envs: int, seed: int, video: bool
     except TypeError as err:
         if "render_mode" not in str(err):
             raise
-        raise SettingError("video", True, f" needs an env that renders: its settings have no render_mode ({err})") from None
+        raise SettingError(
+            "video", True, f" needs an env that renders: its settings have no render_mode ({err})"
+        ) from None
 
 
-def evaluate_checkpoint(env: VecEnv, policy: Policy, path: str | Path, num_episodes: int, seed: int,
-                        deterministic: bool = True, video_episodes: int = 0,
-                        name: str = "checkpoint") -> tuple[Evaluation, dict[str, Any]]:  # fmt: skip
+def evaluate_checkpoint(
+    env: VecEnv,
+    policy: Policy,
+    path: str | Path,
+    num_episodes: int,
+    seed: int,
+    deterministic: bool = True,
+    video_episodes: int = 0,
+    name: str = "checkpoint",
+) -> tuple[Evaluation, dict[str, Any]]:
     """Load the policy of the checkpoint at ``path`` into ``policy`` and :func:`evaluate` it on ``env``.
 
     What ``rlchain-eval`` runs, and the trainer's final score of ``best.pt``

@@ -37,12 +37,21 @@ from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from rlchain.run.checkpoint import checkpoint_of
 from rlchain.distributed import from_environment
+from rlchain.run.checkpoint import checkpoint_of
 from rlchain.settings import SettingError
 
-__all__ = ["RESUME_SETTINGS", "RUN_MARKERS", "RunDirCallback", "RunDirError", "existing_run", "register_resolver",
-           "remove_if_unused", "resume_in_place", "taken"]  # fmt: skip
+__all__ = [
+    "RESUME_SETTINGS",
+    "RUN_MARKERS",
+    "RunDirCallback",
+    "RunDirError",
+    "existing_run",
+    "register_resolver",
+    "remove_if_unused",
+    "resume_in_place",
+    "taken",
+]
 
 #: What makes a directory hold a run: written by every run that got past its start (a ``summary.json`` of a run
 #: refused before its first step does not count).
@@ -119,8 +128,10 @@ def taken(path: str | Path) -> str | None:
     marker = existing_run(path)
     if marker is None:
         return None
-    return (f" already holds a run ({marker}): a fresh run never writes into another's directory; "
-            "resume it with trainer.resume_from=auto, or choose another directory")  # fmt: skip
+    return (
+        f" already holds a run ({marker}): a fresh run never writes into another's directory; "
+        "resume it with trainer.resume_from=auto, or choose another directory"
+    )
 
 
 class RunDirError(CompactHydraException):
@@ -173,8 +184,10 @@ def _saved_run(config: DictConfig) -> tuple[Path, Path] | None:
         return (run, latest) if saved(run) and latest.is_file() else None
     path = Path(str(value)).absolute()
     if path.is_dir() and not saved(path):
-        raise RunDirError(f"rlchain: trainer.resume_from={value!r} is a directory without .hydra/config.yaml: "
-                          "expected an rlchain run directory or a checkpoint file")  # fmt: skip
+        raise RunDirError(
+            f"rlchain: trainer.resume_from={value!r} is a directory without .hydra/config.yaml: "
+            "expected an rlchain run directory or a checkpoint file"
+        )
     try:
         checkpoint = checkpoint_of(value, "trainer.resume_from")
     except SettingError as err:
@@ -188,7 +201,9 @@ def _saved_run(config: DictConfig) -> tuple[Path, Path] | None:
 def _resume_may_set(key: str) -> bool:
     """Whether a resume's override may set ``key``: one of :data:`RESUME_SETTINGS` (an entry ending in ``.`` is a
     prefix), unless it is one of the trainer settings a resume keeps."""
-    return key not in _RESUME_FIXED and any(key == s or (s.endswith(".") and key.startswith(s)) for s in RESUME_SETTINGS)
+    return key not in _RESUME_FIXED and any(
+        key == s or (s.endswith(".") and key.startswith(s)) for s in RESUME_SETTINGS
+    )
 
 
 def resume_in_place(config: DictConfig) -> Path | None:
@@ -215,9 +230,16 @@ def resume_in_place(config: DictConfig) -> Path | None:
     run, checkpoint = found
     hydra_dir = run / ".hydra"
     saved = OmegaConf.load(hydra_dir / "config.yaml")
-    original = [str(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml")] if (hydra_dir / "overrides.yaml").is_file() else []
-    choices = OmegaConf.select(OmegaConf.load(hydra_dir / "hydra.yaml"), "hydra.runtime.choices") if (
-        hydra_dir / "hydra.yaml").is_file() else None  # fmt: skip
+    original = (
+        [str(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml")]
+        if (hydra_dir / "overrides.yaml").is_file()
+        else []
+    )
+    choices = (
+        OmegaConf.select(OmegaConf.load(hydra_dir / "hydra.yaml"), "hydra.runtime.choices")
+        if (hydra_dir / "hydra.yaml").is_file()
+        else None
+    )
     own = list(config.hydra.overrides.task)
     OmegaConf.set_struct(saved, True)
     added = []
@@ -225,17 +247,25 @@ def resume_in_place(config: DictConfig) -> Path | None:
         key, line = override.key_or_group, override.input_line
         if key == "trainer.resume_from" or line in original:
             continue
-        if choices is not None and key in choices and not override.is_sweep_override() and (
-                str(override.value()) == str(choices[key])):  # fmt: skip
+        if (
+            choices is not None
+            and key in choices
+            and not override.is_sweep_override()
+            and (str(override.value()) == str(choices[key]))
+        ):
             continue  # the option the saved run has (algorithm=grpo, which a preset chose): its keys compose
         if override.is_add() or override.is_force_add() or override.is_delete() or not _resume_may_set(key):
-            raise RunDirError(f"rlchain: {line} is not allowed when resuming {run}: a resumed run keeps its saved config "
-                              "(env, policy, seed, presets); overrides may set trainer.<key>, algorithm.<key> and device "
-                              "(trainer.output_dir and trainer.init_from excepted)")  # fmt: skip
+            raise RunDirError(
+                f"rlchain: {line} is not allowed when resuming {run}: a resumed run keeps its saved config "
+                "(env, policy, seed, presets); overrides may set trainer.<key>, algorithm.<key> and device "
+                "(trainer.output_dir and trainer.init_from excepted)"
+            )
         try:
             OmegaConf.update(saved, key, override.value(), merge=True)
         except Exception as err:  # noqa: BLE001 - OmegaConf's key and validation errors: one line
-            raise RunDirError(f"rlchain: {line} is not allowed when resuming {run}: {str(err).splitlines()[0]}") from None
+            raise RunDirError(
+                f"rlchain: {line} is not allowed when resuming {run}: {str(err).splitlines()[0]}"
+            ) from None
         added.append(line)
     with open_dict(saved):
         saved.trainer.resume_from = str(checkpoint)
@@ -277,9 +307,14 @@ class RunDirCallback(Callback):
         except Exception as err:  # noqa: BLE001 - a saved config that cannot be read or merged: one line
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
-            message = str(err) if isinstance(err, RunDirError) else (
-                f"rlchain: trainer.resume_from cannot rebuild the saved run: {type(err).__name__}: "
-                f"{str(err).splitlines()[0] if str(err) else ''}")  # fmt: skip
+            message = (
+                str(err)
+                if isinstance(err, RunDirError)
+                else (
+                    f"rlchain: trainer.resume_from cannot rebuild the saved run: {type(err).__name__}: "
+                    f"{str(err).splitlines()[0] if str(err) else ''}"
+                )
+            )
             print(message, file=sys.stderr, flush=True)
             raise SystemExit(1) from None
         if world_size > 1 and rank > 0:
@@ -302,8 +337,11 @@ class RunDirCallback(Callback):
         Refused under torchrun, which runs one run over its processes.
         """
         if from_environment()[1] > 1:
-            print("rlchain: a multirun (-m) cannot run under torchrun, whose processes train one run together: drop -m, "
-                  "or sweep multi-process runs with the devices launcher (hydra.launcher.devices_per_job)",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                "rlchain: a multirun (-m) cannot run under torchrun, whose processes train one run together: drop -m, "
+                "or sweep multi-process runs with the devices launcher (hydra.launcher.devices_per_job)",
+                file=sys.stderr,
+                flush=True,
+            )
             raise SystemExit(1)
         _check(Path(str(config.hydra.sweep.dir)), config, "sweep")

@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 
-from rlchain.run.checkpoint import Checkpoints, check_state_matches, checkpoint_of, load_checkpoint
 from rlchain.console import notice
+from rlchain.run.checkpoint import Checkpoints, check_state_matches, checkpoint_of, load_checkpoint
 from rlchain.run.run_dir import taken
-from rlchain.settings import SettingError
 from rlchain.run.stopping import in_submitit_job
+from rlchain.settings import SettingError
 from rlchain.utils import to_device
 
 __all__ = ["start"]
@@ -76,11 +76,17 @@ def start(trainer: Any) -> None:
             trainer.algorithm.reset_reference()
     elif source[0] == "resume_from":
         exact = _restore(trainer, source[2], source[1])
-        restart = "" if exact or source[2].get("world_size", 1) != world.world_size else (
-            f"; {type(trainer.env).__name__} cannot restore its state: every env reset "
-            "(episodes in progress at the checkpoint are dropped)"
-        )  # fmt: skip
-        notice(f"resumed from {source[1]} at iteration {trainer.iteration} (global_step {trainer.global_step:,}){restart}")
+        restart = (
+            ""
+            if exact or source[2].get("world_size", 1) != world.world_size
+            else (
+                f"; {type(trainer.env).__name__} cannot restore its state: every env reset "
+                "(episodes in progress at the checkpoint are dropped)"
+            )
+        )
+        notice(
+            f"resumed from {source[1]} at iteration {trainer.iteration} (global_step {trainer.global_step:,}){restart}"
+        )
     else:
         _init_policy(trainer, source[2], source[1])
     if cfg.compile:
@@ -114,10 +120,12 @@ def _restore(trainer: Any, state: dict[str, Any], path: str | Path) -> bool:
     if saved_world == trainer.world.world_size:
         own = state if trainer.world.rank == 0 else state["ranks"][trainer.world.rank - 1]
     else:
-        notice(f"{path} was saved by a run of {saved_world} process(es) and this one has {trainer.world.world_size}: "
-               "policy, optimiser, observation statistics and step count go on; every env is reset "
-               "(episodes in progress at the checkpoint are dropped) and each rank's random stream starts "
-               "from its seed")  # fmt: skip
+        notice(
+            f"{path} was saved by a run of {saved_world} process(es) and this one has {trainer.world.world_size}: "
+            "policy, optimiser, observation statistics and step count go on; every env is reset "
+            "(episodes in progress at the checkpoint are dropped) and each rank's random stream starts "
+            "from its seed"
+        )
     exact = False
     if own is not None:
         trainer.collector.load_state_dict(own["collector"])
@@ -134,16 +142,24 @@ def _restore(trainer: Any, state: dict[str, Any], path: str | Path) -> bool:
     trainer.episodes.load_state_dict(state["episodes"])
     trainer.global_step, trainer.iteration = state["global_step"], state["iteration"]
     trainer.evaluator.best_success.load_state_dict({"value": state["best_success"], "step": state["best_step"]})
-    trainer.objective.best.load_state_dict({"value": state.get("best_objective"), "step": state.get("best_objective_step"),
-                                         "id": state.get("best_objective_id")})  # fmt: skip
+    trainer.objective.best.load_state_dict(
+        {
+            "value": state.get("best_objective"),
+            "step": state.get("best_objective_step"),
+            "id": state.get("best_objective_id"),
+        }
+    )
     trainer.last_train, trainer.evaluator.last = state.get("last_train", {}), state.get("last_eval", {})
     trainer.wandb_id = state.get("wandb_id")
     trainer.objective.resolve(trainer.evaluator.last)
     if trainer.world.main and not trainer.checkpoints.align_best(state, path):
-        notice(f"the best evaluation of {path} (global_step {trainer.objective.best.step:,}) has no checkpoint "
-               "there or here: best.pt starts afresh")  # fmt: skip
+        notice(
+            f"the best evaluation of {path} (global_step {trainer.objective.best.step:,}) has no checkpoint "
+            "there or here: best.pt starts afresh"
+        )
         trainer.objective.best.load_state_dict({})
     return exact
+
 
 def _init_policy(trainer: Any, state: dict[str, Any], path: str | Path) -> None:
     """Take the policy (weights and observation normaliser) of the checkpoint ``state`` (read from ``path``) as
@@ -205,8 +221,9 @@ def _compile(trainer: Any) -> float:
         trainer.algorithm.compile(trainer.collector.buffer.data)
     except Exception as err:  # noqa: BLE001 - torch's compiler raises many kinds; each becomes this one line
         cause = " ".join(str(err).split("\n")[0].split()) or type(err).__name__
-        raise SettingError("compile", True, f" cannot run here: {type(err).__name__}: {cause[:300]}; "
-                                            "expected false (eager PyTorch)") from None  # fmt: skip
+        raise SettingError(
+            "compile", True, f" cannot run here: {type(err).__name__}: {cause[:300]}; expected false (eager PyTorch)"
+        ) from None
     seconds = time.perf_counter() - began
     notice(f"compiled the acting forward pass and the update's loss in {seconds:.1f} s (time/compile_s)")
     return seconds

@@ -19,7 +19,8 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from rlchain.console import notice
 from rlchain.run.summary import STOP_SIGNALS
@@ -97,6 +98,8 @@ class StopSignals:
         self.received = name
         print(file=sys.stderr)  # off the line a progress bar may be drawing
         if self.abort_on_repeat:
-            notice(f"{name}: stopping after this iteration (checkpoint and logs are kept); send it again to abort at once")
+            notice(
+                f"{name}: stopping after this iteration (checkpoint and logs are kept); send it again to abort at once"
+            )
         else:
             notice(f"{name}: every rank stops after this iteration (checkpoint and logs are kept)")

@@ -30,8 +30,7 @@ from typing import Any
 
 from rlchain.files import write_json
 
-__all__ = ["JOB_RECORDS", "STOP_SIGNALS", "STOPPED", "JobRecord", "RunSummary", "placement",
-           "signal_exit_code"]
+__all__ = ["JOB_RECORDS", "STOP_SIGNALS", "STOPPED", "JobRecord", "RunSummary", "placement", "signal_exit_code"]
 
 #: Signals that stop a run after its current iteration (a second one aborts it): Ctrl-C, and what
 #: ``scancel``, Kubernetes and most preemptions send. A launcher forwards them to its running jobs.

@@ -43,29 +43,27 @@ from __future__ import annotations
 import importlib.util
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import torch
-
-from rlchain.core.algorithms.base import Algorithm, NonFiniteError, first_non_finite
-from rlchain.run.checkpoint import Checkpoints
+from rlchain.console import Progress, error_line, notice
+from rlchain.core.algorithms.base import Algorithm, NonFiniteError
 from rlchain.core.collector import Episodes, EpisodeWindow, SyncCollector
-from rlchain.console import Progress, notice
-from rlchain.distributed import CollectiveError, World, world
 from rlchain.core.envs.base import VecEnv
+from rlchain.core.policies import Policy
+from rlchain.distributed import CollectiveError, World, world
+from rlchain.run.checkpoint import Checkpoints, checked_state, run_state, save_best
 from rlchain.run.evaluator import Evaluator
 from rlchain.run.objective import OBJECTIVE_DIRECTIONS, Objective, ObjectiveError
-from rlchain.core.policies import Policy
-from rlchain.settings import SettingError, Settings, setting
 from rlchain.run.starting import start
 from rlchain.run.stopping import Abort, StopSignals
-from rlchain.console import error_line
 from rlchain.run.summary import RunSummary, placement
-from rlchain.utils import MAX_SEED, to_device
 from rlchain.run.video import check_video_support
 from rlchain.run.writer import MetricWriter
+from rlchain.settings import SettingError, Settings, setting
+from rlchain.utils import MAX_SEED
 
 __all__ = ["WANDB_MODES", "Trainer", "TrainerConfig"]
 
@@ -157,9 +155,12 @@ class TrainerConfig(Settings):
             if missing is not None:
                 raise SettingError("video", True, missing)
             if self.video_episodes > self.num_eval_envs:
-                raise SettingError("video_episodes", self.video_episodes,
-                                   f" is not allowed with num_eval_envs={self.num_eval_envs}: expected at most "
-                                   "num_eval_envs (each recorded episode is the first of one evaluation env)")  # fmt: skip
+                raise SettingError(
+                    "video_episodes",
+                    self.video_episodes,
+                    f" is not allowed with num_eval_envs={self.num_eval_envs}: expected at most "
+                    "num_eval_envs (each recorded episode is the first of one evaluation env)",
+                )
 
 
 class Trainer:
@@ -215,9 +216,14 @@ class Trainer:
         algorithm.check_env(env)
         self.collector = SyncCollector(env, policy, cfg.rollout_steps, reset_options=algorithm.reset_options)
         self.output_dir = Path(cfg.output_dir)
-        self.evaluator = Evaluator(eval_env if self.world.main else None, cfg.num_eval_envs, cfg.num_eval_episodes,
-                                   seed=cfg.seed + 1, video_episodes=cfg.video_episodes if cfg.video else 0,
-                                   video_dir=self.output_dir / "videos")  # fmt: skip
+        self.evaluator = Evaluator(
+            eval_env if self.world.main else None,
+            cfg.num_eval_envs,
+            cfg.num_eval_episodes,
+            seed=cfg.seed + 1,
+            video_episodes=cfg.video_episodes if cfg.video else 0,
+            video_dir=self.output_dir / "videos",
+        )
         """Rank 0's evaluations (no evaluation env on the other ranks)."""
         self.checkpoints = Checkpoints(self.output_dir / "checkpoints", writer=self.world.main)
         self.objective = Objective(cfg.objective, cfg.objective_direction)
@@ -280,11 +286,19 @@ class Trainer:
         with StopSignals(abort_on_repeat=not self.world.distributed) as stop:
             try:
                 if self.world.main:  # rank 0 alone logs
-                    writer = MetricWriter(self.output_dir, config=self.config, run_name=cfg.wandb_name or cfg.exp_name,
-                                          purge_step=self.global_step or None, use_wandb=cfg.use_wandb,
-                                          wandb_project=cfg.wandb_project, wandb_entity=cfg.wandb_entity,
-                                          wandb_mode=cfg.wandb_mode, wandb_group=cfg.wandb_group,
-                                          wandb_tags=cfg.wandb_tags, wandb_id=self.wandb_id)  # fmt: skip
+                    writer = MetricWriter(
+                        self.output_dir,
+                        config=self.config,
+                        run_name=cfg.wandb_name or cfg.exp_name,
+                        purge_step=self.global_step or None,
+                        use_wandb=cfg.use_wandb,
+                        wandb_project=cfg.wandb_project,
+                        wandb_entity=cfg.wandb_entity,
+                        wandb_mode=cfg.wandb_mode,
+                        wandb_group=cfg.wandb_group,
+                        wandb_tags=cfg.wandb_tags,
+                        wandb_id=self.wandb_id,
+                    )
                     self.wandb_id = writer.wandb_id or self.wandb_id
                 progress = Progress(cfg.iterations, self.iteration, cfg.progress and self.world.main)
                 if self.iteration >= cfg.iterations:
@@ -303,7 +317,7 @@ class Trainer:
                     self.best_fresh = self.evaluator.fresh_score(self.policy, self.checkpoints.best, cfg.seed)
             except Abort:
                 ending = {"status": "aborted", "signal": stop.received}
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - any error ends the run as failed, recorded in its summary
                 ending, failure = self._failure(err)
                 if not isinstance(err, CollectiveError):  # another rank's failure is that rank's to report
                     self.world.report_failure(ending["error"])
@@ -322,7 +336,9 @@ class Trainer:
             raise failure
         return summary
 
-    def _iteration(self, writer: MetricWriter | None, start: float, stop: StopSignals) -> tuple[dict[str, float], str | None]:
+    def _iteration(
+        self, writer: MetricWriter | None, start: float, stop: StopSignals
+    ) -> tuple[dict[str, float], str | None]:
         """One iteration: collect -> update -> log -> evaluate -> save; returns the logged row and the stop signal.
 
         In a multi-process run every rank collects and updates; rank 0 gathers
@@ -345,12 +361,18 @@ class Trainer:
         samples = rollout.data.numel() * world.world_size
         self.global_step += samples
         world.at(self.iteration, "report")
-        reports = world.gather((rollout.episodes, rollout.term_means, stop.received), "the gather of the iteration's episodes")
+        reports = world.gather(
+            (rollout.episodes, rollout.term_means, stop.received), "the gather of the iteration's episodes"
+        )
         row: dict[str, float] = {}
         decision = None
         if world.main:
-            episodes = Episodes(*([x for report in reports for x in getattr(report[0], name)]
-                                  for name in ("returns", "lengths", "successes")))  # fmt: skip
+            episodes = Episodes(
+                *(
+                    [x for report in reports for x in getattr(report[0], name)]
+                    for name in ("returns", "lengths", "successes")
+                )
+            )
             terms = {key: sum(report[1][key] for report in reports) / len(reports) for key in reports[0][1]}
             signal = next((report[2] for report in reports if report[2] is not None), None)
             self.episodes.add(episodes)
@@ -364,7 +386,7 @@ class Trainer:
             if writer is not None:
                 writer.flush()
             if save == "best":
-                self._save_best(value)
+                save_best(self, value)
             else:
                 self.save()
         return row, signal
@@ -373,7 +395,9 @@ class Trainer:
         """Rank 0's part of an iteration: evaluate (when due), log, report to the trial; return
         ``(pruned, checkpoint to write: "best", "latest" or None, the objective's value)``."""
         cfg = self.cfg
-        evaluated = self.evaluator.env is not None and (self.iteration % cfg.eval_freq == 0 or self.iteration == cfg.iterations)
+        evaluated = self.evaluator.env is not None and (
+            self.iteration % cfg.eval_freq == 0 or self.iteration == cfg.iterations
+        )
         if evaluated:
             row.update(self.evaluator.evaluate(self.policy, self.global_step, writer))
             self.objective.resolve(self.evaluator.last)
@@ -390,8 +414,9 @@ class Trainer:
         periodic = self.iteration % cfg.save_freq == 0 and self.iteration < cfg.iterations and not pruned
         return pruned, "latest" if periodic else None, value
 
-    def _training_row(self, terms: dict[str, float], losses: dict[str, float], samples: int,
-                      **times: float) -> dict[str, float]:  # fmt: skip
+    def _training_row(
+        self, terms: dict[str, float], losses: dict[str, float], samples: int, **times: float
+    ) -> dict[str, float]:
         """What an iteration logs, with CleanRL's names: the update's terms under ``losses/``, the rate, the
         episodes and SPS under ``charts/``, the env's terms (``rewards/``, ``metrics/``) and ``time/``.
 
@@ -407,26 +432,6 @@ class Trainer:
             row["time/compile_s"], self.compile_s = self.compile_s, None
         self.last_train = row
         return row
-
-    def _save_best(self, value: float) -> Path:
-        """Take ``value`` as the objective's best and write ``best.pt`` (and ``latest.pt``) with it.
-
-        The best stays as it was when the checkpoints cannot be written (a
-        full disk, a second stop signal), so that ``summary.json`` never names a
-        best that no ``best.pt`` holds. In a multi-process run every rank
-        calls it (each sends its state); rank 0 alone keeps the best and writes.
-        """
-        if not self.world.main:
-            self._checked_state()
-            return None
-        best = self.objective.best
-        previous = best.state_dict()
-        best.take(value, self.global_step)
-        try:
-            return self.checkpoints.save_best(self._checked_state())
-        except BaseException:
-            best.load_state_dict(previous)
-            raise
 
     def _check_objective(self, row: dict[str, float]) -> None:
         """Raise :class:`ObjectiveError` unless the objective is a key this run logs (after its first iteration).
@@ -444,8 +449,10 @@ class Trainer:
         trace = traceback.format_exc()
         if isinstance(err, NonFiniteError):
             latest = self.checkpoints.latest
-            error = (f"non-finite {err.metric} at iteration {self.iteration + 1} ({err.value}); "
-                     f"last good checkpoint: {latest if latest.exists() else 'none written yet'}")  # fmt: skip
+            error = (
+                f"non-finite {err.metric} at iteration {self.iteration + 1} ({err.value}); "
+                f"last good checkpoint: {latest if latest.exists() else 'none written yet'}"
+            )
             failure = RuntimeError(error)
             failure.__cause__ = err
         else:
@@ -456,75 +463,34 @@ class Trainer:
     def _summary(self, ending: dict[str, Any], start_time: float, elapsed: float, steps: int) -> RunSummary:
         final = {**self.last_train, **self.evaluator.last}
         return RunSummary(
-            **ending, exp_name=self.cfg.exp_name, **placement(self.env.device), world_size=self.world.world_size,
-            global_step=self.global_step, iteration=self.iteration, elapsed_s=elapsed,
-            SPS=steps / elapsed if elapsed > 0 else 0.0, start_time=start_time, end_time=time.time(),
-            init_from=self.init_from, objective_name=self.objective.name, objective_direction=self.objective.direction,
-            objective=self.objective.value(final), best_objective=self.objective.best.value,
-            best_objective_step=self.objective.best.step, best_eval_success_rate=self.evaluator.best_success.value,
-            best_eval_step=self.evaluator.best_success.step, best_fresh=self.best_fresh, final=final,
+            **ending,
+            exp_name=self.cfg.exp_name,
+            **placement(self.env.device),
+            world_size=self.world.world_size,
+            global_step=self.global_step,
+            iteration=self.iteration,
+            elapsed_s=elapsed,
+            SPS=steps / elapsed if elapsed > 0 else 0.0,
+            start_time=start_time,
+            end_time=time.time(),
+            init_from=self.init_from,
+            objective_name=self.objective.name,
+            objective_direction=self.objective.direction,
+            objective=self.objective.value(final),
+            best_objective=self.objective.best.value,
+            best_objective_step=self.objective.best.step,
+            best_eval_success_rate=self.evaluator.best_success.value,
+            best_eval_step=self.evaluator.best_success.step,
+            best_fresh=self.best_fresh,
+            final=final,
             checkpoints=self.checkpoints.files(),
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any] | None:
-        """Everything a resumed run needs (see the module docstring); None on a rank other than 0.
-
-        What each rank has of its own (its env, collector and random streams)
-        is rank 0's at the top level and every other rank's in ``ranks``
-        (rank 1 first), with ``world_size``; every rank calls this (a gather).
-        """
-        own = self._rank_state()
-        if self.world.distributed:
-            others = self.world.gather(to_device(own, "cpu"), "the gather of the ranks' states for the checkpoint")
-            if not self.world.main:
-                return None
-        state = {
-            "policy": self.policy.state_dict(),
-            "algorithm": self.algorithm.state_dict(),
-            **own,
-            "episodes": self.episodes.state_dict(),
-            "global_step": self.global_step,
-            "iteration": self.iteration,
-            "best_success": self.evaluator.best_success.value,
-            "best_step": self.evaluator.best_success.step,
-            "best_objective": self.objective.best.value,
-            "best_objective_step": self.objective.best.step,
-            "best_objective_id": self.objective.best.id,
-            "last_train": self.last_train,
-            "last_eval": self.evaluator.last,
-            "config": self.config,
-            "wandb_id": self.wandb_id,
-        }
-        if self.world.distributed:
-            state.update(world_size=self.world.world_size, ranks=others[1:])
-        return state
-
-    def _rank_state(self) -> dict[str, Any]:
-        """This rank's own part of a checkpoint: its collector, its env, what the algorithm keeps of its envs
-        (PPO's discounted returns with ``reward_norm``) and its random streams."""
-        state = {
-            "collector": self.collector.state_dict(),
-            "algorithm_rank": self.algorithm.rank_state_dict(),
-            "env": self.env.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-        }
-        if torch.cuda.is_available():
-            state["cuda_rng"] = torch.cuda.get_rng_state_all()
-        return state
-
-    def _checked_state(self) -> dict[str, Any] | None:
-        """:meth:`state_dict`, refused when a policy parameter or buffer is not finite (None on ranks but 0).
-
-        Raises:
-            NonFiniteError: a policy parameter or buffer (e.g. the observation
-                normaliser's statistics) is NaN or infinite.
-        """
-        state = self.state_dict()
-        bad = first_non_finite(dict(self.policy.state_dict()))
-        if bad is not None:
-            raise NonFiniteError(f"policy {bad[0]}", bad[1], self.iteration)
-        return state
+        """Everything a resumed run needs (see the module docstring; :func:`rlchain.run.checkpoint.run_state`);
+        None on a rank other than 0. Every rank calls it in a multi-process run (a gather)."""
+        return run_state(self)
 
     def save(self) -> Path | None:
         """Write the state atomically to ``checkpoints/latest.pt`` and return the path.
@@ -532,8 +498,9 @@ class Trainer:
         In a multi-process run every rank calls it and rank 0 writes (None elsewhere).
 
         Raises:
-            NonFiniteError: see :meth:`_checked_state`; nothing is written.
+            NonFiniteError: a policy parameter or buffer is not finite (:func:`~rlchain.run.checkpoint.checked_state`);
+                nothing is written.
             OSError: the file cannot be written (the previous one stays).
         """
-        state = self._checked_state()
+        state = checked_state(self)
         return self.checkpoints.save(state) if state is not None else None

@@ -44,14 +44,29 @@ import inspect
 import logging
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from rlchain.console import error_line
 
-__all__ = ["PRUNED_AT", "PRUNERS", "SAMPLERS", "TRIAL_SETTING", "JobTrial", "StudyError", "TrialLink", "make_pruner",
-           "make_sampler", "open_storage", "quiet_optuna", "report", "trial", "trial_seed"]  # fmt: skip
+__all__ = [
+    "PRUNED_AT",
+    "PRUNERS",
+    "SAMPLERS",
+    "TRIAL_SETTING",
+    "JobTrial",
+    "StudyError",
+    "TrialLink",
+    "make_pruner",
+    "make_sampler",
+    "open_storage",
+    "quiet_optuna",
+    "report",
+    "trial",
+    "trial_seed",
+]
 
 #: Where a job finds its trial link (:class:`TrialLink`): a field of the sweeper's settings, set for each job by a
 #: ``hydra.`` override, so that the task's own config is the app's alone.
@@ -125,9 +140,11 @@ def open_storage(storage: str, name: str = "storage") -> Any:
         path.parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(str(path)))
     except (optuna.exceptions.OptunaError, ImportError, OSError, ValueError) as err:
-        raise StudyError(f"{name}={storage!r} cannot be opened: {error_line(str(err)) or type(err).__name__}; "
-                         "expected an SQLAlchemy URL (sqlite:///study.db) or the path of a journal file "
-                         "(study.log)") from None  # fmt: skip
+        raise StudyError(
+            f"{name}={storage!r} cannot be opened: {error_line(str(err)) or type(err).__name__}; "
+            "expected an SQLAlchemy URL (sqlite:///study.db) or the path of a journal file "
+            "(study.log)"
+        ) from None
     except Exception as err:  # SQLAlchemy's errors (a server that does not answer, a bad URL) are not Optuna's
         if type(err).__module__.split(".")[0] != "sqlalchemy":
             raise
@@ -139,8 +156,10 @@ def _options(cls: type, options: Mapping[str, Any], name: str) -> dict[str, Any]
     allowed = [p for p in inspect.signature(cls).parameters if p not in ("self", "search_space")]
     unknown = [key for key in options if key not in allowed]
     if unknown:
-        raise StudyError(f"{name}.{unknown[0]}={options[unknown[0]]!r} is not allowed: {cls.__name__} takes "
-                         f"{', '.join(allowed) or 'no options'}")  # fmt: skip
+        raise StudyError(
+            f"{name}.{unknown[0]}={options[unknown[0]]!r} is not allowed: {cls.__name__} takes "
+            f"{', '.join(allowed) or 'no options'}"
+        )
     return dict(options)
 
 
@@ -173,8 +192,13 @@ def make_pruner(pruner: str, options: Mapping[str, Any] | None = None, name: str
         raise StudyError(f"{name}_options={dict(kwargs)!r} is not allowed for {pruner}: {err}") from None
 
 
-def make_sampler(sampler: str, options: Mapping[str, Any] | None, seed: int | None,
-                 grid: Mapping[str, list[Any]] | None = None, name: str = "sampler") -> Any:  # fmt: skip
+def make_sampler(
+    sampler: str,
+    options: Mapping[str, Any] | None,
+    seed: int | None,
+    grid: Mapping[str, list[Any]] | None = None,
+    name: str = "sampler",
+) -> Any:
     """The Optuna sampler ``sampler`` names (``tpe``, ``random``, ``cmaes``, ``grid``), seeded with ``seed``.
 
     A seeded ``tpe``, ``random`` or ``cmaes`` sampler is built afresh for
@@ -195,8 +219,9 @@ def make_sampler(sampler: str, options: Mapping[str, Any] | None, seed: int | No
     cls = getattr(optuna.samplers, _choice(SAMPLERS, sampler, name))
     kwargs = _options(cls, options or {}, f"{name}_options")
     if "seed" in kwargs:
-        raise StudyError(f"{name}_options.seed={kwargs['seed']!r} is not allowed: the sampler's seed is "
-                         "hydra.sweeper.seed")  # fmt: skip
+        raise StudyError(
+            f"{name}_options.seed={kwargs['seed']!r} is not allowed: the sampler's seed is hydra.sweeper.seed"
+        )
     if sampler == "cmaes":
         import importlib.util
 
@@ -317,8 +342,9 @@ class TrialLink:
             study = optuna.load_study(study_name=self.study_name, storage=storage, pruner=pruner)
             trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, self.number)
         except KeyError as err:
-            raise StudyError(f"{TRIAL_SETTING}: no study {self.study_name!r} with trial {self.number} in "
-                             f"{self.storage!r} ({err})") from None  # fmt: skip
+            raise StudyError(
+                f"{TRIAL_SETTING}: no study {self.study_name!r} with trial {self.number} in {self.storage!r} ({err})"
+            ) from None
         return JobTrial(optuna.trial.Trial(study, trial_id))
 
 
@@ -360,8 +386,10 @@ class JobTrial:
         except Exception as err:  # noqa: BLE001 - the run matters more than its intermediate values
             from rlchain.console import notice
 
-            notice(f"{TRIAL_SETTING}: reporting to trial {self.number} failed, the job goes on without it: "
-                   f"{error_line(str(err)) or type(err).__name__}")  # fmt: skip
+            notice(
+                f"{TRIAL_SETTING}: reporting to trial {self.number} failed, the job goes on without it: "
+                f"{error_line(str(err)) or type(err).__name__}"
+            )
             self.trial = None
             return False
         self.pruned_at = step
@@ -401,8 +429,10 @@ def trial() -> JobTrial | None:
     try:
         opened = TrialLink(**link).open()
     except TypeError:
-        raise StudyError(f"{TRIAL_SETTING}={link!r} is not allowed: expected {{storage, study_name, number, pruner, "
-                         "pruner_options}} (set by the rlchain_optuna sweeper)") from None  # fmt: skip
+        raise StudyError(
+            f"{TRIAL_SETTING}={link!r} is not allowed: expected {{storage, study_name, number, pruner, "
+            "pruner_options}} (set by the rlchain_optuna sweeper)"
+        ) from None
     except ImportError:
         raise StudyError(f'{TRIAL_SETTING}: reporting to a trial needs optuna: pip install "rlchain[sweep]"') from None
     _connected = (link, opened)

@@ -48,8 +48,16 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float) -> Path:
     _check_frames(frames)
     # yuv420p: the pixel format every player decodes; macro_block_size=2 keeps any even size as it is;
     # veryfast: x264's speed preset, which makes files of the same size as its default here in 80% of the time.
-    data = iio.imwrite("<bytes>", frames, extension=".mp4", fps=float(fps), codec="libx264", pixelformat="yuv420p",
-                       macro_block_size=2, output_params=["-preset", "veryfast"])  # fmt: skip
+    data = iio.imwrite(
+        "<bytes>",
+        frames,
+        extension=".mp4",
+        fps=float(fps),
+        codec="libx264",
+        pixelformat="yuv420p",
+        macro_block_size=2,
+        output_params=["-preset", "veryfast"],
+    )
     return write_bytes(path, data)
 
 

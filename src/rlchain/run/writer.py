@@ -55,7 +55,9 @@ class MetricWriter:
         if purge_step is not None and jsonl.exists():
             _drop_rows_after(jsonl, purge_step)
         # TensorBoard drops the events at or after its purge_step, i.e. after the checkpoint's step.
-        self.tb = SummaryWriter(str(self.log_dir / "tensorboard"), purge_step=None if purge_step is None else purge_step + 1)
+        self.tb = SummaryWriter(
+            str(self.log_dir / "tensorboard"), purge_step=None if purge_step is None else purge_step + 1
+        )
         self._jsonl = open(jsonl, "a", buffering=1, encoding="utf-8")
         self._wandb = None
         self.wandb_id: str | None = None
@@ -105,7 +107,9 @@ class MetricWriter:
 
         frames, fps = frames[::2, ::2, ::2], fps / 2
         _, height, width, channels = frames.shape
-        image = Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=encode_gif(frames, fps))
+        image = Summary.Image(
+            height=height, width=width, colorspace=channels, encoded_image_string=encode_gif(frames, fps)
+        )
         self.tb.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
         if self._wandb is not None:
             import wandb

@@ -41,8 +41,9 @@ def test_the_adaptive_rate_follows_the_kl_the_update_caused(algo):
     if algo == "ppo":
         algorithm = PPO(policy, learning_rate=1e-3, lr_schedule="adaptive", target_kl=1e-9, batch_size=32, n_epochs=1)
     else:
-        algorithm = GRPO(policy, learning_rate=1e-3, lr_schedule="adaptive", target_kl=1e-9, batch_size=32, n_epochs=1,
-                         group_size=4)  # fmt: skip
+        algorithm = GRPO(
+            policy, learning_rate=1e-3, lr_schedule="adaptive", target_kl=1e-9, batch_size=32, n_epochs=1, group_size=4
+        )
         env = LineEnv(num_envs=8, max_episode_steps=4)  # a GRPO rollout holds a whole episode
         rollout = SyncCollector(env, policy, 4, reset_options={"group_size": 4}).collect().data
     stats = algorithm.update(rollout)
@@ -77,11 +78,18 @@ def test_the_kl_stop_reads_the_epochs_last_minibatch():
 
 
 # 6. algorithm.target_kl is refused unless a setting reads it.
-@pytest.mark.parametrize("algorithm, settings, match", [
-    (PPO, {}, r"^target_kl=0.01 is not allowed with lr_schedule='constant', stop_at_target_kl=False: "),
-    (GRPO, {}, r"^target_kl=0.01 is not allowed with lr_schedule='constant': "),
-    (GRPO, {"lr_schedule": "linear", "total_iterations": 5}, r"^target_kl=0.01 is not allowed with lr_schedule='linear': "),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "algorithm, settings, match",
+    [
+        (PPO, {}, r"^target_kl=0.01 is not allowed with lr_schedule='constant', stop_at_target_kl=False: "),
+        (GRPO, {}, r"^target_kl=0.01 is not allowed with lr_schedule='constant': "),
+        (
+            GRPO,
+            {"lr_schedule": "linear", "total_iterations": 5},
+            r"^target_kl=0.01 is not allowed with lr_schedule='linear': ",
+        ),
+    ],
+)
 def test_a_target_kl_that_no_setting_reads_is_refused(algorithm, settings, match):
     policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32))
     with pytest.raises(ValueError, match=match):

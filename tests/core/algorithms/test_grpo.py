@@ -28,9 +28,13 @@ def test_grpo_advantages_by_hand_with_masks_and_groups():
     returns = discounted_returns(reward, done, gamma)
     # env0: R2=1, R1=1+.5*1=1.5, R0=1+.5*1.5=1.75; env1: R2=1, R1=3 (done), R0=0+.5*3=1.5
     # env2: R2=4, R1=0+2=2, R0=2+1=3; env3: R2=0, R1=1, R0=2 (done at 0)
-    torch.testing.assert_close(returns, torch.tensor([[1.75, 1.5, 3.0, 2.0], [1.5, 3.0, 2.0, 1.0], [1.0, 1.0, 4.0, 0.0]]))
+    torch.testing.assert_close(
+        returns, torch.tensor([[1.75, 1.5, 3.0, 2.0], [1.5, 3.0, 2.0, 1.0], [1.0, 1.0, 4.0, 0.0]])
+    )
     mask = first_done_mask(done)
-    torch.testing.assert_close(mask, torch.tensor([[True, True, True, True], [True, True, True, False], [True, False, True, False]]))
+    torch.testing.assert_close(
+        mask, torch.tensor([[True, True, True, True], [True, True, True, False], [True, False, True, False]])
+    )
     adv = group_relative_advantages(returns, mask, group_size=2, eps=0.0)
     # t0 group0: 1.75 vs 1.5 -> mean 1.625, std .125 -> +1, -1; group1: 3 vs 2 -> +1, -1
     # t1 group0: 1.5 vs 3 -> -1, +1; group1: only env2 alive -> 0, masked 0
@@ -43,7 +47,9 @@ def test_grpo_advantages_by_hand_with_masks_and_groups():
 def test_identical_returns_carry_no_signal(group_size):
     # Reward 1 every step (cart_pole) gives bit-identical returns within a group; their
     # mean's rounding residue over an equally tiny std used to come out as |A| ~ 1.
-    returns = discounted_returns(torch.ones(100, 8 * group_size), torch.zeros(100, 8 * group_size, dtype=torch.bool), 0.99)
+    returns = discounted_returns(
+        torch.ones(100, 8 * group_size), torch.zeros(100, 8 * group_size, dtype=torch.bool), 0.99
+    )
     mask = torch.ones_like(returns, dtype=torch.bool)
     for norm in ("std", "none", "rollout_std"):
         assert torch.equal(group_relative_advantages(returns, mask, group_size, norm=norm), torch.zeros_like(returns))
@@ -56,7 +62,9 @@ def test_group_advantages_match_a_reference_loop(norm):
     done = torch.rand(12, 16, generator=gen) < 0.15
     returns, mask = discounted_returns(reward, done, 0.9), first_done_mask(done)
     adv = group_relative_advantages(returns, mask, 4, eps=1e-8, norm=norm)
-    torch.testing.assert_close(adv.double(), reference_group_advantages(returns, mask, 4, 1e-8, norm), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        adv.double(), reference_group_advantages(returns, mask, 4, 1e-8, norm), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_grpo_reference_policy_is_frozen_with_its_observation_normaliser():
@@ -98,4 +106,6 @@ def test_grpo_rejects_rollouts_shorter_than_an_episode_naming_both(tmp_path):
     env = CartPoleEnv(num_envs=8, max_episode_steps=20)
     for algorithm, rollout_steps in ((GRPO, 20), (PPO, 5)):
         policy = ActorCritic(env.single_observation_space, env.single_action_space)
-        Trainer(env, policy, algorithm(policy), rollout_steps=rollout_steps, output_dir=str(tmp_path / algorithm.__name__))
+        Trainer(
+            env, policy, algorithm(policy), rollout_steps=rollout_steps, output_dir=str(tmp_path / algorithm.__name__)
+        )

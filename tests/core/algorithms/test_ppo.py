@@ -80,9 +80,7 @@ def test_ppo_loss_terms_on_a_fixed_batch():
     assert out["clipfrac"].item() == pytest.approx(2 / 3)
     r = torch.tensor([1.5, 0.5, 1.0])
     assert out["approx_kl"].item() == pytest.approx(((r - 1) - r.log()).mean().item())
-    assert out["loss"].item() == pytest.approx(
-        out["policy_loss"].item() + 0.5 * out["value_loss"].item() - 0.01 * 2.0
-    )
+    assert out["loss"].item() == pytest.approx(out["policy_loss"].item() + 0.5 * out["value_loss"].item() - 0.01 * 2.0)
 
 
 @pytest.mark.parametrize(

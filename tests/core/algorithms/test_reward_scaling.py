@@ -12,8 +12,8 @@ from rlchain.core.algorithms.reward_scaling import RewardScaler
 from rlchain.core.collector import SyncCollector
 from rlchain.core.envs import PushCubeEnv
 from rlchain.core.policies import ActorCritic
-from rlchain.settings import SettingError
 from rlchain.run.trainer import Trainer
+from rlchain.settings import SettingError
 
 GAMMA = 0.9
 
@@ -96,8 +96,19 @@ def _trainer(tmp_path, iterations, resume_from=None):
     env = PushCubeEnv(num_envs=16, seed=3)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[32, 32])
     algo = PPO(policy, batch_size=128, n_epochs=2, seed=3, reward_norm=True, reward_clip=10.0)
-    return Trainer(env, policy, algo, iterations=iterations, rollout_steps=16, save_freq=100, output_dir=str(tmp_path),
-                   seed=3, progress=False, fresh_eval=False, resume_from=resume_from)  # fmt: skip
+    return Trainer(
+        env,
+        policy,
+        algo,
+        iterations=iterations,
+        rollout_steps=16,
+        save_freq=100,
+        output_dir=str(tmp_path),
+        seed=3,
+        progress=False,
+        fresh_eval=False,
+        resume_from=resume_from,
+    )
 
 
 def test_a_resumed_run_continues_the_return_estimate_exactly(tmp_path):

@@ -171,8 +171,13 @@ def test_rlchain_cart_pole_keyword_arguments_reach_make_and_make_vec():
     assert single.action_space == gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
     single.reset(seed=0)
     single.step(np.array([0.5], np.float32))
-    vec = gym.make_vec("rlchain/CartPole-v1", num_envs=4, vectorization_mode="vector_entry_point",
-                       action_mode="continuous", max_episode_steps=7)  # fmt: skip
+    vec = gym.make_vec(
+        "rlchain/CartPole-v1",
+        num_envs=4,
+        vectorization_mode="vector_entry_point",
+        action_mode="continuous",
+        max_episode_steps=7,
+    )
     assert isinstance(vec, CartPoleEnv) and vec.num_envs == 4
     assert vec.cfg.action_mode == "continuous" and vec.max_episode_steps == 7
 

@@ -23,7 +23,15 @@ from tests.helpers.toy_env import LineEnv
         lambda: LineEnv(num_envs=8, max_episode_steps=5),
         lambda: LineEnv(num_envs=3, max_episode_steps=4, discrete=True),
     ],
-    ids=["push_cube", "cart_pole", "cart_pole_continuous", "gym_pendulum", "gym_cart_pole_async", "line", "line_discrete"],
+    ids=[
+        "push_cube",
+        "cart_pole",
+        "cart_pole_continuous",
+        "gym_pendulum",
+        "gym_cart_pole_async",
+        "line",
+        "line_discrete",
+    ],
 )
 def test_every_built_in_env_meets_the_contract(make):
     env = make()

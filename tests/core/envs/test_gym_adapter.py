@@ -17,8 +17,12 @@ from tests.helpers.runs import TINY, run_cli
 
 
 def raw_vec(env_id: str, num_envs: int, seed: int):
-    raw = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                       vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})  # fmt: skip
+    raw = gym.make_vec(
+        env_id,
+        num_envs=num_envs,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+    )
     obs, _ = raw.reset(seed=[seed + i for i in range(num_envs)])
     return raw, obs
 
@@ -30,7 +34,7 @@ def test_box_env_matches_gymnasium_clips_actions_and_keeps_final_obs():
     obs, _ = env.reset(seed=5)
     np.testing.assert_allclose(obs.numpy(), raw_obs, atol=1e-6)
     rng = np.random.default_rng(0)
-    for t in range(200):
+    for _ in range(200):
         action = rng.uniform(-4, 4, (3, 1)).astype(np.float32)  # half of them outside [-2, 2]
         obs, reward, terminated, truncated, info = env.step(torch.as_tensor(action))
         raw_obs, raw_reward, _, raw_truncated, raw_info = raw.step(np.clip(action, -2, 2))
@@ -115,7 +119,7 @@ def test_dict_observations_flatten_in_key_order_and_success_flags_are_reported()
         np.testing.assert_array_equal(flat[i], row.astype(np.float32))
     assert flat[:, :3].sum(axis=1).tolist() == [1.0] * 4  # the Discrete part is one-hot
     signs = torch.tensor([[1.0], [-1.0], [1.0], [-1.0]])
-    for t in range(3):
+    for _ in range(3):
         obs, _, terminated, _, info = env.step(signs)
     assert terminated.all() and info["success"].tolist() == [True, False, True, False]
     assert info["final_obs"][:, 3:7].unique().tolist() == [3.0]  # the final position (t = 3), not the reset one
@@ -128,15 +132,22 @@ def test_dict_observations_flatten_in_key_order_and_success_flags_are_reported()
 @pytest.mark.parametrize(
     "kwargs, missing, message",
     [
-        ({"id": "CartPol-v1"}, None, "env.id='CartPol-v1' is not a registered gymnasium id; close matches: CartPole-v1"),
-        ({"id": "rlchain_test/MultiDiscrete-v0"}, None,
-         "the action space MultiDiscrete([2 3]) (MultiDiscrete) is not supported"),
+        (
+            {"id": "CartPol-v1"},
+            None,
+            "env.id='CartPol-v1' is not a registered gymnasium id; close matches: CartPole-v1",
+        ),
+        (
+            {"id": "rlchain_test/MultiDiscrete-v0"},
+            None,
+            "the action space MultiDiscrete([2 3]) (MultiDiscrete) is not supported",
+        ),
         ({"id": "CartPole-v1", "vectorization": "threads"}, None, "vectorization='threads' is not allowed"),
         ({"id": "Blackjack-v1"}, None, "env.id='Blackjack-v1' has no time limit: set env.max_episode_steps"),
         ({"id": "HalfCheetah-v5"}, "mujoco", 'needs MuJoCo, which is not installed: pip install "rlchain[mujoco]"'),
         ({"id": "LunarLander-v3"}, "Box2D", "env.id='LunarLander-v3' needs a package that is not installed"),
     ],
-)  # fmt: skip
+)
 def test_bad_gym_envs_give_clear_errors(monkeypatch, kwargs, missing, message):
     if missing is not None:
         # None in sys.modules makes a module unimportable (and find_spec answer None),
@@ -154,7 +165,7 @@ def test_bad_gym_envs_give_clear_errors(monkeypatch, kwargs, missing, message):
         ("Humanoid-v3", ["moved to the gymnasium-robotics project", "runs only on mujoco-py"], "Humanoid-v5"),
         ("GymV21Environment-v0", ['pip install "shimmy[gym-v21]"'], None),
     ],
-)  # fmt: skip
+)
 def test_an_id_gymnasium_keeps_only_to_say_where_its_env_went_says_so(env_id, says, current):
     # gymnasium 1.x registers these ids with an entry point that only raises: the
     # error says so in gymnasium's words, before the (absent) time limit is looked at
@@ -219,8 +230,10 @@ def test_a_gymnasium_env_knows_whether_it_reports_success_from_its_construction(
         _, _, _, _, info = unread.step(torch.ones(2, 1))
     assert unread.reports_success is False and not info["success"].any()
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line == ("rlchain: env.id=rlchain_test/DictObs-v0 reports info['is_success'], which env.success_key=None "
-                    "leaves unread: set env.success_key=is_success to log a success rate")
+    assert line == (
+        "rlchain: env.id=rlchain_test/DictObs-v0 reports info['is_success'], which env.success_key=None "
+        "leaves unread: set env.success_key=is_success to log a success rate"
+    )
 
 
 class ImageObsEnv(gym.Env):
@@ -246,12 +259,15 @@ class ImageObsEnv(gym.Env):
 gym.register("rlchain_test/ImageObs-v0", entry_point=ImageObsEnv, max_episode_steps=10)
 
 
-@pytest.mark.parametrize("kwargs, part", [
-    ({}, "its observation space Box(0, 255, (96, 96, 3), uint8)"),  # CarRacing-v3's
-    ({"shape": [84, 84]}, "its observation space Box(0, 255, (84, 84), uint8)"),  # a grey image
-    ({"shape": [3, 64, 64], "dtype": "float32"}, "its observation space Box(0.0, 1.0, (3, 64, 64), float32)"),
-    ({"in_dict": True}, "the part ['pixels'] of its observation space Box(0, 255, (96, 96, 3), uint8)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, part",
+    [
+        ({}, "its observation space Box(0, 255, (96, 96, 3), uint8)"),  # CarRacing-v3's
+        ({"shape": [84, 84]}, "its observation space Box(0, 255, (84, 84), uint8)"),  # a grey image
+        ({"shape": [3, 64, 64], "dtype": "float32"}, "its observation space Box(0.0, 1.0, (3, 64, 64), float32)"),
+        ({"in_dict": True}, "the part ['pixels'] of its observation space Box(0, 255, (96, 96, 3), uint8)"),
+    ],
+)
 def test_image_observations_are_refused_in_one_line(kwargs, part):
     # Before: flattened without a word into one vector (27,648 MLP inputs for CarRacing-v3).
     with pytest.raises(ValueError) as info:
@@ -261,8 +277,9 @@ def test_image_observations_are_refused_in_one_line(kwargs, part):
     assert "image observations are not supported yet" in message
 
 
-@pytest.mark.parametrize("kwargs", [{"shape": [4]}, {"shape": [2, 2], "dtype": "float32"},
-                                    {"shape": [5], "in_dict": True}])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs", [{"shape": [4]}, {"shape": [2, 2], "dtype": "float32"}, {"shape": [5], "in_dict": True}]
+)
 def test_vector_observations_of_any_dtype_are_no_images(kwargs):
     env = GymVecEnv("rlchain_test/ImageObs-v0", num_envs=2, kwargs=kwargs)
     assert env.single_observation_space.shape == (gym.spaces.flatdim(env.gym_observation_space),)

@@ -53,8 +53,9 @@ def _command(module: str, args: list[str], cwd: Path, site: Path) -> subprocess.
     """``python -m <module> *args`` with ``site`` (the user's packages) and the checkout on ``PYTHONPATH``."""
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": os.pathsep.join((str(site), str(REPO)))}
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def _refused(proc: subprocess.CompletedProcess, prog: str, *fragments: str) -> str:
@@ -66,10 +67,13 @@ def _refused(proc: subprocess.CompletedProcess, prog: str, *fragments: str) -> s
     return lines[0]
 
 
-@pytest.mark.parametrize("settings, key, value", [
-    (["env.id=line_envs/Line-v0", "env.imports=[line_envs]"], "env.imports[0]", "'line_envs'"),
-    (["env.id=line_envs:line_envs/Line-v0"], "env.id", "'line_envs:line_envs/Line-v0'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "settings, key, value",
+    [
+        (["env.id=line_envs/Line-v0", "env.imports=[line_envs]"], "env.imports[0]", "'line_envs'"),
+        (["env.id=line_envs:line_envs/Line-v0"], "env.id", "'line_envs:line_envs/Line-v0'"),
+    ],
+)
 @pytest.mark.slow
 def test_an_id_a_users_package_registers_trains_and_is_evaluated_and_exported_once_allowed(
     tmp_path, line_envs, settings, key, value
@@ -79,11 +83,18 @@ def test_an_id_a_users_package_registers_trains_and_is_evaluated_and_exported_on
     train = _command("rlchain", ["env=gym", *settings, *TINY], tmp_path, line_envs)
     assert train.returncode == 0, train.stderr
     run = run_dir(tmp_path)
-    for prog, module, args in [("rlchain-eval", "rlchain.commands.eval", ["num_episodes=2"]),
-                               ("rlchain-export", "rlchain.commands.export", ["format=torchscript"])]:  # fmt: skip
+    for prog, module, args in [
+        ("rlchain-eval", "rlchain.commands.eval", ["num_episodes=2"]),
+        ("rlchain-export", "rlchain.commands.export", ["format=torchscript"]),
+    ]:
         # a run directory is data: the package is imported only when the user allows it
-        line = _refused(_command(module, [str(run), *args], tmp_path, line_envs), prog,
-                        f"{key}={value} in the config of", "is not allowed", "--allow-target line_envs")  # fmt: skip
+        line = _refused(
+            _command(module, [str(run), *args], tmp_path, line_envs),
+            prog,
+            f"{key}={value} in the config of",
+            "is not allowed",
+            "--allow-target line_envs",
+        )
         assert "would import" in line
         allowed = _command(module, [str(run), *args, "--allow-target", "line_envs"], tmp_path, line_envs)
         assert allowed.returncode == 0, allowed.stderr
@@ -93,18 +104,29 @@ def test_an_id_a_users_package_registers_trains_and_is_evaluated_and_exported_on
 BROKEN = "raise RuntimeError('this package needs\\na newer simulator')\n"
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"id": "line_envs/Line-v0", "imports": ["no_such_package"]},
-     "env.imports=['no_such_package']: module 'no_such_package' cannot be imported (ModuleNotFoundError: No module "
-     "named 'no_such_package'): expected an installed module that registers line_envs/Line-v0 with gymnasium"),
-    ({"id": "no_such_package:line_envs/Line-v0"},
-     "env.id='no_such_package:line_envs/Line-v0': module 'no_such_package' cannot be imported (ModuleNotFoundError"),
-    ({"id": "broken_envs:Broken-v0"},
-     "env.id='broken_envs:Broken-v0': module 'broken_envs' cannot be imported (RuntimeError: this package needs a "
-     "newer simulator): expected an installed module that registers Broken-v0 with gymnasium"),
-    ({"id": "line_envs/Line-v0"},  # (close matches between the two parts, where the registry has some)
-     "; if a package registers it, import it with env.imports=[<package>] or env.id=<package>:line_envs/Line-v0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (
+            {"id": "line_envs/Line-v0", "imports": ["no_such_package"]},
+            "env.imports=['no_such_package']: module 'no_such_package' cannot be imported (ModuleNotFoundError: No module "
+            "named 'no_such_package'): expected an installed module that registers line_envs/Line-v0 with gymnasium",
+        ),
+        (
+            {"id": "no_such_package:line_envs/Line-v0"},
+            "env.id='no_such_package:line_envs/Line-v0': module 'no_such_package' cannot be imported (ModuleNotFoundError",
+        ),
+        (
+            {"id": "broken_envs:Broken-v0"},
+            "env.id='broken_envs:Broken-v0': module 'broken_envs' cannot be imported (RuntimeError: this package needs a "
+            "newer simulator): expected an installed module that registers Broken-v0 with gymnasium",
+        ),
+        (
+            {"id": "line_envs/Line-v0"},  # (close matches between the two parts, where the registry has some)
+            "; if a package registers it, import it with env.imports=[<package>] or env.id=<package>:line_envs/Line-v0",
+        ),
+    ],
+)
 def test_a_module_that_cannot_be_imported_is_one_line_naming_the_setting(tmp_path, monkeypatch, settings, message):
     (tmp_path / "broken_envs.py").write_text(BROKEN)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -119,4 +141,3 @@ def test_an_import_error_on_the_command_line_is_one_line(tmp_path, line_envs):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode != 0 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "env.imports=['line_envz']: module 'line_envz' cannot be imported" in lines[0]
-

@@ -41,12 +41,18 @@ def random_contact_states(env: PushCubeEnv, gen: torch.Generator) -> None:
     ang, dist = u(-math.pi, math.pi), u(0.06, 0.12)
     env.set_state(
         dict(
-            cube_x=cube_x, cube_y=cube_y, cube_yaw=yaw,
-            cube_vx=u(-0.5, 0.5), cube_vy=u(-0.5, 0.5), cube_omega=u(-5, 5),
-            pusher_x=cube_x + dist * torch.cos(ang), pusher_y=cube_y + dist * torch.sin(ang),
-            goal_x=u(-0.3, 0.3), goal_y=u(-0.3, 0.3),
+            cube_x=cube_x,
+            cube_y=cube_y,
+            cube_yaw=yaw,
+            cube_vx=u(-0.5, 0.5),
+            cube_vy=u(-0.5, 0.5),
+            cube_omega=u(-5, 5),
+            pusher_x=cube_x + dist * torch.cos(ang),
+            pusher_y=cube_y + dist * torch.sin(ang),
+            goal_x=u(-0.3, 0.3),
+            goal_y=u(-0.3, 0.3),
         )
-    )  # fmt: skip
+    )
     # Start from a contact-free configuration, as the env itself guarantees.
     env.pusher_x = torch.where(penetration(env) > 0, cube_x + 0.2 * torch.cos(ang), env.pusher_x)
     env.pusher_y = torch.where(penetration(env) > 0, cube_y + 0.2 * torch.sin(ang), env.pusher_y)
@@ -66,9 +72,14 @@ def test_no_interpenetration_deeper_than_2mm_under_random_pushing():
         # Measure on the state the step ended in (final_obs for reset envs).
         probe = PushCubeEnv(num_envs=env.num_envs)
         probe.set_state(
-            dict(pusher_x=fin[:, 0], pusher_y=fin[:, 1], cube_x=fin[:, 2], cube_y=fin[:, 3],
-                 cube_yaw=torch.atan2(fin[:, 5], fin[:, 4]))
-        )  # fmt: skip
+            dict(
+                pusher_x=fin[:, 0],
+                pusher_y=fin[:, 1],
+                cube_x=fin[:, 2],
+                cube_y=fin[:, 3],
+                cube_yaw=torch.atan2(fin[:, 5], fin[:, 4]),
+            )
+        )
         worst = max(worst, penetration(probe).max().item())
     assert worst <= 0.002, f"pusher penetrated the cube by {worst * 1000:.2f} mm"
     # The test really exercised contacts: the cubes moved.
@@ -217,7 +228,7 @@ def test_initial_states_satisfy_the_spawn_rules():
 def test_time_limit_truncates_and_bootstraps_final_obs():
     env = PushCubeEnv(num_envs=4, seed=0, episode_length=5)
     place(env, pusher_x=-0.5, pusher_y=-0.5)
-    for t in range(5):
+    for _ in range(5):
         obs, _, term, trunc, info = env.step(torch.zeros(4, 2))
     assert trunc.all() and not term.any()
     assert torch.equal(info["final_obs"][:, 0], torch.full((4,), -0.5))  # the state it ended in
@@ -334,7 +345,9 @@ def test_actions_are_clipped_to_the_unit_box():
     assert torch.equal(a.pusher_pos, b.pusher_pos)
 
 
-@pytest.mark.parametrize("group_size, match", [(3, "group_size=3.*num_envs=8"), (0, "group_size=0"), (2.0, "group_size=2.0")])
+@pytest.mark.parametrize(
+    "group_size, match", [(3, "group_size=3.*num_envs=8"), (0, "group_size=0"), (2.0, "group_size=2.0")]
+)
 def test_bad_group_size_raises(group_size, match):
     env = PushCubeEnv(num_envs=8, seed=0)
     with pytest.raises(ValueError, match=match):

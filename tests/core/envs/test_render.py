@@ -138,8 +138,11 @@ def test_cart_pole_frame_follows_the_cart_and_the_pole_angle():
 def test_render_without_render_mode_and_out_of_range_ids_are_clear_errors():
     for env in (PushCubeEnv(num_envs=2), CartPoleEnv(num_envs=2)):
         assert env.render_mode is None
-        with pytest.raises(RuntimeError, match=rf"{type(env).__name__}\.render\(\) needs render_mode='rgb_array' "
-                                               r"\(env\.render_mode=None\)"):  # fmt: skip
+        with pytest.raises(
+            RuntimeError,
+            match=rf"{type(env).__name__}\.render\(\) needs render_mode='rgb_array' "
+            r"\(env\.render_mode=None\)",
+        ):
             env.render()
     env = PushCubeEnv(num_envs=2, render_mode="rgb_array")
     for bad in ([2], [-1], [0.5]):
@@ -206,8 +209,9 @@ def test_gym_vec_env_renders_the_sub_envs_asked_for():
 def test_gym_vec_env_renders_in_async_workers():
     # The parent has run torch's parallel regions (the frames above): the forked workers still draw.
     torch.zeros(1 << 20).add_(1)
-    env = GymVecEnv("rlchain/PushCube-v0", num_envs=2, max_episode_steps=100, render_mode="rgb_array",
-                    vectorization="async")  # fmt: skip
+    env = GymVecEnv(
+        "rlchain/PushCube-v0", num_envs=2, max_episode_steps=100, render_mode="rgb_array", vectorization="async"
+    )
     try:
         frames = env.render()
         assert frames.shape == (2, 256, 256, 3) and torch.equal(env.render([1]), frames[1:])
@@ -216,12 +220,20 @@ def test_gym_vec_env_renders_in_async_workers():
 
 
 def test_gym_vec_env_refuses_render_modes_the_env_lacks():
-    with pytest.raises(SettingError, match=r"env.render_mode='rgb_array' is not allowed with "
-                                           r"env.id=rlchain_test/EchoAction-v0: it renders only \[\]"):  # fmt: skip
+    with pytest.raises(
+        SettingError,
+        match=r"env.render_mode='rgb_array' is not allowed with "
+        r"env.id=rlchain_test/EchoAction-v0: it renders only \[\]",
+    ):
         GymVecEnv("rlchain_test/EchoAction-v0", num_envs=2, render_mode="rgb_array")
     with pytest.raises(SettingError, match="give render_mode once"):
-        GymVecEnv("rlchain/PushCube-v0", num_envs=2, max_episode_steps=100, render_mode="rgb_array",
-                  kwargs={"render_mode": "rgb_array"})  # fmt: skip
+        GymVecEnv(
+            "rlchain/PushCube-v0",
+            num_envs=2,
+            max_episode_steps=100,
+            render_mode="rgb_array",
+            kwargs={"render_mode": "rgb_array"},
+        )
     with pytest.raises(RuntimeError, match=r"GymVecEnv\.render\(\) needs render_mode='rgb_array'"):
         GymVecEnv("rlchain/PushCube-v0", num_envs=2, max_episode_steps=100).render()
 
@@ -239,8 +251,13 @@ def test_gym_vec_env_renders_mujoco_headless_with_egl():
         assert frames.float().std() > 1  # a picture, not a blank
         print("ok")
     """)
-    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MUJOCO_GL": "egl"},
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "MUJOCO_GL": "egl"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr
 
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlchain.core.buffer import minibatches
 from rlchain.console import notice
-from rlchain.distributed import world
+from rlchain.core.buffer import minibatches
 from rlchain.core.policies import Policy
+from rlchain.distributed import world
 from rlchain.settings import SettingError, Settings, setting
 from rlchain.utils import MAX_SEED
 
@@ -33,6 +34,7 @@ class NonFiniteError(FloatingPointError):
     def __init__(self, metric: str, value: float, update: int) -> None:
         self.metric, self.value = metric, value
         super().__init__(f"{metric} is {value} at update {update}")
+
 
 def first_non_finite(tensors: dict[str, torch.Tensor]) -> tuple[str, float] | None:
     """The name and first NaN or infinite entry of the first floating tensor of ``tensors`` that has one, else None.
@@ -88,14 +90,20 @@ class AlgorithmConfig(Settings):
         if self.lr_schedule == "adaptive" and self.target_kl is None:
             raise SettingError("target_kl", None, " is not allowed with lr_schedule='adaptive': expected a number > 0")
         if self.lr_schedule == "linear" and (self.total_iterations is None or self.total_iterations <= 0):
-            raise SettingError("total_iterations", self.total_iterations,
-                               " is not allowed with lr_schedule='linear': expected an integer > 0")  # fmt: skip
+            raise SettingError(
+                "total_iterations",
+                self.total_iterations,
+                " is not allowed with lr_schedule='linear': expected an integer > 0",
+            )
         readers = self.target_kl_readers()
         if self.target_kl is not None and not any(reads for reads, _ in readers.values()):
             settings = ", ".join(f"{name}={getattr(self, name)!r}" for name in readers)
             wanted = " or ".join(want for _, want in readers.values())
-            raise SettingError("target_kl", self.target_kl, f" is not allowed with {settings}: no setting reads it "
-                                                            f"(it is read by {wanted}); expected None")  # fmt: skip
+            raise SettingError(
+                "target_kl",
+                self.target_kl,
+                f" is not allowed with {settings}: no setting reads it (it is read by {wanted}); expected None",
+            )
 
     def target_kl_readers(self) -> dict[str, tuple[bool, str]]:
         """The settings that read ``target_kl``: ``{name: (whether it reads it now, the value that would)}``."""
@@ -303,7 +311,10 @@ class Algorithm:
                     totals[key] = totals.get(key, 0.0) + value.detach()
                 count += 1
             epochs += 1
-            if stop_kl is not None and world().mean(terms["approx_kl"], "the all-reduce of the KL stop").item() > stop_kl:
+            if (
+                stop_kl is not None
+                and world().mean(terms["approx_kl"], "the all-reduce of the KL stop").item() > stop_kl
+            ):
                 break
         self.iteration += 1
         means = world().mean(torch.stack(list(totals.values())) / count, "the all-reduce of the update's terms")
@@ -385,12 +396,15 @@ class Algorithm:
         changed = configured is not None and not math.isclose(configured, self.cfg.learning_rate, rel_tol=1e-9)
         if schedule == "adaptive":
             if changed:
-                notice(f"lr_schedule='adaptive' goes on from the checkpoint's rate {self.current_lr:g}; "
-                       f"algorithm.learning_rate={self.cfg.learning_rate:g} starts fresh runs only")  # fmt: skip
+                notice(
+                    f"lr_schedule='adaptive' goes on from the checkpoint's rate {self.current_lr:g}; "
+                    f"algorithm.learning_rate={self.cfg.learning_rate:g} starts fresh runs only"
+                )
             return
         saved = self.current_lr if schedule == "constant" else configured  # linear: the start of the decay
         self._set_lr(self._scheduled_lr())
         if saved is not None and not math.isclose(saved, self.cfg.learning_rate, rel_tol=1e-9):
-            notice(f"algorithm.learning_rate={self.cfg.learning_rate:g} replaces the checkpoint's {saved:g} "
-                   f"(lr_schedule={schedule!r})")  # fmt: skip
-
+            notice(
+                f"algorithm.learning_rate={self.cfg.learning_rate:g} replaces the checkpoint's {saved:g} "
+                f"(lr_schedule={schedule!r})"
+            )

@@ -8,7 +8,14 @@ import torch
 
 from rlchain.distributed import world
 
-__all__ = ["ADVANTAGE_NORMS", "clipped_surrogate", "compute_gae", "discounted_returns", "first_done_mask", "group_relative_advantages"]
+__all__ = [
+    "ADVANTAGE_NORMS",
+    "clipped_surrogate",
+    "compute_gae",
+    "discounted_returns",
+    "first_done_mask",
+    "group_relative_advantages",
+]
 
 
 def compute_gae(
@@ -117,15 +124,18 @@ def group_relative_advantages(
     m = live.to(returns.dtype)
     count = m.sum(-1, keepdim=True).clamp_min(1.0)
     mean = (r * m).sum(-1, keepdim=True) / count
-    spread = torch.where(live, r, -math.inf).amax(-1, keepdim=True) - torch.where(live, r, math.inf).amin(-1, keepdim=True)
+    spread = torch.where(live, r, -math.inf).amax(-1, keepdim=True) - torch.where(live, r, math.inf).amin(
+        -1, keepdim=True
+    )
     signal = live & (spread > 0)  # false for empty, single-member and all-equal groups
     centred = torch.where(signal, r - mean, 0.0)
     if norm == "std":
         std = ((r - mean).square() * m).sum(-1, keepdim=True).div(count).sqrt()
         centred = torch.where(signal, centred / (std + eps), 0.0)  # no 0 / 0 where a group carries no signal
     elif norm == "rollout_std":
-        sum_sq, live_count = world().sum(torch.stack([centred.square().sum(), signal.sum().to(centred.dtype)]),
-                                         "the all-reduce of the rollout's std")  # fmt: skip
+        sum_sq, live_count = world().sum(
+            torch.stack([centred.square().sum(), signal.sum().to(centred.dtype)]), "the all-reduce of the rollout's std"
+        )
         if int(live_count) > 1:
             centred = centred / (sum_sq.div(live_count).sqrt() + eps)
     return centred.view(t, n)

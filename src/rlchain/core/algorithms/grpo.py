@@ -38,9 +38,9 @@ from rlchain.core.algorithms.functional import (
     first_done_mask,
     group_relative_advantages,
 )
-from rlchain.distributed import world
 from rlchain.core.envs.base import check_group_size
 from rlchain.core.policies import Policy
+from rlchain.distributed import world
 from rlchain.settings import setting
 
 if TYPE_CHECKING:
@@ -134,7 +134,10 @@ class GRPO(Algorithm):
         data.set("mask", mask.float())
         stats, _ = self._optimise(data, self.minibatch_loss, weight=data["mask"])
         self.policy.update_obs_normalizer(rollout["obs"])
-        stats.update(learning_rate=self.current_lr, live_fraction=float(world().mean(mask.float().mean(), "the all-reduce of live_fraction")))
+        stats.update(
+            learning_rate=self.current_lr,
+            live_fraction=float(world().mean(mask.float().mean(), "the all-reduce of live_fraction")),
+        )
         return stats
 
     def _minibatch_loss(self, batch: TensorDict) -> dict[str, torch.Tensor]:

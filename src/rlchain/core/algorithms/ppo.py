@@ -11,8 +11,8 @@ import torch
 from rlchain.core.algorithms.base import Algorithm, AlgorithmConfig
 from rlchain.core.algorithms.functional import clipped_surrogate, compute_gae
 from rlchain.core.algorithms.reward_scaling import RewardScaler
-from rlchain.distributed import moments, world
 from rlchain.core.policies import Policy
+from rlchain.distributed import moments, world
 from rlchain.settings import SettingError, setting
 
 if TYPE_CHECKING:
@@ -55,13 +55,15 @@ class PPOConfig(AlgorithmConfig):
         if self.stop_at_target_kl and self.target_kl is None:
             raise SettingError("target_kl", None, " is not allowed with stop_at_target_kl=True: expected a number > 0")
         if self.reward_clip is not None and not self.reward_norm:
-            raise SettingError("reward_clip", self.reward_clip,
-                               " is not allowed with reward_norm=False: it clips scaled rewards; expected None")  # fmt: skip
+            raise SettingError(
+                "reward_clip",
+                self.reward_clip,
+                " is not allowed with reward_norm=False: it clips scaled rewards; expected None",
+            )
 
     def target_kl_readers(self) -> dict[str, tuple[bool, str]]:
         """The schedule, and ``stop_at_target_kl``."""
-        return {**super().target_kl_readers(),
-                "stop_at_target_kl": (self.stop_at_target_kl, "stop_at_target_kl=True")}  # fmt: skip
+        return {**super().target_kl_readers(), "stop_at_target_kl": (self.stop_at_target_kl, "stop_at_target_kl=True")}
 
 
 def ppo_loss(
@@ -142,15 +144,24 @@ class PPO(Algorithm):
         if self.reward_scaler is not None:
             reward = self.reward_scaler(reward, rollout["done"])
         advantages, returns = compute_gae(
-            reward, rollout["value"], rollout["next_value"],
-            rollout["terminated"], rollout["done"], cfg.gamma, cfg.gae_lambda,
-        )  # fmt: skip
+            reward,
+            rollout["value"],
+            rollout["next_value"],
+            rollout["terminated"],
+            rollout["done"],
+            cfg.gamma,
+            cfg.gae_lambda,
+        )
         # As CleanRL: undefined (NaN) for returns that do not vary, here up to
         # float32 rounding (returns = advantages + values can leave a residue).
-        _, variances, _ = moments(torch.stack([returns, returns - rollout["value"]], -1).reshape(-1, 2),
-                                  "the all-reduce of the explained variance")  # fmt: skip
+        _, variances, _ = moments(
+            torch.stack([returns, returns - rollout["value"]], -1).reshape(-1, 2),
+            "the all-reduce of the explained variance",
+        )
         var_returns, var_residual = variances.tolist()
-        constant = var_returns <= (1e-6 * float(world().max(returns.abs().max(), "the all-reduce of max |return|"))) ** 2
+        constant = (
+            var_returns <= (1e-6 * float(world().max(returns.abs().max(), "the all-reduce of max |return|"))) ** 2
+        )
         explained_variance = math.nan if constant else 1 - var_residual / var_returns
         if cfg.norm_adv:  # over every rank's rollout
             mean, var, _ = moments(advantages.reshape(-1), "the all-reduce of the advantages' mean and std")
@@ -159,7 +170,9 @@ class PPO(Algorithm):
         data.set("advantages", advantages)
         data.set("returns", returns)
 
-        stats, epochs = self._optimise(data, self.minibatch_loss, stop_kl=cfg.target_kl if cfg.stop_at_target_kl else None)
+        stats, epochs = self._optimise(
+            data, self.minibatch_loss, stop_kl=cfg.target_kl if cfg.stop_at_target_kl else None
+        )
         self.policy.update_obs_normalizer(rollout["obs"])
         stats.update(
             explained_variance=float(explained_variance),
@@ -173,8 +186,9 @@ class PPO(Algorithm):
     def _minibatch_loss(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         """:func:`ppo_loss` of the current policy on ``batch``."""
         cfg = self.cfg
-        return ppo_loss(self.policy.evaluate_actions(batch), batch, cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef,
-                        cfg.ent_coef)  # fmt: skip
+        return ppo_loss(
+            self.policy.evaluate_actions(batch), batch, cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef, cfg.ent_coef
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The shared state and, with ``reward_norm``, the return statistics."""

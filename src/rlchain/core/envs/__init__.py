@@ -35,8 +35,20 @@ from rlchain.core.envs.gym_adapter import GymEnvConfig, GymVecEnv
 from rlchain.core.envs.push_cube import PushCubeConfig, PushCubeEnv, PushCubeGymEnv
 
 __all__ = [
-    "CartPoleConfig", "CartPoleEnv", "CartPoleGymEnv", "GymEnvConfig", "GymVecEnv", "PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv",
-    "TorchVecEnv", "VecEnv", "VecEnvConfig", "VecEnvContractError", "check_group_size", "check_vec_env",
+    "CartPoleConfig",
+    "CartPoleEnv",
+    "CartPoleGymEnv",
+    "GymEnvConfig",
+    "GymVecEnv",
+    "PushCubeConfig",
+    "PushCubeEnv",
+    "PushCubeGymEnv",
+    "TorchVecEnv",
+    "VecEnv",
+    "VecEnvConfig",
+    "VecEnvContractError",
+    "check_group_size",
+    "check_vec_env",
 ]
 
 # The gymnasium ids rlchain/PushCube-v0 and rlchain/CartPole-v1 are registered

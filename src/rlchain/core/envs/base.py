@@ -32,8 +32,14 @@ from rlchain.settings import SettingError, Settings, setting
 from rlchain.utils import MAX_SEED
 
 __all__ = [
-    "NON_FINITE_ACTION", "RENDER_MODES", "SingleGymEnv", "TorchVecEnv", "VecEnv", "VecEnvConfig", "check_group_size",
-]  # fmt: skip
+    "NON_FINITE_ACTION",
+    "RENDER_MODES",
+    "SingleGymEnv",
+    "TorchVecEnv",
+    "VecEnv",
+    "VecEnvConfig",
+    "check_group_size",
+]
 
 #: The error of a torch-native task's ``step`` on an action with NaN or inf.
 NON_FINITE_ACTION = "action contains NaN or inf: expected finite values (they are clipped to [-1, 1])"
@@ -57,8 +63,11 @@ def check_group_size(group_size: Any, num_envs: int, names: tuple[str, str] = ("
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
         raise SettingError(group_name, group_size, " is not allowed: expected an integer > 0")
     if num_envs % group_size != 0:
-        raise SettingError(group_name, group_size, f" is not allowed with {envs_name}={num_envs}: "
-                                                   "num_envs must be a multiple of group_size")  # fmt: skip
+        raise SettingError(
+            group_name,
+            group_size,
+            f" is not allowed with {envs_name}={num_envs}: num_envs must be a multiple of group_size",
+        )
     return group_size
 
 
@@ -197,14 +206,20 @@ class VecEnv(gym.vector.VectorEnv):
             IndexError: an id that is not an integer in ``[0, num_envs)``.
         """
         if self.render_mode != "rgb_array":
-            raise RuntimeError(f"{type(self).__name__}.render() needs render_mode='rgb_array' "
-                               f"(env.render_mode={self.render_mode!r}): build the env with render_mode='rgb_array'")  # fmt: skip
+            raise RuntimeError(
+                f"{type(self).__name__}.render() needs render_mode='rgb_array' "
+                f"(env.render_mode={self.render_mode!r}): build the env with render_mode='rgb_array'"
+            )
         if env_ids is None:
             return None
         ids = env_ids.tolist() if isinstance(env_ids, (torch.Tensor, np.ndarray)) else list(env_ids)
-        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < self.num_envs]
+        bad = [
+            i for i in ids if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < self.num_envs
+        ]
         if bad:
-            raise IndexError(f"env_ids has {bad[:5]}: expected integers in [0, {self.num_envs}) (num_envs={self.num_envs})")
+            raise IndexError(
+                f"env_ids has {bad[:5]}: expected integers in [0, {self.num_envs}) (num_envs={self.num_envs})"
+            )
         return [int(i) for i in ids]
 
     def _set_spaces(self, single_observation_space: gym.Space, single_action_space: gym.Space) -> None:
@@ -406,8 +421,10 @@ class SingleGymEnv(gym.Env):
         None (with gymnasium's warning) when ``render_mode`` is None, as gymnasium's own envs do.
         """
         if self.render_mode is None:
-            gym.logger.warn(f"{type(self).__name__}.render() was called with render_mode=None: build the env with "
-                            "gymnasium.make(..., render_mode='rgb_array') to get frames")  # fmt: skip
+            gym.logger.warn(
+                f"{type(self).__name__}.render() was called with render_mode=None: build the env with "
+                "gymnasium.make(..., render_mode='rgb_array') to get frames"
+            )
             return None
         # One intra-op thread: a single frame gains nothing from more, and a
         # gymnasium AsyncVectorEnv worker is a forked process, in which the

@@ -52,8 +52,13 @@ from rlchain.settings import setting
 from rlchain.utils import resolve_device
 
 __all__ = [
-    "INVALID_DISCRETE_ACTION", "RENDER_HEIGHT", "RENDER_WIDTH", "CartPoleConfig", "CartPoleEnv", "CartPoleGymEnv",
-]  # fmt: skip
+    "INVALID_DISCRETE_ACTION",
+    "RENDER_HEIGHT",
+    "RENDER_WIDTH",
+    "CartPoleConfig",
+    "CartPoleEnv",
+    "CartPoleGymEnv",
+]
 
 #: The error of a discrete :class:`CartPoleEnv` step on an action outside {0, 1}.
 INVALID_DISCRETE_ACTION = "action contains values other than 0 and 1: expected 0 (push left) or 1 (push right)"
@@ -139,7 +144,9 @@ class CartPoleEnv(TorchVecEnv):
         self.render_mode = cfg.render_mode
         self._canvas: tuple[torch.Tensor, ...] | None = None
         high = np.array([X_THRESHOLD * 2, np.inf, THETA_THRESHOLD * 2, np.inf], dtype=np.float32)
-        action_space = gym.spaces.Discrete(2) if cfg.action_mode == "discrete" else gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        action_space = (
+            gym.spaces.Discrete(2) if cfg.action_mode == "discrete" else gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        )
         self._set_spaces(gym.spaces.Box(-high, high, dtype=np.float32), action_space)
         n, dev = self.num_envs, self.device
         self._generator = torch.Generator(device=dev)
@@ -239,8 +246,9 @@ class CartPoleEnv(TorchVecEnv):
         """``(xs [W], ys [H], background [H, W], colours [5, 3])``, built on first use; ``xs``/``ys`` in m."""
         if self._canvas is None:
             top = RENDER_HEIGHT / _SCALE - _FLOOR
-            xs, ys = rendering.pixel_centres(RENDER_HEIGHT, RENDER_WIDTH, (-X_THRESHOLD, X_THRESHOLD), (-_FLOOR, top),
-                                             self.device)  # fmt: skip
+            xs, ys = rendering.pixel_centres(
+                RENDER_HEIGHT, RENDER_WIDTH, (-X_THRESHOLD, X_THRESHOLD), (-_FLOOR, top), self.device
+            )
             track = (ys <= _TRACK_Y) & (ys > _TRACK_Y - _TRACK_PX / _SCALE)
             background = torch.where(track, _TRACK, _BACKGROUND).to(torch.uint8)[:, None].repeat(1, RENDER_WIDTH)
             self._canvas = (xs, ys, background, rendering.palette(_COLOURS, self.device))

@@ -58,7 +58,8 @@ that produces; build a fresh env for training.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import torch
@@ -90,7 +91,9 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return True
 
 
-def _check_tensor(rule: str, name: str, x: Any, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+def _check_tensor(
+    rule: str, name: str, x: Any, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> None:
     _require(isinstance(x, torch.Tensor), rule, f"{name} is a {type(x).__name__}: expected a torch.Tensor")
     _require(tuple(x.shape) == shape, rule, f"{name} has shape {tuple(x.shape)}: expected {shape}")
     _require(x.dtype == dtype, rule, f"{name} has dtype {x.dtype}: expected {dtype}")
@@ -99,17 +102,35 @@ def _check_tensor(rule: str, name: str, x: Any, shape: tuple[int, ...], dtype: t
 
 def _check_attributes(env: Any) -> None:
     rule = "attributes"
-    for name in ("num_envs", "device", "max_episode_steps", "single_observation_space", "single_action_space",
-                 "observation_space", "action_space", "reports_success", "resumes_episodes", "reset", "step",
-                 "state_dict", "load_state_dict"):  # fmt: skip
+    for name in (
+        "num_envs",
+        "device",
+        "max_episode_steps",
+        "single_observation_space",
+        "single_action_space",
+        "observation_space",
+        "action_space",
+        "reports_success",
+        "resumes_episodes",
+        "reset",
+        "step",
+        "state_dict",
+        "load_state_dict",
+    ):
         _require(hasattr(env, name), rule, f"the env has no attribute {name!r}")
     n = env.num_envs
     _require(isinstance(n, int) and not isinstance(n, bool) and n > 0, rule, f"num_envs={n!r}: expected an integer > 0")
-    _require(isinstance(env.device, torch.device), rule,
-             f"device={env.device!r} is a {type(env.device).__name__}: expected a torch.device")  # fmt: skip
+    _require(
+        isinstance(env.device, torch.device),
+        rule,
+        f"device={env.device!r} is a {type(env.device).__name__}: expected a torch.device",
+    )
     limit = env.max_episode_steps
-    _require(isinstance(limit, int) and not isinstance(limit, bool) and limit > 0, rule,
-             f"max_episode_steps={limit!r}: expected an integer > 0 (episodes must end for evaluation)")  # fmt: skip
+    _require(
+        isinstance(limit, int) and not isinstance(limit, bool) and limit > 0,
+        rule,
+        f"max_episode_steps={limit!r}: expected an integer > 0 (episodes must end for evaluation)",
+    )
     for name in ("reports_success", "resumes_episodes"):
         flag = getattr(env, name)
         _require(isinstance(flag, bool), rule, f"{name}={flag!r}: expected True or False")
@@ -118,15 +139,26 @@ def _check_attributes(env: Any) -> None:
 def _check_spaces(env: Any) -> None:
     rule, n = "spaces", env.num_envs
     obs_space, act_space = env.single_observation_space, env.single_action_space
-    _require(isinstance(obs_space, gym.spaces.Box), rule,
-             f"single_observation_space is {obs_space!r}: expected a gymnasium Box")  # fmt: skip
-    _require(isinstance(act_space, (gym.spaces.Box, gym.spaces.Discrete)), rule,
-             f"single_action_space is {act_space!r}: expected a gymnasium Box or Discrete")  # fmt: skip
-    for batched, single, name in ((env.observation_space, obs_space, "observation_space"),
-                                  (env.action_space, act_space, "action_space")):  # fmt: skip
+    _require(
+        isinstance(obs_space, gym.spaces.Box),
+        rule,
+        f"single_observation_space is {obs_space!r}: expected a gymnasium Box",
+    )
+    _require(
+        isinstance(act_space, (gym.spaces.Box, gym.spaces.Discrete)),
+        rule,
+        f"single_action_space is {act_space!r}: expected a gymnasium Box or Discrete",
+    )
+    for batched, single, name in (
+        (env.observation_space, obs_space, "observation_space"),
+        (env.action_space, act_space, "action_space"),
+    ):
         expected = gym.vector.utils.batch_space(single, n)
-        _require(isinstance(batched, gym.Space) and batched.shape == expected.shape, rule,
-                 f"{name} is {batched!r}: expected the batch of {n} single spaces, {expected!r}")  # fmt: skip
+        _require(
+            isinstance(batched, gym.Space) and batched.shape == expected.shape,
+            rule,
+            f"{name} is {batched!r}: expected the batch of {n} single spaces, {expected!r}",
+        )
 
 
 def _check_obs(rule: str, name: str, obs: Any, env: Any) -> None:
@@ -157,8 +189,11 @@ def _check_reset(env: Any, seed: int) -> torch.Tensor:
 def _check_step(env: Any, action: torch.Tensor, step: int) -> tuple:
     n = env.num_envs
     out = env.step(action)
-    _require(isinstance(out, tuple) and len(out) == 5, "step",
-             "step() must return (obs, reward, terminated, truncated, info)")  # fmt: skip
+    _require(
+        isinstance(out, tuple) and len(out) == 5,
+        "step",
+        "step() must return (obs, reward, terminated, truncated, info)",
+    )
     obs, reward, terminated, truncated, info = out
     _check_obs("step", f"step {step}: obs", obs, env)
     _check_tensor("step", f"step {step}: reward", reward, (n,), torch.float32, env.device)
@@ -169,23 +204,40 @@ def _check_step(env: Any, action: torch.Tensor, step: int) -> tuple:
     _require(not missing, "info keys", f"step {step}: info lacks {', '.join(map(repr, missing))}")
     done = terminated | truncated
     final = info["final_obs"]
-    _check_tensor("final_obs", f"step {step}: info['final_obs']", final,
-                  (n, *env.single_observation_space.shape), torch.float32, env.device)  # fmt: skip
-    _require(bool(torch.isfinite(final[done]).all()), "final_obs",
-             f"step {step}: info['final_obs'] has NaN or inf on a done row")  # fmt: skip
+    _check_tensor(
+        "final_obs",
+        f"step {step}: info['final_obs']",
+        final,
+        (n, *env.single_observation_space.shape),
+        torch.float32,
+        env.device,
+    )
+    _require(
+        bool(torch.isfinite(final[done]).all()),
+        "final_obs",
+        f"step {step}: info['final_obs'] has NaN or inf on a done row",
+    )
     for group, rule in (("rewards", "reward terms"), ("metrics", "metrics")):
         terms = info[group]
-        _require(isinstance(terms, dict), rule, f"step {step}: info[{group!r}] is a {type(terms).__name__}: expected a dict")
+        _require(
+            isinstance(terms, dict), rule, f"step {step}: info[{group!r}] is a {type(terms).__name__}: expected a dict"
+        )
         for name, value in terms.items():
             _check_tensor(rule, f"step {step}: info[{group!r}][{name!r}]", value, (n,), torch.float32, env.device)
     if info["rewards"]:
         total = torch.stack(list(info["rewards"].values())).sum(0)
-        _require(torch.allclose(total, reward, rtol=1e-4, atol=1e-5), "reward terms", lambda: (
-                 f"step {step}: the info['rewards'] terms sum to {total.tolist()}, the reward is {reward.tolist()}"))  # fmt: skip
+        _require(
+            torch.allclose(total, reward, rtol=1e-4, atol=1e-5),
+            "reward terms",
+            lambda: f"step {step}: the info['rewards'] terms sum to {total.tolist()}, the reward is {reward.tolist()}",
+        )
     _check_tensor("success", f"step {step}: info['success']", info["success"], (n,), torch.bool, env.device)
     if not env.reports_success:
-        _require(not bool(info["success"].any()), "success",
-                 f"step {step}: info['success'] is True somewhere while reports_success is False")  # fmt: skip
+        _require(
+            not bool(info["success"].any()),
+            "success",
+            f"step {step}: info['success'] is True somewhere while reports_success is False",
+        )
     return obs, reward, terminated, truncated, info
 
 
@@ -193,8 +245,11 @@ def _check_rollout(env: Any, num_steps: int, seed: int) -> None:
     """Step ``num_steps`` times: every per-step rule and the time limit."""
     n, limit = env.num_envs, env.max_episode_steps
     mode = getattr(env, "metadata", {}).get("autoreset_mode")
-    _require(mode in (AutoresetMode.SAME_STEP, AutoresetMode.SAME_STEP.value), "same-step reset",
-             f"metadata['autoreset_mode'] is {mode!r}: expected AutoresetMode.SAME_STEP")  # fmt: skip
+    _require(
+        mode in (AutoresetMode.SAME_STEP, AutoresetMode.SAME_STEP.value),
+        "same-step reset",
+        f"metadata['autoreset_mode'] is {mode!r}: expected AutoresetMode.SAME_STEP",
+    )
     sample = _action_sampler(env, seed)
     _check_reset(env, seed)
     length = torch.zeros(n, dtype=torch.int64)
@@ -207,16 +262,24 @@ def _check_rollout(env: Any, num_steps: int, seed: int) -> None:
             current = set(info[group])
             first = names.setdefault(group, current)
             rule = "reward terms" if group == "rewards" else "metrics"
-            _require(current == first, rule,
-                     f"step {step}: info[{group!r}] has {sorted(current)}, the first step had {sorted(first)}: "
-                     "report the same names every step")  # fmt: skip
+            _require(
+                current == first,
+                rule,
+                f"step {step}: info[{group!r}] has {sorted(current)}, the first step had {sorted(first)}: "
+                "report the same names every step",
+            )
         done = (terminated | truncated).cpu()
         length += 1
         too_long = (length > limit) | (length.eq(limit) & ~done)
-        _require(not bool(too_long.any()), "same-step reset", lambda: (
-                 f"step {step}: env {int(too_long.nonzero()[0])} has run {int(length.max())} steps without "
-                 f"terminated or truncated: episodes must end by max_episode_steps={limit}, and an env that ends "
-                 "must reset in the same step()"))  # fmt: skip
+        _require(
+            not bool(too_long.any()),
+            "same-step reset",
+            lambda: (
+                f"step {step}: env {int(too_long.nonzero()[0])} has run {int(length.max())} steps without "  # noqa: B023 - built before the loop goes on
+                f"terminated or truncated: episodes must end by max_episode_steps={limit}, and an env that ends "
+                "must reset in the same step()"
+            ),
+        )
         length.masked_fill_(done, 0)
         if obs_seen is not None and not torch.equal(obs_seen, obs):
             obs_varies = True
@@ -227,9 +290,12 @@ def _check_rollout(env: Any, num_steps: int, seed: int) -> None:
             final_equal_obs += int((info["final_obs"][rows] == obs[rows]).flatten(1).all(-1).sum())
     # An env that puts the reset observation (or nothing new) into final_obs
     # breaks bootstrapping at every time-out; over many ends it shows.
-    _require(not (obs_varies and final_rows >= 4 and final_equal_obs == final_rows), "final_obs",
-             f"on all {final_rows} done rows info['final_obs'] equals the returned obs: final_obs must be the "
-             "observation the episode ended on, and obs the first of the new episode")  # fmt: skip
+    _require(
+        not (obs_varies and final_rows >= 4 and final_equal_obs == final_rows),
+        "final_obs",
+        f"on all {final_rows} done rows info['final_obs'] equals the returned obs: final_obs must be the "
+        "observation the episode ended on, and obs the first of the new episode",
+    )
 
 
 def _check_seeding(env: Any, seed: int, steps: int) -> None:
@@ -244,9 +310,12 @@ def _check_seeding(env: Any, seed: int, steps: int) -> None:
             record += [obs.clone(), reward.clone(), terminated.clone(), truncated.clone()]
         trajectories.append(record)
     for i, (a, b) in enumerate(zip(*trajectories)):
-        _require(torch.equal(a, b), "seeding",
-                 f"reset(seed={seed}) twice, then the same actions, gave different trajectories "
-                 f"(first difference at step {(i + 3) // 4}): seed every random stream of the env from reset's seed")  # fmt: skip
+        _require(
+            torch.equal(a, b),
+            "seeding",
+            f"reset(seed={seed}) twice, then the same actions, gave different trajectories "
+            f"(first difference at step {(i + 3) // 4}): seed every random stream of the env from reset's seed",
+        )
 
 
 def _check_group_reset(env: Any, seed: int) -> None:
@@ -257,9 +326,14 @@ def _check_group_reset(env: Any, seed: int) -> None:
         _check_obs("group reset", f"reset(options={{'group_size': {g}}}) obs", obs, env)
         blocks = obs.reshape(n // g, g, -1)
         same = (blocks == blocks[:, :1]).all(-1).all(-1)
-        _require(bool(same.all()), "group reset", lambda: (
-                 f"reset(options={{'group_size': {g}}}): the envs of group {int((~same).nonzero()[0])} start from "
-                 f"different observations: each block of {g} consecutive envs must share one initial state"))  # fmt: skip
+        _require(
+            bool(same.all()),
+            "group reset",
+            lambda: (
+                f"reset(options={{'group_size': {g}}}): the envs of group {int((~same).nonzero()[0])} start from "  # noqa: B023
+                f"different observations: each block of {g} consecutive envs must share one initial state"  # noqa: B023
+            ),
+        )
     bad = next((g for g in range(2, n + 2) if n % g), None)
     try:
         env.reset(seed=seed, options={"group_size": bad})
@@ -277,18 +351,31 @@ def _check_render(env: Any) -> None:
         return
     rule, metadata = "render", getattr(env, "metadata", {})
     modes, fps = metadata.get("render_modes") or [], metadata.get("render_fps")
-    _require("rgb_array" in modes, rule, f"render_mode is 'rgb_array' but metadata['render_modes'] is {modes!r}: list it")
-    _require(isinstance(fps, (int, float)) and not isinstance(fps, bool) and fps > 0, rule,
-             f"metadata['render_fps'] is {fps!r}: expected a number > 0 (frames per second, one frame per step)")  # fmt: skip
+    _require(
+        "rgb_array" in modes, rule, f"render_mode is 'rgb_array' but metadata['render_modes'] is {modes!r}: list it"
+    )
+    _require(
+        isinstance(fps, (int, float)) and not isinstance(fps, bool) and fps > 0,
+        rule,
+        f"metadata['render_fps'] is {fps!r}: expected a number > 0 (frames per second, one frame per step)",
+    )
     ids = [0, env.num_envs - 1]
     frames = env.render(ids)
-    _require(isinstance(frames, torch.Tensor), rule, f"render({ids}) is a {type(frames).__name__}: expected a torch.Tensor")
+    _require(
+        isinstance(frames, torch.Tensor), rule, f"render({ids}) is a {type(frames).__name__}: expected a torch.Tensor"
+    )
     shape = tuple(frames.shape)
-    _require(len(shape) == 4 and shape[0] == 2 and shape[3] == 3 and shape[1] > 0 and shape[2] > 0, rule,
-             f"render({ids}) has shape {shape}: expected (2, H, W, 3), RGB frames of the 2 envs asked for")  # fmt: skip
+    _require(
+        len(shape) == 4 and shape[0] == 2 and shape[3] == 3 and shape[1] > 0 and shape[2] > 0,
+        rule,
+        f"render({ids}) has shape {shape}: expected (2, H, W, 3), RGB frames of the 2 envs asked for",
+    )
     _require(frames.dtype == torch.uint8, rule, f"render({ids}) has dtype {frames.dtype}: expected torch.uint8")
-    _require(_same_device(frames.device, env.device) or frames.device.type == "cpu", rule,
-             f"render({ids}) is on {frames.device}: expected the env's device {env.device} or the CPU")  # fmt: skip
+    _require(
+        _same_device(frames.device, env.device) or frames.device.type == "cpu",
+        rule,
+        f"render({ids}) is on {frames.device}: expected the env's device {env.device} or the CPU",
+    )
 
 
 def check_vec_env(env: Any, num_steps: int | None = None, seed: int = 0) -> None:

@@ -186,8 +186,12 @@ def _import_module(module: str, key: str, value: Any, env_id: str) -> None:
         importlib.import_module(module)
     except Exception as err:  # noqa: BLE001 - whatever a package raises while it imports: one line naming the setting
         reason = " ".join(f"{type(err).__name__}: {err}".split())
-        raise SettingError(key, value, f": module {module!r} cannot be imported ({reason}): expected an installed "
-                                       f"module that registers {env_id} with gymnasium") from None  # fmt: skip
+        raise SettingError(
+            key,
+            value,
+            f": module {module!r} cannot be imported ({reason}): expected an installed "
+            f"module that registers {env_id} with gymnasium",
+        ) from None
 
 
 def _image_in(space: gym.Space, path: str = "") -> tuple[str, gym.spaces.Box] | None:
@@ -233,8 +237,7 @@ def resolve_spec(env_id: str, imports: Sequence[str] = ()) -> gym.envs.registrat
         else:
             close = difflib.get_close_matches(name, list(gym.registry), n=5, cutoff=0.5)
             hint = f"; close matches: {', '.join(close)}" if close else ""
-            hint += (f"; if a package registers it, import it with env.imports=[<package>] "
-                     f"or env.id=<package>:{name}")  # fmt: skip
+            hint += f"; if a package registers it, import it with env.imports=[<package>] or env.id=<package>:{name}"
         raise SettingError("env.id", env_id, f" is not a registered gymnasium id{hint}") from err
     reason = _placeholder_error(spec)
     if reason is not None:
@@ -301,7 +304,9 @@ def _check_renders(spec: gym.envs.registration.EnvSpec, render_mode: str) -> Non
         return
     modes = list(metadata.get("render_modes") or [])
     if render_mode not in modes:
-        raise SettingError("env.render_mode", render_mode, f" is not allowed with env.id={spec.id}: it renders only {modes}")
+        raise SettingError(
+            "env.render_mode", render_mode, f" is not allowed with env.id={spec.id}: it renders only {modes}"
+        )
 
 
 def _needs_missing_mujoco(spec: gym.envs.registration.EnvSpec) -> bool:
@@ -349,24 +354,31 @@ class GymVecEnv(VecEnv):
         if cfg.max_episode_steps is not None:
             spec = dataclasses.replace(spec, max_episode_steps=cfg.max_episode_steps)
         if spec.max_episode_steps is None:
-            raise SettingError("env.id", cfg.id, " has no time limit: set env.max_episode_steps "
-                                                 "(evaluation needs episodes that end)")  # fmt: skip
+            raise SettingError(
+                "env.id", cfg.id, " has no time limit: set env.max_episode_steps (evaluation needs episodes that end)"
+            )
         self.max_episode_steps = int(spec.max_episode_steps)
         self.render_mode = cfg.render_mode
         kwargs = dict(cfg.kwargs)
         if cfg.render_mode is not None:
             if "render_mode" in kwargs:
-                raise SettingError("env.kwargs", cfg.kwargs, " is not allowed with env.render_mode set: "
-                                                             "give render_mode once, as env.render_mode")  # fmt: skip
+                raise SettingError(
+                    "env.kwargs",
+                    cfg.kwargs,
+                    " is not allowed with env.render_mode set: give render_mode once, as env.render_mode",
+                )
             _check_renders(spec, cfg.render_mode)
             kwargs["render_mode"] = cfg.render_mode  # gymnasium builds every sub-env with it
         try:
             self.envs = gym.make_vec(
-                spec, num_envs=cfg.num_envs, vectorization_mode=cfg.vectorization,
+                spec,
+                num_envs=cfg.num_envs,
+                vectorization_mode=cfg.vectorization,
                 # copy=False: flatten_batch copies every observation once, so
                 # gymnasium's own defensive deepcopy would be a second copy.
-                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False}, **kwargs,
-            )  # fmt: skip
+                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False},
+                **kwargs,
+            )
         except gym.error.DependencyNotInstalled as err:
             raise SettingError("env.id", cfg.id, f" needs a package that is not installed: {err}") from err
         modes = list(self.envs.metadata.get("render_modes") or [])
@@ -377,8 +389,9 @@ class GymVecEnv(VecEnv):
         }
         if cfg.render_mode is not None and cfg.render_mode not in modes:  # where the entry point could not tell
             self.envs.close()
-            raise SettingError("env.render_mode", cfg.render_mode, f" is not allowed with env.id={cfg.id}: "
-                                                                   f"it renders only {modes}")  # fmt: skip
+            raise SettingError(
+                "env.render_mode", cfg.render_mode, f" is not allowed with env.id={cfg.id}: it renders only {modes}"
+            )
         try:
             self._setup_spaces(self.envs.single_observation_space, self.envs.single_action_space)
         except ValueError:
@@ -411,10 +424,14 @@ class GymVecEnv(VecEnv):
         if image is not None:
             where, box = image
             part = f"the part {where} of its observation space" if where else "its observation space"
-            raise SettingError("env.id", self.cfg.id, f": {part} {box} is an image, and image observations are not "
-                                                      "supported yet: rlchain has no image encoder (env=gym would "
-                                                      f"flatten it into {gym.spaces.flatdim(box):,} MLP inputs); "
-                                                      "choose a task with vector observations")  # fmt: skip
+            raise SettingError(
+                "env.id",
+                self.cfg.id,
+                f": {part} {box} is an image, and image observations are not "
+                "supported yet: rlchain has no image encoder (env=gym would "
+                f"flatten it into {gym.spaces.flatdim(box):,} MLP inputs); "
+                "choose a task with vector observations",
+            )
         if isinstance(action_space, gym.spaces.Discrete):
             self._discrete, self._action_start = True, int(action_space.start)
             policy_action_space: gym.Space = gym.spaces.Discrete(int(action_space.n))
@@ -532,10 +549,20 @@ class GymVecEnv(VecEnv):
         }
         # gymnasium's sync and async vector envs return fresh float64 rewards
         # and fresh bool terminated/truncated arrays.
-        return obs_t, self._to_torch(reward.astype(np.float32)), self._to_torch(terminated), self._to_torch(truncated), out
+        return (
+            obs_t,
+            self._to_torch(reward.astype(np.float32)),
+            self._to_torch(terminated),
+            self._to_torch(truncated),
+            out,
+        )
 
-    def _success(self, info: dict[str, Any], success: np.ndarray | None, rows: np.ndarray | None = None,
-                 ) -> np.ndarray | None:  # fmt: skip
+    def _success(
+        self,
+        info: dict[str, Any],
+        success: np.ndarray | None,
+        rows: np.ndarray | None = None,
+    ) -> np.ndarray | None:
         """``success`` (all False when None) with the rows (of ``rows``) that report
         the ``success_key`` flag in ``info`` overwritten; ``success`` itself
         when ``info`` has no such flag."""
@@ -544,8 +571,10 @@ class GymVecEnv(VecEnv):
             if not self._unread_flag_noticed and ("is_success" in info or "success" in info):
                 self._unread_flag_noticed = True
                 flag = "is_success" if "is_success" in info else "success"
-                notice(f"env.id={self.cfg.id} reports info[{flag!r}], which env.success_key=None leaves unread: "
-                       f"set env.success_key={flag} to log a success rate")  # fmt: skip
+                notice(
+                    f"env.id={self.cfg.id} reports info[{flag!r}], which env.success_key=None leaves unread: "
+                    f"set env.success_key={flag} to log a success rate"
+                )
             return success
         if key not in info:
             return success
@@ -585,8 +614,10 @@ class GymVecEnv(VecEnv):
         for i, frame in zip(ids, frames):
             shape = getattr(frame, "shape", None)
             if shape is None or len(shape) != 3 or shape[2] != 3:
-                raise RuntimeError(f"env.id={self.cfg.id}: sub-env {i}'s render() returned "
-                                   f"{type(frame).__name__} of shape {shape}: expected an [H, W, 3] array")  # fmt: skip
+                raise RuntimeError(
+                    f"env.id={self.cfg.id}: sub-env {i}'s render() returned "
+                    f"{type(frame).__name__} of shape {shape}: expected an [H, W, 3] array"
+                )
         return torch.from_numpy(np.stack(frames).astype(np.uint8, copy=False))
 
     def state_dict(self) -> dict[str, Any]:
@@ -602,7 +633,9 @@ class GymVecEnv(VecEnv):
         try:
             self._rng.bit_generator.state = state["seed_generator"]
         except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"env state {sorted(state)} is not a GymVecEnv's: expected its seed_generator ({err})") from err
+            raise ValueError(
+                f"env state {sorted(state)} is not a GymVecEnv's: expected its seed_generator ({err})"
+            ) from err
 
     def close(self, **kwargs: Any) -> None:
         """Close the underlying gymnasium vector env (and its subprocesses)."""

@@ -111,10 +111,16 @@ RENDER_MARGIN = 8
 _OUTSIDE, _TABLE, _OUTSIDE_IN_REGION, _TABLE_IN_REGION, _RING, _CUBE, _CUBE_FACE, _GOAL, _PUSHER = range(9)
 _OUTSIDE_RGB, _TABLE_RGB, _REGION_RGB = (38, 40, 46), (226, 218, 200), (60, 170, 90)
 _COLOURS = (
-    _OUTSIDE_RGB, _TABLE_RGB,
-    rendering.blend(_OUTSIDE_RGB, _REGION_RGB, 0.35), rendering.blend(_TABLE_RGB, _REGION_RGB, 0.35),
-    (40, 130, 65), (205, 70, 55), (110, 25, 20), (15, 90, 40), (45, 85, 200),
-)  # fmt: skip
+    _OUTSIDE_RGB,
+    _TABLE_RGB,
+    rendering.blend(_OUTSIDE_RGB, _REGION_RGB, 0.35),
+    rendering.blend(_TABLE_RGB, _REGION_RGB, 0.35),
+    (40, 130, 65),
+    (205, 70, 55),
+    (110, 25, 20),
+    (15, 90, 40),
+    (45, 85, 200),
+)
 # Outline of the success region and radius of the goal dot, pixels; width of the cube's marked face, of cube_size.
 _RING_PX, _GOAL_PX, _FACE_FRACTION = 1.5, 2.5, 0.2
 
@@ -180,15 +186,20 @@ class PushCubeConfig(VecEnvConfig):
         for name in _SPAWN_REGIONS:
             value = getattr(self, name)
             if value >= self.table_half_extent:
-                raise SettingError(name, value, f" is not allowed with table_half_extent={self.table_half_extent}: "
-                                                "expected a number < table_half_extent (spawn regions lie inside the table)")
+                raise SettingError(
+                    name,
+                    value,
+                    f" is not allowed with table_half_extent={self.table_half_extent}: "
+                    "expected a number < table_half_extent (spawn regions lie inside the table)",
+                )
         if self.action_scale / self.substeps > self.pusher_radius:
             raise SettingError(
-                "action_scale", self.action_scale,
+                "action_scale",
+                self.action_scale,
                 f" is not allowed with substeps={self.substeps}, pusher_radius={self.pusher_radius}: expected "
                 f"action_scale / substeps <= pusher_radius (it moves the pusher {self.action_scale / self.substeps:.4g} "
                 "m per substep; raise substeps or lower action_scale)",
-            )  # fmt: skip
+            )
 
 
 class PushCubeEnv(TorchVecEnv):
@@ -275,9 +286,19 @@ class PushCubeEnv(TorchVecEnv):
         self._reach_potential, self._place_potential, _ = self._potentials()
 
     _STATE = (
-        "pusher_x", "pusher_y", "cube_x", "cube_y", "cube_yaw", "cube_vx", "cube_vy",
-        "cube_omega", "goal_x", "goal_y", "prev_action", "elapsed_steps",
-    )  # fmt: skip
+        "pusher_x",
+        "pusher_y",
+        "cube_x",
+        "cube_y",
+        "cube_yaw",
+        "cube_vx",
+        "cube_vy",
+        "cube_omega",
+        "goal_x",
+        "goal_y",
+        "prev_action",
+        "elapsed_steps",
+    )
 
     # ------------------------------------------------------------------ reset
     def _sample_states(self, n: int) -> tuple[torch.Tensor, ...]:
@@ -373,22 +394,44 @@ class PushCubeEnv(TorchVecEnv):
 
     #: The features of :meth:`_observe`, in order (m, m/s, rad/s; the yaw as its cosine and sine).
     observation_names = (
-        "pusher_x", "pusher_y", "cube_x", "cube_y", "cube_yaw_cos", "cube_yaw_sin", "cube_vx", "cube_vy",
-        "cube_omega", "goal_x", "goal_y", "cube_minus_pusher_x", "cube_minus_pusher_y", "goal_minus_cube_x",
+        "pusher_x",
+        "pusher_y",
+        "cube_x",
+        "cube_y",
+        "cube_yaw_cos",
+        "cube_yaw_sin",
+        "cube_vx",
+        "cube_vy",
+        "cube_omega",
+        "goal_x",
+        "goal_y",
+        "cube_minus_pusher_x",
+        "cube_minus_pusher_y",
+        "goal_minus_cube_x",
         "goal_minus_cube_y",
-    )  # fmt: skip
+    )
 
     def _observe(self) -> torch.Tensor:
         return torch.stack(
             (
-                self.pusher_x, self.pusher_y, self.cube_x, self.cube_y,
-                torch.cos(self.cube_yaw), torch.sin(self.cube_yaw),
-                self.cube_vx, self.cube_vy, self.cube_omega, self.goal_x, self.goal_y,
-                self.cube_x - self.pusher_x, self.cube_y - self.pusher_y,
-                self.goal_x - self.cube_x, self.goal_y - self.cube_y,
+                self.pusher_x,
+                self.pusher_y,
+                self.cube_x,
+                self.cube_y,
+                torch.cos(self.cube_yaw),
+                torch.sin(self.cube_yaw),
+                self.cube_vx,
+                self.cube_vy,
+                self.cube_omega,
+                self.goal_x,
+                self.goal_y,
+                self.cube_x - self.pusher_x,
+                self.cube_y - self.pusher_y,
+                self.goal_x - self.cube_x,
+                self.goal_y - self.cube_y,
             ),
             dim=-1,
-        )  # fmt: skip
+        )
 
     @torch.no_grad()
     def step(self, action: torch.Tensor):
@@ -452,7 +495,9 @@ class PushCubeEnv(TorchVecEnv):
             dev, size = self.device, RENDER_SIZE
             view = self.cfg.table_half_extent * size / (size - 2 * RENDER_MARGIN)  # half the width shown, m
             xs, ys = rendering.pixel_centres(size, size, (-view, view), (-view, view), dev)
-            on_table = (xs.abs() <= self.cfg.table_half_extent)[None, :] & (ys.abs() <= self.cfg.table_half_extent)[:, None]
+            on_table = (xs.abs() <= self.cfg.table_half_extent)[None, :] & (ys.abs() <= self.cfg.table_half_extent)[
+                :, None
+            ]
             table = torch.where(on_table, _TABLE, _OUTSIDE).to(torch.uint8)
             self._pixel = 2 * view / size  # m
             self._canvas = (xs, ys, table, table + (_TABLE_IN_REGION - _TABLE), rendering.palette(_COLOURS, dev))
@@ -490,7 +535,9 @@ class PushCubeEnv(TorchVecEnv):
         labels.masked_fill_(cube, _CUBE)
         labels.masked_fill_(cube & (u >= self._half * (1 - 2 * _FACE_FRACTION)), _CUBE_FACE)
         labels.masked_fill_(goal_d2 <= (_GOAL_PX * pixel) ** 2, _GOAL)
-        labels.masked_fill_(rendering.disc(xs, ys, self.pusher_x[rows], self.pusher_y[rows], cfg.pusher_radius), _PUSHER)
+        labels.masked_fill_(
+            rendering.disc(xs, ys, self.pusher_x[rows], self.pusher_y[rows], cfg.pusher_radius), _PUSHER
+        )
         return rendering.colour(labels, colours)
 
     def close(self, **kwargs: Any) -> None:
