@@ -36,16 +36,21 @@ NUM_ENVS, STEPS, UPDATES = 16, 8, 3
 PPO_SETTINGS = dict(n_epochs=2, learning_rate=1e-3, ent_coef=0.01)
 
 
+#: PushCube observed as the groups actor (noisy) and critic (exact).
+GROUPS = {"privileged_critic": True, "obs_noise_std": 0.05}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _rollout_and_policy():
-    """The same push_cube rollout ``[STEPS, NUM_ENVS]`` and initial policy in every process (fixed seeds, one thread)."""
+def _rollout_and_policy(**env_settings):
+    """The same push_cube rollout ``[STEPS, NUM_ENVS]`` and initial policy in every process (fixed seeds, one thread);
+    ``env_settings``: e.g. observation groups with a privileged critic."""
     torch.manual_seed(0)
-    env = PushCubeEnv(num_envs=NUM_ENVS, seed=0)
+    env = PushCubeEnv(num_envs=NUM_ENVS, seed=0, **env_settings)
     policy = ActorCritic(env.single_observation_space, env.single_action_space)
     return SyncCollector(env, policy, STEPS).collect().data.clone(), policy
 
@@ -102,6 +107,10 @@ def _rank(rank: int, port: int, out: str) -> None:
     # GRPO with one minibatch of the rank's half per epoch, against one process's full batch: exact as PPO.
     mine = _grpo_rollout()[:, rank * half : (rank + 1) * half].clone()
     torch.save(_grpo_updates(mine, batch_size=STEPS * half), Path(out) / f"grpo_full{rank}.pt")
+    # Observation groups: each group's normaliser merges both ranks' statistics.
+    data, policy = _rollout_and_policy(**GROUPS)
+    mine = data[:, rank * half : (rank + 1) * half].clone()
+    torch.save(_updates(policy, mine, batch_size=STEPS * half), Path(out) / f"groups{rank}.pt")
     distributed.shutdown()
 
 
@@ -144,6 +153,14 @@ def test_two_ranks_keep_one_policy_and_update_as_one_process_on_all_the_envs(tmp
             torch.testing.assert_close(a[name], value, rtol=0, atol=1e-6, msg=f"GRPO update {update}: {name}")
     first, last = rank0[0]["state"], rank0[-1]["state"]
     assert all(not torch.equal(first[name], last[name]) for name in first if name.endswith("weight"))  # it learnt
+    data, policy = _rollout_and_policy(**GROUPS)
+    reference = _updates(policy, data, batch_size=STEPS * NUM_ENVS)
+    groups0, groups1 = (torch.load(tmp_path / f"groups{r}.pt", weights_only=True) for r in range(2))
+    assert {"obs_normalizer.actor.mean", "obs_normalizer.critic.var"} <= set(reference[0]["state"])
+    for update, (a, b, ref) in enumerate(zip(groups0, groups1, reference)):
+        for name, value in ref["state"].items():
+            assert torch.equal(a["state"][name], b["state"][name]), (update, name)
+            torch.testing.assert_close(a["state"][name], value, rtol=0, atol=1e-6, msg=f"groups {update}: {name}")
 
 
 @pytest.mark.slow

@@ -272,3 +272,17 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and err.strip().splitlines() == ["rlchain-eval: interrupted by SIGINT"], err
+
+
+def test_a_run_whose_critic_sees_a_privileged_group_evaluates(compose_cfg, tmp_path, in_process):
+    """PushCube observed as the groups actor (noisy) and critic (exact), trained and evaluated again."""
+    from rlchain.commands.train import build
+
+    cfg = compose_cfg(["env=push_cube", "env.privileged_critic=true", "env.obs_noise_std=0.05", "debug=tiny"])
+    trainer = build(cfg)
+    assert (trainer.policy.actor_groups, trainer.policy.critic_groups) == (["actor"], ["critic"])
+    assert trainer.train().status == "completed"
+    code, err = in_process([tmp_path, "num_episodes=4", "checkpoint=latest"])
+    assert code == 0, err
+    record = json.loads((tmp_path / "checkpoints" / "eval.json").read_text())
+    assert record["episodes"] == 4 and "success_rate" in record["metrics"]

@@ -200,3 +200,76 @@ def test_a_discrete_action_gets_the_start_of_the_gymnasium_envs_space(tmp_path):
     obs = torch.randn(16, 4)
     with torch.no_grad():
         assert torch.equal(torch.jit.load(str(out))(obs), policy.deterministic_action(obs) - 1)
+
+
+@pytest.fixture(scope="module")
+def grouped_run(tmp_path_factory):
+    """A run directory of a policy whose actor sees two observation groups of :class:`GroupedLineEnv`."""
+    from rlchain.core.algorithms import PPO
+    from rlchain.core.policies import ActorCritic
+    from rlchain.run.trainer import Trainer
+    from tests.helpers.grouped_env import GroupedLineEnv
+
+    out = tmp_path_factory.mktemp("grouped")
+    config = {
+        "env": {"_target_": "tests.helpers.grouped_env.GroupedLineEnv", "num_envs": 8, "max_episode_steps": 5},
+        "policy": {
+            "_target_": "rlchain.core.policies.ActorCritic",
+            "hidden_sizes": [8],
+            "actor_obs": ["critic", "actor"],
+        },
+        "trainer": {"seed": 0, "num_eval_envs": 4, "num_eval_episodes": 4},
+    }
+    torch.manual_seed(0)
+    env = GroupedLineEnv(num_envs=8, max_episode_steps=5)
+    policy = ActorCritic(
+        env.single_observation_space, env.single_action_space, hidden_sizes=[8], actor_obs=["critic", "actor"]
+    )
+    trainer = Trainer(
+        env,
+        policy,
+        PPO(policy, batch_size=40),
+        run_config=config,
+        iterations=3,
+        rollout_steps=5,
+        eval_freq=100,
+        output_dir=str(out),
+        progress=False,
+        fresh_eval=False,
+    )
+    trainer.train()
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+def test_a_policy_of_observation_groups_exports_them_as_named_inputs(grouped_run, tmp_path, capsys, fmt):
+    out = tmp_path / f"policy.{fmt}"
+    assert (
+        main(
+            [str(grouped_run), f"format={fmt}", f"output={out}", "checkpoint=latest", "--allow-target", "tests.helpers"]
+        )
+        == 0
+    )
+    assert "critic float32 [B, 3], actor float32 [B, 2] -> action" in capsys.readouterr().out
+    run = open_run(grouped_run, "latest", ["tests.helpers"])
+    env = run.build_env(num_envs=1, device="cpu")
+    policy = run.build_policy(env)
+    critic, actor = torch.randn(7, 3) * 2, torch.randn(7, 2) * 2
+    with torch.no_grad():
+        expected = policy.deterministic_action({"critic": critic, "actor": actor}).clamp(-1, 1)
+    assert (
+        policy.obs_normalizer["critic"].count > 0
+    )  # the normalisers carry statistics: baked in, they change the action
+    if fmt == "torchscript":
+        files = {"rlchain.json": ""}
+        got = torch.jit.load(str(out), _extra_files=files)(critic, actor)
+        metadata = json.loads(files["rlchain.json"])
+    else:
+        session = onnxruntime.InferenceSession(str(out))
+        assert [i.name for i in session.get_inputs()] == ["critic", "actor"]
+        got = torch.from_numpy(session.run(None, {"critic": critic.numpy(), "actor": actor.numpy()})[0])
+        metadata = None
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    if metadata is not None:
+        assert [(i["name"], i["shape"]) for i in metadata["inputs"]] == [("critic", ["B", 3]), ("actor", ["B", 2])]
+        assert metadata["observation_space"]["type"] == "Dict"

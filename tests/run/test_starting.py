@@ -521,3 +521,38 @@ def test_a_resume_lets_through_the_option_the_saved_run_has_so_that_its_keys_com
     assert state["config"]["algorithm"]["group_size"] == 4 and state["iteration"] == 3
     other = run_cli([f"trainer.resume_from={run}", "algorithm=ppo"], tmp_path)
     assert other.returncode == 1 and "algorithm=ppo is not allowed when resuming" in other.stderr
+
+
+def test_a_run_with_observation_groups_resumes_exactly(tmp_path):
+    """Every group of the observation in progress, and each group's normaliser, come back from the checkpoint."""
+    from tests.helpers.grouped_env import GroupedLineEnv
+
+    def make(out, iterations, resume_from=None):
+        torch.manual_seed(0)
+        env = GroupedLineEnv(num_envs=8, max_episode_steps=7)  # episodes in progress at every checkpoint
+        policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16])
+        algorithm = PPO(policy, batch_size=32, n_epochs=2, seed=0)
+        trainer = Trainer(
+            env,
+            policy,
+            algorithm,
+            iterations=iterations,
+            rollout_steps=5,
+            eval_freq=100,
+            save_freq=100,
+            output_dir=str(out),
+            progress=False,
+            resume_from=resume_from,
+            fresh_eval=False,
+        )
+        return started(trainer)
+
+    straight = make(tmp_path / "a", iterations=4)
+    straight.train()
+    make(tmp_path / "b", iterations=2).train()
+    resumed = make(tmp_path / "c", iterations=4, resume_from=str(tmp_path / "b" / "checkpoints" / "latest.pt"))
+    assert set(resumed.collector.state_dict()["obs"]) == {"actor", "critic"}
+    resumed.train()
+    for (name, a), b in zip(straight.policy.state_dict().items(), resumed.policy.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert "obs_normalizer.critic.count" in straight.policy.state_dict()

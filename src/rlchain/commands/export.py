@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from rlchain.commands.arguments import SavedRunOptions, command_parser, read_options
+from rlchain.core import observations
 from rlchain.files import write_bytes
 from rlchain.settings import setting
 
@@ -87,28 +88,49 @@ class ExportedPolicy(nn.Module):
             env's own ``Discrete(n, start)`` (``env=gym``), so the output is
             the action that env receives.
 
-    Shapes: ``obs`` float32 ``[B, obs_dim]`` -> float32 ``[B, act_dim]`` (Box)
-    or int64 ``[B]`` (Discrete).
+        groups: the names of the inputs, in order, for a policy of observation
+            groups (its actor's groups, each a ``[B, *group_shape]`` input);
+            None for one flat observation.
+
+    Shapes: ``obs`` float32 ``[B, obs_dim]`` (grouped: one float32 ``[B, *group_shape]`` input per group, in
+    the order of ``groups``) -> float32 ``[B, act_dim]`` (Box) or int64 ``[B]`` (Discrete).
     """
 
-    def __init__(self, policy: nn.Module, action_space: gym.Space, action_start: int = 0) -> None:
+    def __init__(
+        self, policy: nn.Module, action_space: gym.Space, action_start: int = 0, groups: Sequence[str] | None = None
+    ) -> None:
         super().__init__()
         self.policy = policy
+        self.groups = tuple(groups) if groups is not None else None
         self.box = isinstance(action_space, gym.spaces.Box)
         self.action_start = int(action_start)
         if self.box:
             self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
             self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        action = self.policy.deterministic_action(obs)
+    def forward(self, *obs: torch.Tensor) -> torch.Tensor:
+        action = self.policy.deterministic_action(dict(zip(self.groups, obs)) if self.groups is not None else obs[0])
         if self.box:
             return torch.maximum(torch.minimum(action, self.high), self.low)
         return action + self.action_start if self.action_start else action
 
 
+def input_shapes(policy: nn.Module, observation_space: gym.Space) -> dict[str, tuple[int, ...]]:
+    """The inputs of the exported file, in order: name -> one env's shape.
+
+    One flat observation is the input ``obs``; observation groups are the actor's groups
+    (``policy.actor_groups``; every group for a policy that does not name them).
+    """
+    if not observations.is_grouped(observation_space):
+        return {"obs": tuple(observation_space.shape)}
+    spaces = observations.group_spaces(observation_space)
+    return {g: tuple(spaces[g].shape) for g in getattr(policy, "actor_groups", None) or spaces}
+
+
 def _space(space: gym.Space) -> dict[str, Any]:
-    """A gymnasium Box or Discrete as JSON data (infinite bounds as the strings ``"inf"`` / ``"-inf"``)."""
+    """A gymnasium Box, Discrete or Dict of them as JSON data (infinite bounds as the strings ``"inf"`` / ``"-inf"``)."""
+    if isinstance(space, gym.spaces.Dict):
+        return {"type": "Dict", "spaces": {name: _space(sub) for name, sub in space.spaces.items()}}
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
     bound = lambda a: [x if math.isfinite(x) else ("inf" if x > 0 else "-inf") for x in a.astype(float).tolist()]  # noqa: E731
@@ -121,20 +143,32 @@ def _space(space: gym.Space) -> dict[str, Any]:
     }
 
 
-def metadata_of(env: Any, checkpoint: Path, global_step: int, fmt: str) -> dict[str, Any]:
-    """What an exported file says about itself: format, input and output, spaces, observation layout, source, version."""
+def metadata_of(
+    env: Any, checkpoint: Path, global_step: int, fmt: str, inputs: dict[str, tuple[int, ...]] | None = None
+) -> dict[str, Any]:
+    """What an exported file says about itself: format, inputs and output, spaces, observation layout, source, version.
+
+    ``inputs``: :func:`input_shapes` (default: the env's one flat observation). ``input`` describes the first
+    input (the one of a flat observation), ``inputs`` every input in order.
+    """
     from rlchain import __version__
 
     discrete = isinstance(env.single_action_space, gym.spaces.Discrete)
     action_space = _space(env.single_action_space)
     if discrete:
         action_space["start"] = int(env.action_start)
-    obs_dim = int(env.single_observation_space.shape[0])
+    inputs = inputs if inputs is not None else {"obs": tuple(env.single_observation_space.shape)}
+    described = [
+        {"name": name, "dtype": "float32", "shape": ["B", *shape], "normalization": "baked in"}
+        for name, shape in inputs.items()
+    ]
     names = env.observation_names
+    layout = {g: list(v) for g, v in names.items()} if isinstance(names, dict) else names
     return {
         "format": fmt,
         "rlchain_version": __version__,
-        "input": {"name": "obs", "dtype": "float32", "shape": ["B", obs_dim], "normalization": "baked in"},
+        "input": described[0],
+        "inputs": described,
         "output": {
             "name": "action",
             "dtype": "int64" if discrete else "float32",
@@ -143,7 +177,7 @@ def metadata_of(env: Any, checkpoint: Path, global_step: int, fmt: str) -> dict[
         },
         "observation_space": _space(env.single_observation_space),
         "action_space": action_space,
-        "observation_layout": list(names) if names is not None else None,
+        "observation_layout": list(layout) if isinstance(layout, (list, tuple)) else layout,
         "env": getattr(env.cfg, "_target_", f"{type(env).__module__}.{type(env).__qualname__}"),
         "env_id": getattr(env.cfg, "id", None),
         "checkpoint": str(checkpoint),
@@ -154,7 +188,7 @@ def metadata_of(env: Any, checkpoint: Path, global_step: int, fmt: str) -> dict[
 def export_policy(
     policy: nn.Module,
     action_space: gym.Space,
-    obs_dim: int,
+    inputs: int | dict[str, tuple[int, ...]],
     fmt: str,
     path: str | Path,
     metadata: dict[str, Any],
@@ -165,7 +199,7 @@ def export_policy(
     Args:
         policy: the policy (moved to a CPU copy for the export).
         action_space: one env's action space.
-        obs_dim: observation features.
+        inputs: :func:`input_shapes`, or the features of one flat observation (an int).
         fmt: ``torchscript`` (``torch.jit.trace``, frozen) or ``onnx``
             (``torch.onnx.export``, a dynamic batch dimension).
         metadata: JSON data stored with the file (see :func:`metadata_of`).
@@ -180,10 +214,12 @@ def export_policy(
 
     if fmt not in FORMATS:
         raise ValueError(f"format={fmt!r} is not allowed: expected one of {', '.join(FORMATS)}")
-    module = ExportedPolicy(copy.deepcopy(policy).cpu().eval(), action_space, action_start).eval()
-    example = torch.zeros(2, obs_dim)
+    inputs = {"obs": (int(inputs),)} if isinstance(inputs, int) else dict(inputs)
+    groups = None if list(inputs) == ["obs"] else list(inputs)
+    module = ExportedPolicy(copy.deepcopy(policy).cpu().eval(), action_space, action_start, groups).eval()
+    example = tuple(torch.zeros(2, *shape) for shape in inputs.values())
     try:
-        module(example)
+        module(*example)
     except NotImplementedError as err:
         raise ValueError(f"the policy cannot be exported: {err}") from None
     with torch.no_grad():
@@ -192,17 +228,19 @@ def export_policy(
             with warnings.catch_warnings():  # torch 2.9+ deprecates TorchScript; a libtorch program still loads it
                 warnings.simplefilter("ignore", DeprecationWarning)
                 torch.jit.save(
-                    torch.jit.freeze(torch.jit.trace(module, example)),
+                    torch.jit.freeze(torch.jit.trace(module, example)),  # positional inputs, in order
                     buffer,
                     _extra_files={f"{METADATA_KEY}.json": json.dumps(metadata)},
                 )
             data = buffer.getvalue()
         else:
-            data = _onnx_bytes(module, example, metadata)
+            data = _onnx_bytes(module, example, list(inputs), metadata)
     return write_bytes(path, data)
 
 
-def _onnx_bytes(module: nn.Module, example: torch.Tensor, metadata: dict[str, Any]) -> bytes:
+def _onnx_bytes(
+    module: nn.Module, example: tuple[torch.Tensor, ...], names: list[str], metadata: dict[str, Any]
+) -> bytes:
     """``torch.onnx.export`` (the torch.export-based exporter) with a dynamic batch and the metadata: the file's bytes."""
     missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
     if missing:
@@ -215,10 +253,10 @@ def _onnx_bytes(module: nn.Module, example: torch.Tensor, metadata: dict[str, An
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             module,
-            (example,),
-            input_names=["obs"],
+            example,
+            input_names=names,
             output_names=["action"],
-            dynamic_shapes=({0: batch},),
+            dynamic_shapes=(tuple({0: batch} for _ in example),),
             dynamo=True,
             verbose=False,
         )
@@ -262,12 +300,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         env = run.build_env(num_envs=1, device="cpu")
         policy = run.build_policy(env)
         output = Path(cfg.output) if cfg.output else run.checkpoint.with_name(run.checkpoint.stem + FORMATS[cfg.format])
-        metadata = metadata_of(env, run.checkpoint, run.global_step, cfg.format)
-        obs_dim = int(env.single_observation_space.shape[0])
+        inputs = input_shapes(policy, env.single_observation_space)
+        metadata = metadata_of(env, run.checkpoint, run.global_step, cfg.format, inputs)
         action_space, action_start = env.single_action_space, int(env.action_start)
         env.close()
         try:
-            path = export_policy(policy, action_space, obs_dim, cfg.format, output, metadata, action_start)
+            path = export_policy(policy, action_space, inputs, cfg.format, output, metadata, action_start)
         except OSError as err:
             raise SavedRunError(f"output={output} cannot be written: {err.strerror or err}") from None
         except (ValueError, ImportError) as err:
@@ -275,8 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SavedRunError as err:
         print(f"rlchain-export: {err}", file=sys.stderr, flush=True)
         return 1
+    shown = ", ".join(f"{name} float32 [B, {', '.join(map(str, shape))}]" for name, shape in inputs.items())
     print(
-        f"rlchain-export: wrote {path} ({cfg.format}; obs float32 [B, {obs_dim}] -> action; "
+        f"rlchain-export: wrote {path} ({cfg.format}; {shown} -> action; "
         f"{run.checkpoint}, global_step {run.global_step:,})",
         flush=True,
     )

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import gymnasium as gym
 import torch
 
+from rlchain.core import observations
 from rlchain.utils import check_positive
 
 if TYPE_CHECKING:
@@ -25,7 +26,9 @@ class RolloutBuffer:
     ==================  ==================  =============================================
     key                 dtype, shape        meaning
     ==================  ==================  =============================================
-    obs                 f32 [T,N,*obs]      observation the action was taken in
+    obs                 f32 [T,N,*obs]      observation the action was taken in (for a Dict
+                                            observation space, a TensorDict of its groups,
+                                            f32 [T,N,*group] each: see rlchain.core.observations)
     action              f32 [T,N,*act] /    action as sampled (unclipped), int64 [T,N]
                         i64 [T,N]           for Discrete spaces
     sample_log_prob     f32 [T,N]           log-probability of ``action`` when sampled
@@ -69,7 +72,6 @@ class RolloutBuffer:
         check_positive("rollout_steps", rollout_steps, integer=True)
         self.rollout_steps, self.num_envs = rollout_steps, num_envs
         t, n = rollout_steps, num_envs
-        obs_shape = tuple(observation_space.shape)
         if isinstance(action_space, gym.spaces.Discrete):
             action = torch.zeros(t, n, dtype=torch.int64, device=device)
         else:
@@ -78,7 +80,7 @@ class RolloutBuffer:
         b = lambda: torch.zeros(t, n, dtype=torch.bool, device=device)  # noqa: E731
         self.data = TensorDict(
             {
-                "obs": f32(*obs_shape),
+                "obs": observations.zeros(observation_space, (t, n), device),
                 "action": action,
                 "sample_log_prob": f32(),
                 "value": f32(),
@@ -86,7 +88,7 @@ class RolloutBuffer:
                 "terminated": b(),
                 "truncated": b(),
                 "done": b(),
-                "final_obs": f32(*obs_shape),
+                "final_obs": observations.zeros(observation_space, (t, n), device),
                 "next_value": f32(),
                 "episode_return": torch.zeros(t, n, dtype=torch.float64, device=device),  # long sums do not drift
                 "episode_length": torch.zeros(t, n, dtype=torch.int64, device=device),

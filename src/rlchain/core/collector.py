@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlchain.core import observations
 from rlchain.core.buffer import RolloutBuffer
 from rlchain.core.envs.base import VecEnv
+from rlchain.core.observations import Obs, leaves
 from rlchain.core.policies import Policy
 from rlchain.settings import SettingError
 
@@ -17,9 +19,16 @@ if TYPE_CHECKING:
 
 __all__ = ["EpisodeWindow", "Episodes", "Rollout", "SyncCollector", "step_env"]
 
-#: The rollout keys the step loop copies when the policy has acted, and when the env has stepped (``done`` it computes in place).
+#: The rollout keys the step loop copies when the policy has acted, and when the env has stepped (``done`` it
+#: computes in place); ``obs`` and ``final_obs`` stand for every group of a grouped observation.
 _ACT_KEYS = ("obs", "action", "sample_log_prob", "value")
 _STEP_KEYS = ("reward", "terminated", "truncated", "final_obs", "success")
+
+
+def _rows(data: TensorDict, keys: tuple[str, ...]) -> list[tuple[torch.Tensor, ...]]:
+    """For each step ``t``, the views ``data[key][t]`` of ``keys``: an observation key gives each of its groups."""
+    columns = [leaf.unbind(0) for key in keys for leaf in observations.leaves(data[key])]
+    return list(zip(*columns))
 
 
 def _add_terms(sums: dict[str, torch.Tensor], info: dict[str, Any], first: bool) -> None:
@@ -46,7 +55,7 @@ def _add_terms(sums: dict[str, torch.Tensor], info: dict[str, Any], first: bool)
             ) from None
 
 
-def step_env(env: VecEnv, obs: torch.Tensor, action: torch.Tensor) -> tuple:
+def step_env(env: VecEnv, obs: Obs, action: torch.Tensor) -> tuple:
     """``env.step(action)``, with an env's rejection of a non-finite action traced to its cause.
 
     A policy turns NaN or inf observations into NaN actions, which the env
@@ -61,7 +70,7 @@ def step_env(env: VecEnv, obs: torch.Tensor, action: torch.Tensor) -> tuple:
     try:
         return env.step(action)
     except ValueError as err:
-        if bool(torch.isfinite(obs).all()):
+        if observations.all_finite(obs):
             raise
         raise ValueError(
             f"observation contains NaN or inf: {type(env).__name__} returned a non-finite observation, "
@@ -144,11 +153,14 @@ class SyncCollector:
         )
         # The storage's rows, one view per step and key, made once: each step is written into place.
         data = self.buffer.data
-        self._acted_rows = list(zip(*(data[key].unbind(0) for key in _ACT_KEYS)))
-        self._stepped_rows = list(zip(*(data[key].unbind(0) for key in _STEP_KEYS)))
+        space = env.single_observation_space
+        self._groups = tuple(observations.group_spaces(space)) if observations.is_grouped(space) else None
+        """The observation's group names in the storage's order (None for a flat observation)."""
+        self._acted_rows = _rows(data, _ACT_KEYS)
+        self._stepped_rows = _rows(data, _STEP_KEYS)
         self._tally_rows = list(zip(*(data[key].unbind(0) for key in ("done", "episode_return", "episode_length"))))
         n, dev = env.num_envs, env.device
-        self._obs: torch.Tensor | None = None
+        self._obs: Obs | None = None
         self._episode_return = torch.zeros(n, dtype=torch.float64, device=dev)  # float64: long sums do not drift
         self._episode_length = torch.zeros(n, dtype=torch.int64, device=dev)
         self._running = torch.ones(n, dtype=torch.int64, device=dev)  # 1 where an episode goes on into the next step
@@ -166,7 +178,7 @@ class SyncCollector:
         from tensordict import TensorDict  # imported where used: see rlchain.commands.config
 
         self.act = torch.compile(self.policy.get_action)
-        obs = torch.zeros_like(self.buffer.data["obs"][0])
+        obs = self.buffer.data["obs"][0].clone().zero_()
         with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
             self.act(TensorDict({"obs": obs}, batch_size=[self.env.num_envs]))
 
@@ -207,9 +219,11 @@ class SyncCollector:
             step = self.act(TensorDict({"obs": obs}, batch_size=[n]))
             action = step["action"]
             # Stored before the env steps: an env may reuse its buffers for the next step.
-            torch._foreach_copy_(acted, (obs, action, step["sample_log_prob"], step["value"]))
+            torch._foreach_copy_(acted, (*leaves(obs, self._groups), action, step["sample_log_prob"], step["value"]))
             next_obs, reward, terminated, truncated, info = step_env(env, obs, action)
-            torch._foreach_copy_(stepped, (reward, terminated, truncated, info["final_obs"], info["success"]))
+            torch._foreach_copy_(
+                stepped, (reward, terminated, truncated, *leaves(info["final_obs"], self._groups), info["success"])
+            )
             ret = torch.addcmul(reward, ret, running, out=ret_row)
             length = torch.addcmul(self._one, length, running, out=length_row)
             torch.logical_not(torch.logical_or(terminated, truncated, out=done_row), out=running)
@@ -230,12 +244,12 @@ class SyncCollector:
         means = torch.stack(list(term_sums.values())).sum(-1, dtype=torch.float64) / data.numel() if term_sums else None
         return Rollout(data, episodes, dict(zip(term_sums, means.tolist())) if means is not None else {})
 
-    def _bootstrap_values(self, data: TensorDict, last_obs: torch.Tensor) -> None:
+    def _bootstrap_values(self, data: TensorDict, last_obs: Obs) -> None:
         """Fill ``next_value`` ``[T, N]``: ``V(s'_t)`` for every transition (see the class docstring).
 
         Args:
             data: the rollout, with ``value``, ``done`` and ``final_obs`` filled.
-            last_obs: ``[N, *obs_shape]``, the observation after the rollout's last step.
+            last_obs: ``[N, *obs_shape]`` (or a TensorDict of groups), the observation after the rollout's last step.
         """
         from tensordict import TensorDict  # imported where used: see rlchain.commands.config
 
@@ -267,11 +281,12 @@ class SyncCollector:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue collecting exactly where this collector stopped."""
-        return {"obs": self._obs, "episode_return": self._episode_return, "episode_length": self._episode_length}
+        obs = observations.to_state(self._obs)
+        return {"obs": obs, "episode_return": self._episode_return, "episode_length": self._episode_length}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output."""
-        self._obs = None if state["obs"] is None else state["obs"].to(self.env.device)
+        self._obs = observations.from_state(state["obs"], self.env.num_envs, self.env.device)
         self._episode_return.copy_(state["episode_return"])
         self._episode_length.copy_(state["episode_length"])
 

@@ -32,9 +32,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 
+from rlchain.core import observations
+from rlchain.core.observations import Obs
 from rlchain.distributed import moments
 from rlchain.settings import SettingError, Settings, setting
 
@@ -80,7 +83,13 @@ class ActorCriticConfig(Settings):
     log_std_max: float = 2.0
     """Upper bound of the log-std (likewise)."""
     obs_normalization: bool = True
-    """Normalise observations with running mean and variance."""
+    """Normalise observations with running mean and variance (one normaliser per observation group)."""
+    actor_obs: list[str] | None = None
+    """The observation groups the actor sees, concatenated in this order (an env's observation of one flat vector
+    is the group 'obs'); None: the env's 'actor' or 'policy' group where it has one, else every group but 'critic'."""
+    critic_obs: list[str] | None = None
+    """The observation groups the critic sees, e.g. [actor, critic] for both; None: the env's 'critic' group where
+    it has one (privileged state the actor lacks), else the actor's groups."""
 
     def check(self) -> None:
         """``log_std_min <= init_log_std <= log_std_max``."""
@@ -272,25 +281,25 @@ class Policy(nn.Module):
 class ActorCritic(Policy):
     """MLP actor and MLP critic with a Gaussian (Box) or Categorical (Discrete) head.
 
+    Observation groups (a ``Dict`` observation space, :mod:`rlchain.core.observations`): the actor sees the
+    groups ``actor_obs`` names and the critic those of ``critic_obs``, each group through its own running
+    normaliser, flattened and concatenated in the order named; with a privileged ``critic`` group the critic
+    learns values from state the actor does not observe (asymmetric actor-critic, Pinto et al. 2018).
+
     Args:
-        observation_space: flat ``gymnasium.spaces.Box`` of one env.
+        observation_space: one env's flat ``gymnasium.spaces.Box``, or a ``Dict`` of vector ``Box`` groups.
         action_space: ``Box`` (1-D) or ``Discrete`` of one env.
         settings: fields of :class:`ActorCriticConfig` (``self.cfg``).
 
     Raises:
-        ValueError: a non-flat or non-Box observation space, an action space
-            other than 1-D Box or Discrete; a setting out of its range (an
-            unknown activation, a non-positive hidden size, an
-            ``init_log_std`` outside ``[log_std_min, log_std_max]``), naming it.
+        ValueError: a non-flat Box observation space or one that is neither a Box nor a Dict of Box groups, an
+            action space other than 1-D Box or Discrete; a setting out of its range (an unknown activation, a
+            non-positive hidden size, an ``init_log_std`` outside ``[log_std_min, log_std_max]``, an ``actor_obs``
+            or ``critic_obs`` group the env does not have, an image group), naming it.
     """
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, **settings: Any) -> None:
         super().__init__()
-        if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
-            raise ValueError(
-                f"observation_space={observation_space} is not supported: expected a flat (1-D) Box; "
-                "flatten Dict or image observations in the env"
-            )
         if isinstance(action_space, gym.spaces.Discrete):
             self.discrete, act_out = True, int(action_space.n)
         elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
@@ -299,18 +308,56 @@ class ActorCritic(Policy):
             raise ValueError(f"action_space={action_space} is not supported: expected a 1-D Box or a Discrete space")
         self.cfg = cfg = ActorCriticConfig(**settings)
         self.observation_space, self.action_space = observation_space, action_space
-        obs_dim = int(observation_space.shape[0])
-        self.obs_dim, self.act_dim = obs_dim, act_out
+        if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) != 1:
+            raise ValueError(
+                f"observation_space={observation_space} is not supported: expected a flat (1-D) Box or a Dict of "
+                "groups; flatten image observations in the env"
+            )
+        spaces = observations.group_spaces(observation_space)
+        self.grouped = observations.is_grouped(observation_space)
+        self.actor_groups = _chosen_groups("actor_obs", cfg.actor_obs, spaces, _default_actor_groups(spaces))
+        self.critic_groups = _chosen_groups(
+            "critic_obs", cfg.critic_obs, spaces, ["critic"] if "critic" in spaces else self.actor_groups
+        )
+        used = [g for g in spaces if g in self.actor_groups or (self.has_critic and g in self.critic_groups)]
+        for group in used:
+            _check_vector(group, spaces[group], "critic_obs" if group not in self.actor_groups else "actor_obs")
+        self._shapes = {g: tuple(spaces[g].shape) for g in used}
+        dims = {g: math.prod(shape) for g, shape in self._shapes.items()}
+        self.obs_dim = sum(dims[g] for g in self.actor_groups)
+        self.act_dim = act_out
         mlp = dict(hidden_sizes=cfg.hidden_sizes, activation=cfg.activation, layer_norm=cfg.layer_norm)
-        self.actor = MLP(obs_dim, out_dim=act_out, output_gain=0.01, **mlp)
+        self.actor = MLP(self.obs_dim, out_dim=act_out, output_gain=0.01, **mlp)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_out,), cfg.init_log_std))
-        self.critic = MLP(obs_dim, out_dim=1, output_gain=1.0, **mlp) if self.has_critic else None
-        self.obs_normalizer = RunningMeanStd(obs_dim) if cfg.obs_normalization else None
+        critic_dim = sum(dims[g] for g in self.critic_groups) if self.has_critic else 0
+        self.critic = MLP(critic_dim, out_dim=1, output_gain=1.0, **mlp) if self.has_critic else None
+        self.obs_normalizer: RunningMeanStd | nn.ModuleDict | None = None
+        """One flat observation's normaliser, or (grouped) one per group the networks see, by group name."""
+        if cfg.obs_normalization:
+            self.obs_normalizer = (
+                nn.ModuleDict({g: RunningMeanStd(dims[g]) for g in used})
+                if self.grouped
+                else RunningMeanStd(self.obs_dim)
+            )
 
     # ----------------------------------------------------------- internals
-    def _features(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.obs_normalizer.normalize(obs) if self.obs_normalizer is not None else obs
+    def _features(self, obs: Obs, groups: list[str]) -> torch.Tensor:
+        """The network input of ``groups``: normalised, each group flattened to ``[B, dim]``, concatenated."""
+        if not self.grouped:
+            return self.obs_normalizer.normalize(obs) if self.obs_normalizer is not None else obs
+        parts = []
+        for g in groups:
+            x = obs[g]
+            x = x.flatten(x.dim() - len(self._shapes[g])) if len(self._shapes[g]) != 1 else x
+            parts.append(self.obs_normalizer[g].normalize(x) if self.obs_normalizer is not None else x)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+    def _inputs(self, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(actor input, critic input)``; one tensor when both see the same groups."""
+        x = self._features(obs, self.actor_groups)
+        same = self.critic_groups == self.actor_groups or self.critic is None
+        return x, x if same else self._features(obs, self.critic_groups)
 
     def _distribution(self, x: torch.Tensor) -> torch.distributions.Distribution:
         out = self.actor(x)
@@ -326,6 +373,7 @@ class ActorCritic(Policy):
         return dist.entropy() if self.discrete else dist.entropy().sum(-1)
 
     def _value(self, x: torch.Tensor) -> torch.Tensor:
+        """The critic's value of its input ``x`` ``[B, critic_dim]``; zeros without a critic."""
         if self.critic is None:
             return torch.zeros(x.shape[:-1], device=x.device, dtype=x.dtype)
         return self.critic(x).squeeze(-1)
@@ -336,42 +384,84 @@ class ActorCritic(Policy):
 
         ``deterministic`` takes the Gaussian mean or the most likely category.
         """
-        x = self._features(td["obs"])
+        x, critic_x = self._inputs(td["obs"])
         dist = self._distribution(x)
         if deterministic:
             action = dist.probs.argmax(-1) if self.discrete else dist.mean
         else:
             action = dist.sample()
-        td["action"], td["sample_log_prob"], td["value"] = action, self._log_prob(dist, action), self._value(x)
+        td["action"], td["sample_log_prob"], td["value"] = action, self._log_prob(dist, action), self._value(critic_x)
         return td
 
-    def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
+    def deterministic_action(self, obs: Obs | dict[str, torch.Tensor]) -> torch.Tensor:
         """The Gaussian's mean (Box, ``[B, act_dim]``) or the most likely category (Discrete, ``[B]`` int64) for
-        ``obs`` ``[B, obs_dim]``, observation normalisation included."""
-        out = self.actor(self._features(obs))
+        ``obs`` ``[B, obs_dim]`` (grouped: a dict or TensorDict holding at least the actor's groups),
+        observation normalisation included."""
+        out = self.actor(self._features(obs, self.actor_groups))
         return out.argmax(-1) if self.discrete else out
 
     def get_value(self, td: TensorDict) -> TensorDict:
         """Write ``value`` ``[B]`` into ``td`` and return it."""
-        td["value"] = self._value(self._features(td["obs"]))
+        td["value"] = self._value(self._features(td["obs"], self.critic_groups))
         return td
 
     def evaluate_actions(self, td: TensorDict) -> TensorDict:
         """Return a new TensorDict with differentiable ``sample_log_prob``, ``entropy``, ``value`` ``[B]``."""
         from tensordict import TensorDict  # imported where used: see rlchain.commands.config
 
-        x = self._features(td["obs"])
+        x, critic_x = self._inputs(td["obs"])
         dist = self._distribution(x)
         log_prob, entropy = self._log_prob(dist, td["action"]), self._entropy(dist)
         return TensorDict(
-            {"sample_log_prob": log_prob, "entropy": entropy, "value": self._value(x)},
+            {"sample_log_prob": log_prob, "entropy": entropy, "value": self._value(critic_x)},
             batch_size=td.batch_size,
         )
 
-    def update_obs_normalizer(self, obs: torch.Tensor) -> None:
-        """Fold observations ``[..., obs_dim]`` into the running statistics (no-op without normalisation)."""
-        if self.obs_normalizer is not None:
+    def update_obs_normalizer(self, obs: Obs) -> None:
+        """Fold observations ``[..., obs_dim]`` (grouped: ``[..., *group_shape]`` per group) into the running
+        statistics, each group's into its own normaliser (no-op without normalisation)."""
+        if self.obs_normalizer is None:
+            return
+        if not self.grouped:
             self.obs_normalizer.update(obs)
+            return
+        for g, normalizer in self.obs_normalizer.items():
+            normalizer.update(obs[g].reshape(-1, math.prod(self._shapes[g])))
+
+
+def _default_actor_groups(spaces: dict[str, gym.spaces.Box]) -> list[str]:
+    """The actor's groups when ``actor_obs`` is None: 'actor' or 'policy' (Isaac Lab's and mjlab's names) where
+    the env has one, else every group but 'critic'."""
+    for name in ("actor", "policy"):
+        if name in spaces:
+            return [name]
+    return [g for g in spaces if g != "critic"] or list(spaces)
+
+
+def _chosen_groups(field: str, chosen: list[str] | None, spaces: dict[str, Any], default: list[str]) -> list[str]:
+    """``chosen`` (``policy.<field>``), checked against the env's groups, or ``default``.
+
+    Raises:
+        SettingError: an empty list, a repeated group, or a group the env does not have (listing those it has).
+    """
+    if chosen is None:
+        return list(default)
+    missing = [g for g in chosen if g not in spaces]
+    if missing or not chosen or len(set(chosen)) != len(chosen):
+        what = f"the env has no group {missing[0]!r}" if missing else "expected distinct groups, at least one"
+        raise SettingError(field, list(chosen), f" is not allowed: {what}; its observation groups are {list(spaces)}")
+    return list(chosen)
+
+
+def _check_vector(group: str, space: gym.spaces.Box, field: str) -> None:
+    """Raise :class:`SettingError` for a group the MLP cannot take: an image (uint8, or ``[H, W, C]``)."""
+    if space.dtype == np.uint8 or len(space.shape) >= 3:
+        raise SettingError(
+            field,
+            group,
+            f" is not allowed: the group {group!r} is an image {tuple(space.shape)} {space.dtype}, and the MLP policy "
+            "takes vectors (no image encoder yet): expected vector groups",
+        )
 
 
 class ActorOnly(ActorCritic):

@@ -107,6 +107,31 @@ def test_discrete_env_matches_gymnasium_in_sync_and_async_modes():
         env.close()
 
 
+def test_obs_groups_keeps_a_dict_observations_keys_as_groups_each_flattened():
+    from rlchain.core.collector import SyncCollector
+    from rlchain.core.policies import ActorCritic
+
+    env = GymVecEnv("rlchain_test/DictObs-v0", num_envs=4, obs_groups=True)
+    space = env.single_observation_space
+    assert isinstance(space, gym.spaces.Dict) and {k: v.shape for k, v in space.spaces.items()} == {
+        "mode": (3,),
+        "position": (4,),
+        "target": (2,),
+    }
+    check_vec_env(env)
+    obs, _ = env.reset(seed=0)
+    assert obs["mode"].sum(-1).tolist() == [1.0] * 4  # the Discrete part is one-hot, in its own group
+    for _ in range(3):
+        obs, _, terminated, _, info = env.step(torch.ones(4, 1))
+    assert terminated.all() and info["final_obs"]["position"].unique().tolist() == [3.0]  # the final observation
+    assert obs["position"].unique().tolist() == [0.0]
+    policy = ActorCritic(space, env.single_action_space, hidden_sizes=[8], actor_obs=["target"])
+    data = SyncCollector(env, policy, rollout_steps=4).collect().data
+    assert set(data["obs"].keys()) == {"mode", "position", "target"} and policy.critic_groups == ["target"]
+    with pytest.raises(ValueError, match=r"env.obs_groups=True needs a Dict observation space: Pendulum-v1's is Box"):
+        GymVecEnv("Pendulum-v1", num_envs=2, obs_groups=True)
+
+
 def test_dict_observations_flatten_in_key_order_and_success_flags_are_reported():
     env = GymVecEnv("rlchain_test/DictObs-v0", num_envs=4, success_key="is_success")
     space = env.gym_observation_space

@@ -9,7 +9,7 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
-from rlchain.core.envs import PushCubeEnv
+from rlchain.core.envs import PushCubeEnv, check_vec_env
 from rlchain.core.envs.push_cube_controller import scripted_action
 from rlchain.core.envs.push_cube_physics import square_contact
 
@@ -352,3 +352,20 @@ def test_bad_group_size_raises(group_size, match):
     env = PushCubeEnv(num_envs=8, seed=0)
     with pytest.raises(ValueError, match=match):
         env.reset(options={"group_size": group_size})
+
+
+def test_a_privileged_critic_variant_gives_the_actor_noisy_features_and_the_critic_the_exact_ones():
+    env = PushCubeEnv(num_envs=64, seed=0, privileged_critic=True, obs_noise_std=0.05)
+    check_vec_env(env)  # groups, their final observations, and a group reset's shared first observation
+    exact = PushCubeEnv(num_envs=64, seed=0)
+    obs, _ = env.reset(seed=1)
+    truth, _ = exact.reset(seed=1)
+    assert torch.equal(obs["critic"], truth)
+    noise = obs["actor"] - obs["critic"]
+    assert 0.045 < float(noise.std()) < 0.055 and abs(float(noise.mean())) < 0.005
+    grouped, _ = env.reset(seed=1, options={"group_size": 8})
+    assert torch.equal(grouped["actor"][:8], grouped["actor"][:1].expand(8, -1))  # a group's first draw is shared
+    assert env.observation_names["actor"] == PushCubeEnv.observation_names
+    single = gym.make("rlchain/PushCube-v0", privileged_critic=True)
+    first, _ = single.reset(seed=0)
+    assert set(first) == {"actor", "critic"} and first["actor"].shape == (15,)

@@ -444,7 +444,7 @@ class SingleGymEnv(gym.Env):
         # The batched env is reseeded from gymnasium's np_random on every
         # reset, so reset(seed=s) followed by plain resets is reproducible.
         obs, _ = self._env.reset(seed=int(self.np_random.integers(2**31 - 1)))
-        return obs[0].cpu().numpy(), {}
+        return _first_row(obs), {}
 
     def step(self, action: Any):
         if isinstance(self.action_space, gym.spaces.Discrete):
@@ -453,8 +453,15 @@ class SingleGymEnv(gym.Env):
             act = torch.as_tensor(np.asarray(action, dtype=np.float32).reshape(1, *self.action_space.shape))
         obs, reward, terminated, truncated, info = self._env.step(act)
         done = bool(terminated[0] | truncated[0])
-        last = (info["final_obs"] if done else obs)[0].cpu().numpy()  # final_obs means something on done rows only
+        last = _first_row(info["final_obs"] if done else obs)  # final_obs means something on done rows only
         out = {"success": bool(info["success"][0])} if self.reports_success else {}
         out.update({name: float(value[0]) for name, value in info["metrics"].items()})
         out.update({f"reward_{name}": float(value[0]) for name, value in info["rewards"].items()})
         return last, float(reward[0]), bool(terminated[0]), bool(truncated[0]), out
+
+
+def _first_row(obs: Any) -> Any:
+    """Env 0's observation as numpy: an array, or a dict of one per group."""
+    if isinstance(obs, torch.Tensor):
+        return obs[0].cpu().numpy()
+    return {key: obs[key][0].cpu().numpy() for key in obs.keys()}

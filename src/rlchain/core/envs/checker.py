@@ -17,11 +17,14 @@ attributes          ``num_envs`` (int > 0), ``device`` (torch.device),
                     ``max_episode_steps`` (int > 0), ``reports_success`` and
                     ``resumes_episodes`` (bool; a VecEnv subclass inherits
                     False for the latter)
-spaces              ``single_observation_space`` a Box, ``single_action_space``
-                    a Box or Discrete; ``observation_space``/``action_space``
-                    their batches of ``num_envs``
+spaces              ``single_observation_space`` a Box or a Dict of Box groups,
+                    ``single_action_space`` a Box or Discrete;
+                    ``observation_space``/``action_space`` their batches of
+                    ``num_envs``
 reset               ``reset(seed=...)`` returns ``(obs, info)``: obs float32
-                    ``[N, *obs_shape]`` on ``device``, finite; ``info`` a dict
+                    ``[N, *obs_shape]`` on ``device``, finite (for a Dict
+                    space a TensorDict with exactly its groups, each float32
+                    ``[N, *group_shape]``); ``info`` a dict
 seeding             ``reset(seed=s)`` and the same actions replay the same
                     observations, rewards and dones
 step                ``step(action)`` returns five values; obs as for reset,
@@ -29,9 +32,8 @@ step                ``step(action)`` returns five values; obs as for reset,
                     on ``device``
 info keys           ``info`` holds ``final_obs``, ``rewards``, ``metrics``,
                     ``success``
-final_obs           float32 ``[N, *obs_shape]`` on ``device``, finite on done
-                    rows, and there the observation the episode ended on (not
-                    the reset one)
+final_obs           as obs (every group), finite on done rows, and there the
+                    observation the episode ended on (not the reset one)
 reward terms        ``info["rewards"]``: float32 ``[N]`` tensors summing to the
                     reward, the same names every step
 metrics             ``info["metrics"]``: float32 ``[N]`` tensors, the same
@@ -64,6 +66,8 @@ from typing import Any
 import gymnasium as gym
 import torch
 from gymnasium.vector import AutoresetMode
+
+from rlchain.core import observations
 
 __all__ = ["VecEnvContractError", "check_vec_env"]
 
@@ -139,11 +143,10 @@ def _check_attributes(env: Any) -> None:
 def _check_spaces(env: Any) -> None:
     rule, n = "spaces", env.num_envs
     obs_space, act_space = env.single_observation_space, env.single_action_space
-    _require(
-        isinstance(obs_space, gym.spaces.Box),
-        rule,
-        f"single_observation_space is {obs_space!r}: expected a gymnasium Box",
-    )
+    try:
+        observations.group_spaces(obs_space)
+    except ValueError as err:
+        raise VecEnvContractError(rule, f"single_observation_space: {err}") from None
     _require(
         isinstance(act_space, (gym.spaces.Box, gym.spaces.Discrete)),
         rule,
@@ -161,9 +164,37 @@ def _check_spaces(env: Any) -> None:
         )
 
 
-def _check_obs(rule: str, name: str, obs: Any, env: Any) -> None:
-    _check_tensor(rule, name, obs, (env.num_envs, *env.single_observation_space.shape), torch.float32, env.device)
-    _require(bool(torch.isfinite(obs).all()), rule, f"{name} contains NaN or inf")
+def _check_obs(rule: str, name: str, obs: Any, env: Any, rows: torch.Tensor | None = None) -> None:
+    """``obs`` of the env's observation space (each group's dtype, shape and device), finite (on ``rows`` only)."""
+    space, n = env.single_observation_space, env.num_envs
+    if not observations.is_grouped(space):
+        _check_tensor(rule, name, obs, (n, *space.shape), torch.float32, env.device)
+        _require(bool(torch.isfinite(obs if rows is None else obs[rows]).all()), rule, f"{name} {_nan(rows)}")
+        return
+    groups = observations.group_spaces(space)
+    keys = sorted(obs.keys()) if hasattr(obs, "keys") and hasattr(obs, "batch_size") else None
+    _require(
+        keys == sorted(groups),
+        rule,
+        f"{name} is a {type(obs).__name__}"
+        + (f" with the groups {keys}" if keys is not None else "")
+        + f": expected a TensorDict of the groups {sorted(groups)} (the Dict observation space's)",
+    )
+    for group, box in groups.items():
+        x = obs[group]
+        _check_tensor(rule, f"{name}[{group!r}]", x, (n, *box.shape), torch.float32, env.device)
+        _require(bool(torch.isfinite(x if rows is None else x[rows]).all()), rule, f"{name}[{group!r}] {_nan(rows)}")
+
+
+def _nan(rows: torch.Tensor | None) -> str:
+    return "contains NaN or inf" if rows is None else "has NaN or inf on a done row"
+
+
+def _flat(obs: Any, env: Any) -> torch.Tensor:
+    """Every group of ``obs`` flattened and concatenated: ``[N, total]``, for comparing observations."""
+    space = env.single_observation_space
+    names = tuple(observations.group_spaces(space)) if observations.is_grouped(space) else None
+    return torch.cat([x.reshape(x.shape[0], -1) for x in observations.leaves(obs, names)], -1)
 
 
 def _action_sampler(env: Any, seed: int):
@@ -203,20 +234,7 @@ def _check_step(env: Any, action: torch.Tensor, step: int) -> tuple:
     missing = [k for k in ("final_obs", "rewards", "metrics", "success") if k not in info]
     _require(not missing, "info keys", f"step {step}: info lacks {', '.join(map(repr, missing))}")
     done = terminated | truncated
-    final = info["final_obs"]
-    _check_tensor(
-        "final_obs",
-        f"step {step}: info['final_obs']",
-        final,
-        (n, *env.single_observation_space.shape),
-        torch.float32,
-        env.device,
-    )
-    _require(
-        bool(torch.isfinite(final[done]).all()),
-        "final_obs",
-        f"step {step}: info['final_obs'] has NaN or inf on a done row",
-    )
+    _check_obs("final_obs", f"step {step}: info['final_obs']", info["final_obs"], env, rows=done)
     for group, rule in (("rewards", "reward terms"), ("metrics", "metrics")):
         terms = info[group]
         _require(
@@ -281,13 +299,14 @@ def _check_rollout(env: Any, num_steps: int, seed: int) -> None:
             ),
         )
         length.masked_fill_(done, 0)
-        if obs_seen is not None and not torch.equal(obs_seen, obs):
+        flat = _flat(obs, env)
+        if obs_seen is not None and not torch.equal(obs_seen, flat):
             obs_varies = True
-        obs_seen = obs.clone()
+        obs_seen = flat.clone()
         if bool(done.any()):
-            rows = done.to(obs.device)
+            rows = done.to(flat.device)
             final_rows += int(rows.sum())
-            final_equal_obs += int((info["final_obs"][rows] == obs[rows]).flatten(1).all(-1).sum())
+            final_equal_obs += int((_flat(info["final_obs"], env)[rows] == flat[rows]).all(-1).sum())
     # An env that puts the reset observation (or nothing new) into final_obs
     # breaks bootstrapping at every time-out; over many ends it shows.
     _require(
@@ -304,10 +323,10 @@ def _check_seeding(env: Any, seed: int, steps: int) -> None:
     for _ in range(2):
         sample = _action_sampler(env, seed + 1)
         obs, _ = env.reset(seed=seed)
-        record = [obs.clone()]
+        record = [_flat(obs, env).clone()]
         for _ in range(steps):
             obs, reward, terminated, truncated, _ = env.step(sample())
-            record += [obs.clone(), reward.clone(), terminated.clone(), truncated.clone()]
+            record += [_flat(obs, env).clone(), reward.clone(), terminated.clone(), truncated.clone()]
         trajectories.append(record)
     for i, (a, b) in enumerate(zip(*trajectories)):
         _require(
@@ -324,7 +343,7 @@ def _check_group_reset(env: Any, seed: int) -> None:
     for g in divisors[:1] + divisors[-1:] if divisors else []:
         obs, _ = env.reset(seed=seed, options={"group_size": g})
         _check_obs("group reset", f"reset(options={{'group_size': {g}}}) obs", obs, env)
-        blocks = obs.reshape(n // g, g, -1)
+        blocks = _flat(obs, env).reshape(n // g, g, -1)
         same = (blocks == blocks[:, :1]).all(-1).all(-1)
         _require(
             bool(same.all()),

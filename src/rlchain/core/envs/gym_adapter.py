@@ -14,7 +14,9 @@ Spaces:
   ``gymnasium.spaces.flatten`` does: a Box is raveled (C order), a Discrete
   becomes a one-hot of length ``n``, a Dict is the concatenation of its
   sub-spaces in the Dict's key order (gymnasium sorts the keys of a plain
-  dict), a Tuple in its order.
+  dict), a Tuple in its order. With ``obs_groups=true`` a Dict observation
+  keeps its keys as observation groups (:mod:`rlchain.core.observations`),
+  each flattened so, for a policy whose actor and critic see different keys.
   Images (a uint8 Box of 2 or 3 dims, any Box of 3 or more) are refused:
   rlchain has no image encoder yet.
 
@@ -111,6 +113,9 @@ class GymEnvConfig(VecEnvConfig):
     """Extra keyword arguments of the env's constructor."""
     max_episode_steps: int | None = setting(None, gt=0)
     """Time limit in steps; None keeps the id's registered limit."""
+    obs_groups: bool = False
+    """Keep a Dict observation's keys as observation groups (each flattened to a float32 vector: the actor and the
+    critic may see different ones, policy.actor_obs and policy.critic_obs) instead of one flattened vector."""
 
 
 def flatten_batch(space: gym.Space, x: Any) -> np.ndarray:
@@ -138,6 +143,16 @@ def flatten_batch(space: gym.Space, x: Any) -> np.ndarray:
     if isinstance(space, gym.spaces.Tuple):
         return np.concatenate([flatten_batch(sub, part) for sub, part in zip(space.spaces, x)], axis=1)
     raise ValueError(_unsupported("observation", space))
+
+
+def _float32_flat(space: gym.Space, groups: Sequence[str] | None) -> gym.Space:
+    """The space of the flattened observation: one float32 Box, or a Dict of one per group."""
+
+    def flat(sub: gym.Space) -> gym.spaces.Box:
+        box = gym.spaces.flatten_space(sub)
+        return gym.spaces.Box(box.low.astype(np.float32), box.high.astype(np.float32), box.shape, np.float32)
+
+    return gym.spaces.Dict({g: flat(space.spaces[g]) for g in groups}) if groups is not None else flat(space)
 
 
 def _to_device(x: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -450,19 +465,33 @@ class GymVecEnv(VecEnv):
         else:
             raise ValueError(_unsupported("action", action_space))
         self.gym_observation_space = obs_space
+        if self.cfg.obs_groups and not isinstance(obs_space, gym.spaces.Dict):
+            raise SettingError(
+                "env.obs_groups",
+                True,
+                f" needs a Dict observation space: {self.cfg.id}'s is {obs_space}; expected false",
+            )
+        self._groups = tuple(obs_space.spaces) if self.cfg.obs_groups else None
+        """The observation groups (the Dict's keys), or None: one flattened vector."""
         # The flattening of one batch, chosen once: a batch of 1-D Box
         # observations is [N, dim] already and needs only the float32 copy.
-        self._flatten: Callable[[Any], np.ndarray] = (
+        self._flatten: Callable[[Any], Any] = (
             partial(np.array, dtype=np.float32)
             if isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1
             else partial(flatten_batch, obs_space)
         )
-        flat = gym.spaces.flatten_space(obs_space)
-        low, high = flat.low.astype(np.float32), flat.high.astype(np.float32)
-        self._set_spaces(gym.spaces.Box(low, high, flat.shape, np.float32), policy_action_space)
+        if self._groups is not None:
+            parts = {g: partial(flatten_batch, obs_space.spaces[g]) for g in self._groups}
+            self._flatten = lambda x: {g: flatten(x[g]) for g, flatten in parts.items()}
+        self._set_spaces(_float32_flat(obs_space, self._groups), policy_action_space)
 
-    def _observe(self, obs: Any) -> torch.Tensor:
-        return self._to_torch(self._flatten(obs))
+    def _observe(self, flat: Any) -> Any:
+        """A flattened batch as torch: a tensor, or a TensorDict of the groups."""
+        if self._groups is None:
+            return self._to_torch(flat)
+        from tensordict import TensorDict  # imported where used: see rlchain.commands.config
+
+        return TensorDict({g: self._to_torch(flat[g]) for g in self._groups}, batch_size=[self.num_envs])
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Reset every env.
@@ -485,7 +514,7 @@ class GymVecEnv(VecEnv):
         base = int(seed) if seed is not None else int(self._rng.integers(0, 2**31 - self.num_envs))
         seeds = [base + i // group_size for i in range(self.num_envs)]
         obs, info = self.envs.reset(seed=seeds)
-        return self._observe(obs), info
+        return self._observe(self._flatten(obs)), info
 
     def _action_to_numpy(self, action: torch.Tensor) -> np.ndarray:
         n = self.num_envs
@@ -527,7 +556,7 @@ class GymVecEnv(VecEnv):
         """
         obs, reward, terminated, truncated, info = self.envs.step(self._action_to_numpy(action))
         flat = self._flatten(obs)
-        obs_t = self._to_torch(flat)
+        obs_t = self._observe(flat)
         final_t = obs_t  # no episode ended: the final observations are the observations
         success = self._success(info, None)
         if "final_obs" in info:  # gymnasium adds it exactly when an episode ended
@@ -537,9 +566,15 @@ class GymVecEnv(VecEnv):
             # ended): batch those that ended, then flatten them all at once.
             space = self.gym_observation_space
             final_batch = concatenate(space, info["final_obs"][ended], create_empty_array(space, len(ended)))
-            final = flat.copy()
-            final[ended] = self._flatten(final_batch)
-            final_t = self._to_torch(final)
+            ended_flat = self._flatten(final_batch)
+            if self._groups is None:
+                final = flat.copy()
+                final[ended] = ended_flat
+            else:
+                final = {g: flat[g].copy() for g in self._groups}
+                for g in self._groups:
+                    final[g][ended] = ended_flat[g]
+            final_t = self._observe(final)
             success = self._success(info.get("final_info", {}), success, rows=done)
         out = {
             "final_obs": final_t,

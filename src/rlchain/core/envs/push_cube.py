@@ -180,6 +180,12 @@ class PushCubeConfig(VecEnvConfig):
     which traps critic-free GRPO in a policy that barely moves on some seeds (benchmarks/README.md)."""
     success_weight: float = setting(10.0, ge=0)
     """Bonus on the step the goal is reached."""
+    obs_noise_std: float = setting(0.0, ge=0)
+    """Std of Gaussian noise on every feature the actor observes (m, m/s, rad/s; the yaw's cosine and sine): a noisy
+    sensor, drawn anew each step (the envs of a group reset share their first draw). 0: the exact state."""
+    privileged_critic: bool = False
+    """Observe as two groups: 'actor' (the features with obs_noise_std's noise) and 'critic' (the exact features):
+    the privileged state a simulator gives the critic of a robot policy, and not the robot."""
 
     def check(self) -> None:
         """Every spawn region lies inside the table, and the pusher moves at most ``pusher_radius`` per substep."""
@@ -241,10 +247,14 @@ class PushCubeEnv(TorchVecEnv):
         # m/s and rad/s lost per substep
         self._lin_decel, self._ang_decel = physics.friction_decelerations(cfg.friction_coef, cfg.cube_size, self._dt)
 
+        box = gym.spaces.Box(-np.inf, np.inf, shape=(OBS_DIM,), dtype=np.float32)
+        if cfg.privileged_critic:
+            self.observation_names = {"actor": type(self).observation_names, "critic": type(self).observation_names}
         self._set_spaces(
-            gym.spaces.Box(-np.inf, np.inf, shape=(OBS_DIM,), dtype=np.float32),
+            gym.spaces.Dict({"actor": box, "critic": box}) if cfg.privileged_critic else box,
             gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32),
         )
+        self._noise_group = 1  # the group size of the last reset, for the noise of its observation
         n, dev = self.num_envs, self.device
         self._generator = torch.Generator(device=dev)
         self._generator.manual_seed(cfg.seed)
@@ -346,6 +356,7 @@ class PushCubeEnv(TorchVecEnv):
 
     def _sample_and_set(self, mask: torch.Tensor, group_size: int) -> None:
         """Give the envs where ``mask`` (bool ``[N]``) is set fresh initial states."""
+        self._noise_group = group_size
         fresh = self._sample_states(self.num_envs // group_size)
         if group_size > 1:
             fresh = tuple(t.repeat_interleave(group_size) for t in fresh)
@@ -411,7 +422,24 @@ class PushCubeEnv(TorchVecEnv):
         "goal_minus_cube_y",
     )
 
-    def _observe(self) -> torch.Tensor:
+    def _observe(self) -> Any:
+        """The observation: the features, noisy with ``obs_noise_std``; with ``privileged_critic`` a TensorDict
+        of the groups ``actor`` (noisy) and ``critic`` (exact)."""
+        exact = self._features()
+        actor = exact
+        if self.cfg.obs_noise_std > 0:
+            g, self._noise_group = self._noise_group, 1
+            n = self.num_envs
+            noise = torch.randn(n // g, OBS_DIM, generator=self._generator, device=self.device).repeat_interleave(g, 0)
+            actor = exact + self.cfg.obs_noise_std * noise
+        if not self.cfg.privileged_critic:
+            return actor
+        from tensordict import TensorDict  # imported where used: see rlchain.commands.config
+
+        return TensorDict({"actor": actor, "critic": exact}, batch_size=[self.num_envs])
+
+    def _features(self) -> torch.Tensor:
+        """The exact state as the features of :attr:`observation_names`, ``[N, 15]``."""
         return torch.stack(
             (
                 self.pusher_x,

@@ -1,0 +1,99 @@
+"""Observations: one flat tensor, or a TensorDict of named groups.
+
+An env's ``single_observation_space`` is a ``Box`` (one observation, float32 ``[N, *obs_shape]`` from ``reset``
+and ``step``) or a ``gymnasium.spaces.Dict`` of ``Box`` es, one per group (a TensorDict of batch size ``[N]``
+whose key ``g`` holds float32 ``[N, *shape_g]``). Robot tasks use groups to give the critic more than the actor
+sees (privileged simulator state): Isaac Lab's and mjlab's ``policy``/``actor`` and ``critic`` groups, rsl_rl's
+``obs_groups``. The one-group case stays a plain tensor, so every env written for one flat vector works as it did;
+the policy calls that group :data:`FLAT`.
+
+Everything that handles observations goes through the few functions here, so that both forms are handled in one
+place: storage (:func:`zeros`), the step loop's copies (:func:`leaves`), checks (:func:`all_finite`) and
+checkpoints (:func:`to_state`, :func:`from_state`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Union
+
+import gymnasium as gym
+import torch
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
+
+__all__ = ["FLAT", "Obs", "all_finite", "from_state", "group_spaces", "is_grouped", "leaves", "to_state", "zeros"]
+
+#: An observation batch: one tensor, or a TensorDict of groups.
+Obs = Union[torch.Tensor, "TensorDict"]
+#: The name of the one group of a flat observation (the key it has in a rollout: ``obs``).
+FLAT = "obs"
+
+
+def is_grouped(space: gym.Space) -> bool:
+    """Whether observations of ``space`` (one env's) come as a TensorDict of groups (a ``Dict`` space)."""
+    return isinstance(space, gym.spaces.Dict)
+
+
+def group_spaces(space: gym.Space) -> dict[str, gym.spaces.Box]:
+    """The groups of one env's observation space and the ``Box`` of each: ``{FLAT: space}`` for a ``Box``.
+
+    Raises:
+        ValueError: a space that is neither a ``Box`` nor a ``Dict`` of ``Box`` es (naming the group).
+    """
+    if isinstance(space, gym.spaces.Box):
+        return {FLAT: space}
+    if isinstance(space, gym.spaces.Dict):
+        groups = dict(space.spaces)
+        bad = {name: sub for name, sub in groups.items() if not isinstance(sub, gym.spaces.Box)}
+        if bad or not groups:
+            name, sub = next(iter(bad.items())) if bad else ("(none)", None)
+            raise ValueError(
+                f"observation group {name!r} is {sub}: expected a Dict of Box spaces, one per group "
+                "(a nested Dict is not a group)"
+            )
+        return groups
+    raise ValueError(f"observation space {space} is not supported: expected a gymnasium Box or a Dict of Box groups")
+
+
+def zeros(space: gym.Space, batch: tuple[int, ...], device: torch.device | str) -> Obs:
+    """Float32 zeros of ``batch + shape`` per group: a tensor for a ``Box``, a TensorDict for a ``Dict`` space."""
+    from tensordict import TensorDict  # imported where used: see rlchain.commands.config
+
+    if not is_grouped(space):
+        return torch.zeros(*batch, *space.shape, dtype=torch.float32, device=device)
+    tensors = {
+        g: torch.zeros(*batch, *s.shape, dtype=torch.float32, device=device) for g, s in group_spaces(space).items()
+    }
+    return TensorDict(tensors, batch_size=list(batch), device=device)
+
+
+def leaves(obs: Obs, names: tuple[str, ...] | None = None) -> tuple[torch.Tensor, ...]:
+    """The tensors of ``obs``: ``(obs,)`` for a tensor; for a TensorDict each group's, in the order of ``names``
+    (the observation space's; an env's TensorDict may hold its groups in another order), else in its key order."""
+    if isinstance(obs, torch.Tensor):
+        return (obs,)
+    return tuple(obs[key] for key in (names if names is not None else obs.keys()))
+
+
+def all_finite(obs: Obs) -> bool:
+    """Whether every entry of every group is finite (one host read)."""
+    return bool(torch.stack([torch.isfinite(t).all() for t in leaves(obs)]).all())
+
+
+def to_state(obs: Obs | None) -> Any:
+    """``obs`` as checkpoint data (``torch.load(weights_only=True)`` reads it): a tensor, or a dict of tensors."""
+    if obs is None or isinstance(obs, torch.Tensor):
+        return obs
+    return {key: obs[key] for key in obs.keys()}
+
+
+def from_state(state: Any, batch: int, device: torch.device | str) -> Obs | None:
+    """The inverse of :func:`to_state`, on ``device`` (a dict becomes a TensorDict of batch size ``[batch]``)."""
+    from tensordict import TensorDict  # imported where used: see rlchain.commands.config
+
+    if state is None:
+        return None
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    return TensorDict({key: value.to(device) for key, value in state.items()}, batch_size=[batch], device=device)
