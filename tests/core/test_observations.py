@@ -133,6 +133,8 @@ def test_an_actor_without_a_critic_keeps_normalisers_of_its_own_groups_only():
     env = GroupedLineEnv(num_envs=4)
     policy = ActorOnly(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
     assert list(policy.obs_normalizer) == ["actor"] and policy.critic is None
+    obs, _ = env.reset(seed=0)
+    assert torch.equal(policy.get_value(TensorDict({"obs": obs}, batch_size=[4]))["value"], torch.zeros(4))
 
 
 def test_the_checker_accepts_groups_and_names_a_missing_one():

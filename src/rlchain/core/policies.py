@@ -402,7 +402,8 @@ class ActorCritic(Policy):
 
     def get_value(self, td: TensorDict) -> TensorDict:
         """Write ``value`` ``[B]`` into ``td`` and return it."""
-        td["value"] = self._value(self._features(td["obs"], self.critic_groups))
+        groups = self.critic_groups if self.critic is not None else self.actor_groups  # zeros of the batch's shape
+        td["value"] = self._value(self._features(td["obs"], groups))
         return td
 
     def evaluate_actions(self, td: TensorDict) -> TensorDict:
