@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from rlchain.console import error_line
 from rlchain.settings import SettingError, Settings
 
-__all__ = ["SavedRunOptions", "command_parser", "read_options"]
+__all__ = ["SavedRunOptions", "command_parser", "option_names", "read_options"]
 
 S = TypeVar("S", bound="SavedRunOptions")
 
@@ -33,6 +33,11 @@ class SavedRunOptions(Settings):
 
     checkpoint: str = "best"
     """'best', 'latest' (of the run directory) or a checkpoint path."""
+
+
+def option_names(schema: type[SavedRunOptions]) -> list[str]:
+    """The options of a command's schema: its fields, in order (the private ``_target_`` style ones left out)."""
+    return [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
 
 
 def read_options(overrides: Sequence[str], schema: type[S]) -> tuple[S, list[str]]:
@@ -58,7 +63,7 @@ def read_options(overrides: Sequence[str], schema: type[S]) -> tuple[S, list[str
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException as err:
         raise SavedRunError(error_line(str(err))) from None
-    names = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
+    names = option_names(schema)
     options: dict[str, Any] = {}
     passed_on = []
     for override in parsed:
@@ -99,7 +104,7 @@ def command_parser(prog: str, doc: str, schema: type[SavedRunOptions]) -> argpar
         epilog=f"examples:\n{examples}" if examples else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    options = ", ".join(f.name for f in dataclasses.fields(schema) if not f.name.startswith("_"))
+    options = ", ".join(option_names(schema))
     parser.add_argument("source", help="a run directory or a checkpoint file")
     parser.add_argument(
         "overrides",

@@ -30,7 +30,6 @@ the ``export`` extra (``pip install "rlchain[export]"``).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import io
 import json
@@ -47,7 +46,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from rlchain.commands.arguments import SavedRunOptions, command_parser, read_options
+from rlchain.commands.arguments import SavedRunOptions, command_parser, option_names, read_options
 from rlchain.core import observations
 from rlchain.files import write_bytes
 from rlchain.settings import setting
@@ -290,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if passed_on:
             raise SavedRunError(
                 f"{passed_on[0]}: an export takes the saved run as it is: its options are "
-                + ", ".join(f.name for f in dataclasses.fields(ExportConfig))
+                + ", ".join(option_names(ExportConfig))
             )
         if cfg.format is None:
             raise SavedRunError(f"format=<{'|'.join(FORMATS)}> is required: the file format")

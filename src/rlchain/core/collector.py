@@ -25,9 +25,10 @@ _ACT_KEYS = ("obs", "action", "sample_log_prob", "value")
 _STEP_KEYS = ("reward", "terminated", "truncated", "final_obs", "success")
 
 
-def _rows(data: TensorDict, keys: tuple[str, ...]) -> list[tuple[torch.Tensor, ...]]:
-    """For each step ``t``, the views ``data[key][t]`` of ``keys``: an observation key gives each of its groups."""
-    columns = [leaf.unbind(0) for key in keys for leaf in observations.leaves(data[key])]
+def _rows(data: TensorDict, keys: tuple[str, ...], groups: tuple[str, ...] | None) -> list[tuple[torch.Tensor, ...]]:
+    """For each step ``t``, the views ``data[key][t]`` of ``keys``: an observation key gives each of its ``groups``
+    (in that order, the step loop's)."""
+    columns = [leaf.unbind(0) for key in keys for leaf in observations.leaves(data[key], groups)]
     return list(zip(*columns))
 
 
@@ -154,10 +155,10 @@ class SyncCollector:
         # The storage's rows, one view per step and key, made once: each step is written into place.
         data = self.buffer.data
         space = env.single_observation_space
-        self._groups = tuple(observations.group_spaces(space)) if observations.is_grouped(space) else None
+        self._groups = observations.group_names(space)
         """The observation's group names in the storage's order (None for a flat observation)."""
-        self._acted_rows = _rows(data, _ACT_KEYS)
-        self._stepped_rows = _rows(data, _STEP_KEYS)
+        self._acted_rows = _rows(data, _ACT_KEYS, self._groups)
+        self._stepped_rows = _rows(data, _STEP_KEYS, self._groups)
         self._tally_rows = list(zip(*(data[key].unbind(0) for key in ("done", "episode_return", "episode_length"))))
         n, dev = env.num_envs, env.device
         self._obs: Obs | None = None

@@ -22,7 +22,18 @@ import torch
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["FLAT", "Obs", "all_finite", "from_state", "group_spaces", "is_grouped", "leaves", "to_state", "zeros"]
+__all__ = [
+    "FLAT",
+    "Obs",
+    "all_finite",
+    "from_state",
+    "group_names",
+    "group_spaces",
+    "is_grouped",
+    "leaves",
+    "to_state",
+    "zeros",
+]
 
 #: An observation batch: one tensor, or a TensorDict of groups.
 Obs = Union[torch.Tensor, "TensorDict"]
@@ -33,6 +44,11 @@ FLAT = "obs"
 def is_grouped(space: gym.Space) -> bool:
     """Whether observations of ``space`` (one env's) come as a TensorDict of groups (a ``Dict`` space)."""
     return isinstance(space, gym.spaces.Dict)
+
+
+def group_names(space: gym.Space) -> tuple[str, ...] | None:
+    """The group names of one env's observation space, in its order; None for one flat ``Box``."""
+    return tuple(group_spaces(space)) if is_grouped(space) else None
 
 
 def group_spaces(space: gym.Space) -> dict[str, gym.spaces.Box]:

@@ -331,6 +331,8 @@ class ActorCritic(Policy):
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_out,), cfg.init_log_std))
         critic_dim = sum(dims[g] for g in self.critic_groups) if self.has_critic else 0
+        self._shared_input = self.critic_groups == self.actor_groups or not self.has_critic
+        """Whether the critic's input is the actor's (the same groups, or no critic): computed once per forward."""
         self.critic = MLP(critic_dim, out_dim=1, output_gain=1.0, **mlp) if self.has_critic else None
         self.obs_normalizer: RunningMeanStd | nn.ModuleDict | None = None
         """One flat observation's normaliser, or (grouped) one per group the networks see, by group name."""
@@ -356,8 +358,7 @@ class ActorCritic(Policy):
     def _inputs(self, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
         """``(actor input, critic input)``; one tensor when both see the same groups."""
         x = self._features(obs, self.actor_groups)
-        same = self.critic_groups == self.actor_groups or self.critic is None
-        return x, x if same else self._features(obs, self.critic_groups)
+        return x, x if self._shared_input else self._features(obs, self.critic_groups)
 
     def _distribution(self, x: torch.Tensor) -> torch.distributions.Distribution:
         out = self.actor(x)

@@ -192,8 +192,7 @@ def _nan(rows: torch.Tensor | None) -> str:
 
 def _flat(obs: Any, env: Any) -> torch.Tensor:
     """Every group of ``obs`` flattened and concatenated: ``[N, total]``, for comparing observations."""
-    space = env.single_observation_space
-    names = tuple(observations.group_spaces(space)) if observations.is_grouped(space) else None
+    names = observations.group_names(env.single_observation_space)
     return torch.cat([x.reshape(x.shape[0], -1) for x in observations.leaves(obs, names)], -1)
 
 

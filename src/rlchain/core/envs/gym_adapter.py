@@ -473,16 +473,16 @@ class GymVecEnv(VecEnv):
             )
         self._groups = tuple(obs_space.spaces) if self.cfg.obs_groups else None
         """The observation groups (the Dict's keys), or None: one flattened vector."""
-        # The flattening of one batch, chosen once: a batch of 1-D Box
+        # The flattening of one batch, chosen once: each group's on its own; a batch of 1-D Box
         # observations is [N, dim] already and needs only the float32 copy.
-        self._flatten: Callable[[Any], Any] = (
-            partial(np.array, dtype=np.float32)
-            if isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1
-            else partial(flatten_batch, obs_space)
-        )
+        self._flatten: Callable[[Any], Any]
         if self._groups is not None:
             parts = {g: partial(flatten_batch, obs_space.spaces[g]) for g in self._groups}
             self._flatten = lambda x: {g: flatten(x[g]) for g, flatten in parts.items()}
+        elif isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1:
+            self._flatten = partial(np.array, dtype=np.float32)
+        else:
+            self._flatten = partial(flatten_batch, obs_space)
         self._set_spaces(_float32_flat(obs_space, self._groups), policy_action_space)
 
     def _observe(self, flat: Any) -> Any:
