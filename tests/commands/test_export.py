@@ -273,3 +273,17 @@ def test_a_policy_of_observation_groups_exports_them_as_named_inputs(grouped_run
     if metadata is not None:
         assert [(i["name"], i["shape"]) for i in metadata["inputs"]] == [("critic", ["B", 3]), ("actor", ["B", 2])]
         assert metadata["observation_space"]["type"] == "Dict"
+
+
+def test_a_grouped_policy_whose_one_group_is_named_obs_exports_it_as_a_group(tmp_path):
+    from rlchain.commands.export import export_policy, input_shapes
+    from rlchain.core.policies import ActorCritic
+
+    space = gym.spaces.Dict({"obs": gym.spaces.Box(-1, 1, (3,))})
+    policy = ActorCritic(space, gym.spaces.Box(-1, 1, (1,)), hidden_sizes=[8])
+    out = export_policy(
+        policy, gym.spaces.Box(-1, 1, (1,)), input_shapes(policy, space), "torchscript", tmp_path / "p.pt", {}
+    )
+    obs = torch.randn(5, 3)
+    with torch.no_grad():
+        assert torch.equal(torch.jit.load(str(out))(obs), policy.deterministic_action({"obs": obs}).clamp(-1, 1))

@@ -214,7 +214,7 @@ def export_policy(
     if fmt not in FORMATS:
         raise ValueError(f"format={fmt!r} is not allowed: expected one of {', '.join(FORMATS)}")
     inputs = {"obs": (int(inputs),)} if isinstance(inputs, int) else dict(inputs)
-    groups = None if list(inputs) == ["obs"] else list(inputs)
+    groups = list(inputs) if getattr(policy, "grouped", list(inputs) != [observations.FLAT]) else None
     module = ExportedPolicy(copy.deepcopy(policy).cpu().eval(), action_space, action_start, groups).eval()
     example = tuple(torch.zeros(2, *shape) for shape in inputs.values())
     try:
