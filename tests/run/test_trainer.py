@@ -138,7 +138,14 @@ def test_wandb_mirrors_rows_offline(tmp_path, monkeypatch):
 
 def _wandb_records(run_dir) -> dict[str, bytes]:
     """Each offline W&B run directory under ``run_dir`` and the bytes of its transaction log (protobuf records, whose
-    strings are stored as they are)."""
+    strings are stored as they are).
+
+    ``run.finish()`` returns before W&B's service has closed the log of an offline run, so under load a log read
+    at once can still be short; ``wandb.teardown()`` waits for the service to close every log it writes.
+    """
+    import wandb
+
+    wandb.teardown()
     return {d.name: next(d.glob("*.wandb")).read_bytes() for d in sorted((run_dir / "wandb").glob("offline-run-*"))}
 
 
@@ -146,6 +153,7 @@ def test_a_resumed_run_continues_its_wandb_run_with_its_name_group_and_tags(tmp_
     # Every resume opened a new W&B run, splitting one run's curves over several.
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    import wandb
 
     def make(iterations, resume_from=None):
         env = LineEnv(num_envs=8)
@@ -167,6 +175,9 @@ def test_a_resumed_run_continues_its_wandb_run_with_its_name_group_and_tags(tmp_
         )
 
     make(2).train()
+    # The resumed run reuses the first one's id in this same process. A new process (as a real resume is) starts a
+    # fresh W&B service; here the first run's stream must be closed before a second stream takes the same id.
+    wandb.teardown()
     make(3, resume_from="auto").train()
     records = _wandb_records(tmp_path)
     assert len(records) == 2 and len({name.split("-")[3] for name in records}) == 1  # offline-run-<time>-<id>[-1]
