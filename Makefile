@@ -13,11 +13,14 @@ help:
 	@echo "make bench   install, then run the speed benchmarks under benchmarks/"
 
 # torch first: on a machine without it, `pip install torch==2.13.0` takes the
-# local CPU wheel. A torch that is already installed (CPU or CUDA) is left alone,
-# and the package's own `torch>=2.4` requirement is then already satisfied.
+# local CPU wheel. A torch that is already installed (CPU or CUDA) is left alone:
+# its version is a constraint of the install, so that no extra's requirement (mjlab's
+# torchvision) can replace it with another build.
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet --disable-pip-version-check -e ".[dev]"
+	@pinned=$$(mktemp) && $(PYTHON) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$$pinned" \
+		&& $(PIP) install --quiet --disable-pip-version-check -e ".[dev]" -c "$$pinned"; \
+		status=$$?; rm -f "$$pinned"; exit $$status
 
 train: install
 	rlchain-train algorithm=grpo env=push_cube

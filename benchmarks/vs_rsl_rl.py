@@ -89,10 +89,6 @@ Settings as matched (rlchain's name -> rsl_rl's):
   ``vf_coef * 0.5 * mean(max(sq, clipped sq))``, rsl_rl's is
   ``value_loss_coef * mean(max(sq, clipped sq))`` without the 0.5, so 0.25
   gives the same loss and gradient (0.5 would weigh the value loss twice);
-* the observation normaliser is updated once per rollout on both sides, after
-  the update, with the rollout's observations (rsl-rl-lib 5.5 does this at the
-  end of ``PPO.update``; up to 5.4.2 it updated it at every step while acting,
-  in ``process_env_step``, which is why the version is pinned);
 * both store the unclipped Gaussian sample and its log-probability; the env
   clips the action to [-1, 1]. No mixed precision; no ``torch.compile`` but
   rlchain's with ``--compile``.
@@ -105,6 +101,12 @@ Settings that cannot be matched exactly (what each side does):
   rollout), and a terminated one with 0. rsl_rl adds ``gamma * V(s_t)``, the
   value of the state the last action was taken in, to the reward of a
   time-out step and then treats it as terminal; it never sees ``final_obs``.
+* when the observation normaliser learns: rlchain once per rollout, after the
+  update, with the rollout's observations; rsl-rl-lib 5.4.2 (the release the
+  bench extra pins, mjlab's) at every step while acting, in
+  ``process_env_step`` (5.5 moved it to the end of ``PPO.update``, as
+  rlchain; the numbers in benchmarks/README.md up to the mjlab extra were
+  measured with 5.5.1);
 * observation normalisation formula: rlchain ``clamp((x - mean) / sqrt(var +
   1e-8), -10, 10)``, one normaliser shared by actor and critic; rsl_rl ``(x -
   mean) / (sqrt(var) + 1e-2)``, not clipped, one normaliser in each of actor

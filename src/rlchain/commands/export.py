@@ -178,7 +178,7 @@ def metadata_of(
         "action_space": action_space,
         "observation_layout": list(layout) if isinstance(layout, (list, tuple)) else layout,
         "env": getattr(env.cfg, "_target_", f"{type(env).__module__}.{type(env).__qualname__}"),
-        "env_id": getattr(env.cfg, "id", None),
+        "env_id": getattr(env.cfg, "id", getattr(env.cfg, "task", None)),  # env=gym's id, env=mjlab's task
         "checkpoint": str(checkpoint),
         "global_step": int(global_step),
     }

@@ -6,6 +6,8 @@
   scripted controller is in :mod:`rlchain.core.envs.push_cube_controller`.
 * :class:`GymVecEnv` (``env=gym env.id=...``): any registered gymnasium id
   through ``gymnasium.make_vec``.
+* :class:`MjlabEnv` (``env=mjlab env.task=...``): any registered mjlab task
+  (``pip install "rlchain[mjlab]"``).
 * :func:`check_vec_env`: checks a user's env against the VecEnv contract;
   :class:`VecEnvConfig` holds the settings every env has (a user's env schema extends it).
 
@@ -32,6 +34,7 @@ from rlchain.core.envs.base import TorchVecEnv, VecEnv, VecEnvConfig, check_grou
 from rlchain.core.envs.cart_pole import CartPoleConfig, CartPoleEnv, CartPoleGymEnv
 from rlchain.core.envs.checker import VecEnvContractError, check_vec_env
 from rlchain.core.envs.gym_adapter import GymEnvConfig, GymVecEnv
+from rlchain.core.envs.mjlab_adapter import MjlabEnv, MjlabEnvConfig
 from rlchain.core.envs.push_cube import PushCubeConfig, PushCubeEnv, PushCubeGymEnv
 
 __all__ = [
@@ -40,6 +43,8 @@ __all__ = [
     "CartPoleGymEnv",
     "GymEnvConfig",
     "GymVecEnv",
+    "MjlabEnv",
+    "MjlabEnvConfig",
     "PushCubeConfig",
     "PushCubeEnv",
     "PushCubeGymEnv",

@@ -151,7 +151,7 @@ class VecEnv(gym.vector.VectorEnv):
     #: ``i + action_start``: a gymnasium ``Discrete(n, start)``); 0 for a Box. ``rlchain-export`` bakes it in.
     action_start: int = 0
     #: The env's settings (its :class:`VecEnvConfig` subclass), or None for an env without a schema;
-    #: ``rlchain-export`` records ``cfg._target_`` (and ``cfg.id``, where there is one) in its metadata.
+    #: ``rlchain-export`` records ``cfg._target_`` (and ``cfg.id`` or ``cfg.task``, where there is one) in its metadata.
     cfg: VecEnvConfig | None = None
 
     #: Whether ``info["success"]`` is a task success signal (see the class docstring).

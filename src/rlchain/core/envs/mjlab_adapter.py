@@ -1,0 +1,467 @@
+"""mjlab's tasks (Isaac Lab's manager API on MuJoCo Warp) as rlchain :class:`~rlchain.core.envs.base.VecEnv` s.
+
+``rlchain-train env=mjlab env.task=Mjlab-Cartpole-Swingup env.num_envs=256`` builds the task that
+``mjlab.tasks.registry`` registers under that id, as mjlab's own ``train`` does
+(``ManagerBasedRlEnv(load_env_cfg(task), device)``), on the configured device (CPU or CUDA). mjlab is an
+optional extra: ``pip install "rlchain[mjlab]"``.
+
+What rlchain sees of a task:
+
+* observations: mjlab's observation groups (``actor`` and ``critic`` in every task it ships) as rlchain
+  observation groups (:mod:`rlchain.core.observations`), float32 ``[N, dim]`` each; the actor sees ``actor``
+  and the critic ``critic`` by default (``policy.actor_obs`` / ``policy.critic_obs``). A group of image
+  terms (the camera of ``Mjlab-Lift-Cube-Yam-Rgb``) is refused as an actor group: rlchain has no image
+  encoder yet.
+* actions: float32 ``[N, action_dim]``, passed on unclipped, as mjlab's registered runners do (its
+  action terms scale them).
+* episodes: same-step auto-reset. The env is built with mjlab's ``auto_reset=False``, so that ``step``
+  hands back the observation an episode ended on; it goes to ``info["final_obs"]`` (every group), and the
+  envs that ended are then reset in the same call. ``terminated`` is mjlab's termination; ``truncated``
+  its time-out (where the episode did not also terminate).
+* ``info["rewards"]``: the reward manager's terms, weighted (and scaled by the step's duration where the
+  task does so, as its reward is), summing to the reward; ``info["metrics"]``: the metrics manager's terms
+  and each command's metrics (``<command>/<metric>``), float32 ``[N]`` each.
+* ``info["success"]``, by task family: a task whose command latches an ``episode_success`` (the
+  manipulation tasks, ``Mjlab-Lift-Cube-Yam*``: the object came within the command's
+  ``success_threshold`` of its target during the episode); a motion-tracking task (a ``motion``
+  command): the episode ran to its time-out without a termination. Other tasks (cartpole, velocity
+  tracking) report no success signal (``reports_success`` is False), as Pendulum does.
+
+Settings of the task's env cfg (``ManagerBasedRlEnvCfg``) are changed with ``env.overrides``, a nested
+mapping of its fields: ``+env.overrides.episode_length_s=10``,
+``+env.overrides.observations.actor.enable_corruption=false``,
+``+env.overrides.rewards.smooth_reward.weight=2``. ``env.play=true`` starts from the task's play cfg
+(no observation noise, endless episodes) instead.
+
+Randomness. mjlab draws its random events (resets, pushes, observation noise) from torch's global RNG and
+seeds it (and numpy's, Python's and Warp's) when its cfg has a seed. rlchain keeps its own: the env's draws
+come from a torch RNG state of its own, seeded by ``env.seed`` and swapped in around every mjlab call, so the
+policy's sampling and the env's events do not share a stream, nothing reseeds torch's global RNG, and the
+state is part of :meth:`MjlabEnv.state_dict` (a resumed run draws what the saved run would have drawn; the
+simulator's own state cannot be saved, so a resume resets every env). A terrain generator without a seed gets
+``env.seed``. MuJoCo Warp itself is not bit-deterministic on every device (mujoco_warp issue 562).
+
+``reset(options={"group_size": G})`` gives each block of ``G`` consecutive envs one initial state: the
+blocks are reset in ``G`` passes, pass ``k`` resetting env ``k`` of every block from one RNG state, so each
+env of a block draws the same reset events (its place in the scene, its terrain tile, stays its own).
+
+Rendering (``env.render_mode=rgb_array``, for ``trainer.video``): mjlab's offscreen MuJoCo renderer, one env
+per frame, at the task's viewer size (320x240 for the shipped tasks). It draws through OpenGL: on a machine
+without a display set ``MUJOCO_GL=egl`` (GPU or Mesa EGL) or ``MUJOCO_GL=osmesa`` before anything imports
+``mujoco``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import io
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlchain.core.envs.base import VecEnv, VecEnvConfig, check_group_size
+from rlchain.settings import SettingError
+from rlchain.utils import resolve_device
+
+__all__ = ["MjlabEnv", "MjlabEnvConfig"]
+
+#: What to install for env=mjlab.
+INSTALL = 'pip install "rlchain[mjlab]"'
+
+
+@dataclass
+class MjlabEnvConfig(VecEnvConfig):
+    """Every setting of :class:`MjlabEnv` with its default; the Hydra schema of ``env=mjlab``.
+
+    ``num_envs``, ``device``, ``seed`` and ``render_mode`` as :class:`~rlchain.core.envs.base.VecEnvConfig`.
+    """
+
+    _target_: str = "rlchain.core.envs.mjlab_adapter.MjlabEnv"
+    num_envs: int = 256
+    task: str = "Mjlab-Cartpole-Balance"
+    """A task id of mjlab's registry (mjlab.tasks.registry.list_tasks()), e.g. Mjlab-Cartpole-Swingup,
+    Mjlab-Velocity-Flat-Unitree-Go1, Mjlab-Lift-Cube-Yam."""
+    play: bool = False
+    """Start from the task's play cfg (mjlab's play mode: no observation noise, endless episodes) instead of its
+    training cfg."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Fields of the task's env cfg (mjlab's ManagerBasedRlEnvCfg) to change, nested as the cfg is:
+    +env.overrides.episode_length_s=10, +env.overrides.observations.actor.enable_corruption=false."""
+
+
+#: What Warp's native library prints to stderr when it loads on a machine without a CUDA driver: noise on the
+#: CPU, where rlchain drops it (see :func:`_native_stderr_without`).
+NO_CUDA_DRIVER = "Warp CUDA warning: Could not find or load the NVIDIA CUDA driver."
+
+
+@contextlib.contextmanager
+def _native_stderr_without(prefix: str) -> Iterator[None]:
+    """Run the body with file descriptor 2 caught (a native library's prints), then write what it printed to
+    stderr, less the lines that start with ``prefix``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not line.startswith(prefix)))
+
+
+def _quiet_on_cpu(device: torch.device) -> contextlib.AbstractContextManager:
+    """Drop Warp's no-CUDA-driver line (Warp loads its native library when mjlab builds its first env) on the CPU."""
+    return _native_stderr_without(NO_CUDA_DRIVER) if device.type == "cpu" else contextlib.nullcontext()
+
+
+def _import_mjlab(task: str, device: torch.device) -> tuple[Any, Any]:
+    """mjlab's env class and task registry module, with its tasks registered.
+
+    Raises:
+        SettingError: ``env.task=...``: mjlab is not installed (naming the extra).
+    """
+    logging.getLogger("OpenGL").setLevel(logging.WARNING)  # PyOpenGL's INFO line on every import
+    try:
+        with _quiet_on_cpu(device):
+            import mjlab.tasks  # noqa: F401  (registers mjlab's tasks)
+            from mjlab.envs import ManagerBasedRlEnv
+            from mjlab.tasks import registry
+    except ImportError as err:
+        if err.name is not None and err.name.partition(".")[0] == "mjlab":
+            raise SettingError(
+                "env.task", task, f" needs mjlab, an optional extra that is not installed: {INSTALL}"
+            ) from None
+        raise
+    return ManagerBasedRlEnv, registry
+
+
+def _task_cfg(registry: Any, task: str, play: bool) -> Any:
+    """The registered env cfg of ``task`` (a copy).
+
+    Raises:
+        SettingError: ``env.task=...``: not a registered task (naming close matches and every task).
+    """
+    tasks = registry.list_tasks()
+    if task not in tasks:
+        close = difflib.get_close_matches(task, tasks, n=3, cutoff=0.6)
+        hint = f"; close matches: {', '.join(close)}" if close else ""
+        raise SettingError("env.task", task, f" is not a registered mjlab task{hint}; the tasks: {', '.join(tasks)}")
+    return registry.load_env_cfg(task, play=play)
+
+
+def apply_overrides(cfg: Any, overrides: dict[str, Any], path: str = "env.overrides") -> None:
+    """Set the fields of mjlab's env cfg ``cfg`` that ``overrides`` names, nested as ``cfg`` is.
+
+    A mapping under a key that names a dataclass or a dict in ``cfg`` is applied to it; any other value
+    replaces the field's (a list becomes a tuple where the field holds a tuple).
+
+    Raises:
+        SettingError: ``env.overrides.<path>``: a key that is not a field (naming the fields there).
+    """
+    for key, value in overrides.items():
+        where = f"{path}.{key}"
+        if isinstance(cfg, dict):
+            names, current = list(cfg), cfg.get(key, _MISSING)
+        else:
+            names = [f.name for f in dataclasses.fields(cfg)]
+            current = getattr(cfg, key, _MISSING) if key in names else _MISSING
+        if current is _MISSING:
+            raise SettingError(where, value, f" is not allowed: {key!r} is not a field there; expected one of {names}")
+        if isinstance(value, dict) and (dataclasses.is_dataclass(current) or isinstance(current, dict)):
+            apply_overrides(current, value, where)
+            continue
+        if isinstance(value, list) and isinstance(current, tuple):
+            value = tuple(value)
+        if isinstance(cfg, dict):
+            cfg[key] = value
+        else:
+            setattr(cfg, key, value)
+
+
+_MISSING = object()
+
+
+def _mjlab_device(device: torch.device) -> str:
+    """mjlab's (and Warp's) name of a torch device: ``cpu`` or ``cuda:N``."""
+    if device.type == "cuda":
+        return f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
+    return "cpu"
+
+
+class _OwnRng:
+    """A torch RNG state of the env's own, swapped in for torch's global one inside :meth:`active`.
+
+    mjlab draws with ``torch.rand`` and friends on its device's default generator; inside :meth:`active` that
+    generator holds this state, and the global state it held is put back afterwards.
+    """
+
+    def __init__(self, device: torch.device, seed: int) -> None:
+        self.device = device
+        self.state = self._seeded(seed)
+
+    def _get(self) -> torch.Tensor:
+        return torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else torch.get_rng_state()
+
+    def _set(self, state: torch.Tensor) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state(state, self.device)
+        else:
+            torch.set_rng_state(state)
+
+    def _seeded(self, seed: int) -> torch.Tensor:
+        generator = torch.Generator(self.device)
+        generator.manual_seed(int(seed))
+        return generator.get_state()
+
+    def seed(self, seed: int) -> None:
+        """Restart the stream from ``seed``."""
+        self.state = self._seeded(seed)
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Run the body with this state on the device's default generator; keep where the body left it."""
+        outer = self._get()
+        self._set(self.state)
+        try:
+            yield
+        finally:
+            self.state = self._get()
+            self._set(outer)
+
+
+class MjlabEnv(VecEnv):
+    """A registered mjlab task behind rlchain's :class:`VecEnv` contract (see the module docstring).
+
+    Args:
+        settings: the fields of :class:`MjlabEnvConfig` (``self.cfg``): ``task``, ``num_envs``, ``device``,
+            ``seed``, ``render_mode``, ``play``, ``overrides``.
+
+    Shapes: observations a TensorDict of the task's groups, float32 ``[N, dim_g]`` each; actions float32
+    ``[N, action_dim]``; rewards float32 ``[N]``; terminated/truncated/success bool ``[N]``; frames of
+    :meth:`render` uint8 ``[K, H, W, 3]`` on the CPU.
+
+    Raises:
+        SettingError: ``env.task``: mjlab not installed, or an unknown task; ``env.overrides.<field>``: a
+            field the task's cfg does not have; a setting out of its range (see :class:`MjlabEnvConfig`).
+    """
+
+    def __init__(self, **settings: Any) -> None:
+        self.cfg = cfg = MjlabEnvConfig(**settings)
+        super().__init__(cfg.num_envs, resolve_device(cfg.device))
+        env_class, registry = _import_mjlab(cfg.task, self.device)
+        task_cfg = _task_cfg(registry, cfg.task, cfg.play)
+        apply_overrides(task_cfg, cfg.overrides)
+        task_cfg.scene.num_envs = cfg.num_envs
+        task_cfg.seed = None  # mjlab would reseed torch's (and numpy's) global RNG with it
+        task_cfg.auto_reset = False  # step hands back the observation an episode ended on
+        generator = getattr(task_cfg.scene.terrain, "terrain_generator", None)
+        if generator is not None and getattr(generator, "seed", 0) is None:
+            generator.seed = cfg.seed  # else mjlab's terrain draws a seed from numpy's global RNG
+        self._rng = _OwnRng(self.device, cfg.seed)
+        build_log = io.StringIO()
+        with (
+            self._rng.active(),
+            contextlib.redirect_stdout(build_log),
+            _quiet_on_cpu(self.device),
+        ):  # startup events draw
+            self.env = env_class(task_cfg, device=_mjlab_device(self.device), render_mode=cfg.render_mode)
+        self.description = build_log.getvalue()
+        """mjlab's description of the env it built (its managers' tables), which it prints and rlchain keeps here."""
+        self.render_mode = cfg.render_mode
+        self.max_episode_steps = int(self.env.max_episode_length)
+        self.metadata = {
+            **type(self).metadata,
+            "render_modes": ["rgb_array"],
+            "render_fps": float(self.env.metadata.get("render_fps") or 1.0 / self.env.step_dt),
+        }
+        self._groups = tuple(self.env.single_observation_space.spaces)
+        self._term_of: dict[str, str] = {}
+        """The groups that mjlab keeps as named terms (not concatenated: a camera's), and each one's term."""
+        spaces = {}
+        for group, space in self.env.single_observation_space.spaces.items():
+            if hasattr(space, "spaces"):  # a group of named terms, e.g. an image
+                if len(space.spaces) != 1:
+                    self.env.close()
+                    raise SettingError(
+                        "env.task",
+                        cfg.task,
+                        f": its observation group {group!r} keeps {len(space.spaces)} terms apart "
+                        f"({', '.join(space.spaces)}): expected one tensor per group (concatenate_terms=True)",
+                    )
+                ((self._term_of[group], space),) = space.spaces.items()
+            spaces[group] = gym.spaces.Box(-np.inf, np.inf, tuple(int(d) for d in space.shape), np.float32)
+        action_dim = int(self.env.single_action_space.shape[0])
+        self._set_spaces(gym.spaces.Dict(spaces), gym.spaces.Box(-np.inf, np.inf, (action_dim,), np.float32))
+        self._success_of = self._success_source()
+        self.reports_success = self._success_of is not None
+        self._no_success = torch.zeros(cfg.num_envs, dtype=torch.bool, device=self.device)
+        rewards = self.env.reward_manager
+        self._reward_scale = self.env.step_dt if getattr(rewards, "_scale_by_dt", True) else 1.0
+        self._reward_names = list(rewards.active_terms)
+        metrics = self.env.metrics_manager
+        self._metric_names = list(getattr(metrics, "active_terms", []))
+        self._obs = None
+
+    # -- episodes ---------------------------------------------------------------------------------------------
+
+    def _observe(self, obs: dict[str, Any]) -> Any:
+        """mjlab's observation dict as a TensorDict of the groups."""
+        from tensordict import TensorDict  # imported where used: see rlchain.commands.config
+
+        groups = {g: obs[g][self._term_of[g]] if g in self._term_of else obs[g] for g in self._groups}
+        return TensorDict(groups, batch_size=[self.num_envs], device=self.device)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Reset every env.
+
+        Args:
+            seed: restarts the env's RNG stream from it; None goes on with the stream.
+            options: ``{"group_size": G}``: each block of ``G`` consecutive envs starts from one state.
+
+        Returns:
+            ``(obs, info)``: a TensorDict of the groups, float32 ``[N, dim_g]`` each; ``info`` is empty.
+
+        Raises:
+            SettingError: ``group_size`` not a positive int dividing ``num_envs``.
+        """
+        group_size = 1
+        if options and options.get("group_size") is not None:
+            group_size = check_group_size(options["group_size"], self.num_envs)
+        if seed is not None:
+            self._rng.seed(seed)
+        ids = torch.arange(self.num_envs, device=self.device)
+        with self._rng.active():
+            if group_size == 1:
+                obs, _ = self.env.reset(env_ids=ids)
+            else:
+                start = self._rng._get()
+                for k in range(group_size):  # env k of every block draws what env 0 of its block drew
+                    self._rng._set(start)
+                    obs, _ = self.env.reset(env_ids=ids[k::group_size])
+        return self._observe(obs), {}
+
+    def step(self, action: torch.Tensor):
+        """Step every env once (same-step auto-reset).
+
+        Args:
+            action: float32 ``[N, action_dim]``.
+
+        Returns:
+            ``(obs, reward, terminated, truncated, info)`` as described in :class:`VecEnv`.
+
+        Raises:
+            ValueError: an action of the wrong shape, or with NaN or inf.
+        """
+        shape = (self.num_envs, *self.single_action_space.shape)
+        if tuple(action.shape) != shape:
+            raise ValueError(f"action has shape {tuple(action.shape)}: expected {shape} = (num_envs, action dim)")
+        if not bool(torch.isfinite(action).all()):  # mjlab syncs on every step anyway (its resets)
+            raise ValueError("action contains NaN or inf: expected finite values")
+        with self._rng.active():
+            obs, reward, terminated, time_outs, _ = self.env.step(action)
+            done = terminated | time_outs
+            info = {
+                "rewards": self._reward_terms(),
+                "metrics": self._metrics(),
+                "success": self._success(terminated, time_outs),
+            }
+            ended = done.nonzero().squeeze(-1)
+            final = self._observe(obs)
+            if len(ended):
+                final = final.clone()
+                obs, _ = self.env.reset(env_ids=ended)
+        info["final_obs"] = final
+        truncated = time_outs & ~terminated
+        return self._observe(obs), reward.float(), terminated.bool(), truncated.bool(), info
+
+    def _reward_terms(self) -> dict[str, torch.Tensor]:
+        """Each reward term as it counts in the reward (weighted, scaled by the step's duration where the
+        reward is): float32 ``[N]`` each."""
+        weighted = self.env.reward_manager._step_reward * self._reward_scale
+        return dict(zip(self._reward_names, weighted.unbind(1)))
+
+    def _metrics(self) -> dict[str, torch.Tensor]:
+        """The metrics manager's terms of this step and each command's metrics, float32 ``[N]`` each."""
+        out: dict[str, torch.Tensor] = {}
+        if self._metric_names:
+            out.update(zip(self._metric_names, self.env.metrics_manager._step_values.unbind(1)))
+        for name, term in self.env.command_manager._terms.items():
+            for metric, value in getattr(term, "metrics", {}).items():
+                if isinstance(value, torch.Tensor) and value.shape == (self.num_envs,):
+                    out[f"{name}/{metric}"] = value.float()
+        return out
+
+    def _success_source(self) -> str | None:
+        """Where the task's success signal comes from (see the module docstring), or None."""
+        for name, term in self.env.command_manager._terms.items():
+            if isinstance(getattr(term, "episode_success", None), torch.Tensor):
+                return f"episode_success:{name}"
+        if "motion" in self.env.command_manager._terms:
+            return "motion"
+        return None
+
+    def _success(self, terminated: torch.Tensor, time_outs: torch.Tensor) -> torch.Tensor:
+        if self._success_of is None:
+            return self._no_success
+        if self._success_of == "motion":
+            return time_outs & ~terminated
+        command = self.env.command_manager._terms[self._success_of.partition(":")[2]]
+        return command.episode_success > 0.5
+
+    # -- rendering, state -------------------------------------------------------------------------------------
+
+    def render(self, env_ids: Sequence[int] | None = None) -> torch.Tensor:
+        """Frames of the envs ``env_ids`` (every env when None) in their current state, one env per frame.
+
+        Returns:
+            uint8 RGB ``[K, H, W, 3]`` on the CPU (the task's viewer size).
+
+        Raises:
+            RuntimeError: the env was built with ``render_mode=None``.
+            IndexError: an env id outside ``[0, num_envs)``.
+        """
+        ids = self._render_ids(env_ids)
+        ids = list(range(self.num_envs)) if ids is None else ids
+        renderer = self.env._offline_renderer
+        viewer = self.env.cfg.viewer
+        frames = []
+        for i in ids:
+            renderer._env_ids = (i,)  # the env it frames (mjlab draws viewer.env_idx and its neighbours)
+            renderer.update(self.env.sim.data)
+            frames.append(np.array(renderer.render(), dtype=np.uint8))
+        renderer._env_ids = None
+        if not frames:
+            return torch.zeros((0, viewer.height, viewer.width, 3), dtype=torch.uint8)
+        return torch.from_numpy(np.stack(frames))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The env's RNG state (the simulator's own state cannot be saved: a resume resets every env)."""
+        return {"rng": self._rng.state.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output: later draws are those the saved run would have made.
+
+        Raises:
+            ValueError: a state that is not an MjlabEnv's.
+        """
+        if set(state) != {"rng"} or not isinstance(state["rng"], torch.Tensor):
+            raise ValueError(f"env state {sorted(state)} is not an MjlabEnv's: expected its rng")
+        self._rng.state = state["rng"].cpu().to(torch.uint8)
+
+    def close(self, **kwargs: Any) -> None:
+        """Close mjlab's env (and its renderer)."""
+        self.env.close()

@@ -1,0 +1,180 @@
+"""env=mjlab: mjlab's registered tasks as rlchain envs, on the CPU (MuJoCo Warp's CPU kernels)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import imageio.v3 as iio
+import pytest
+import torch
+
+pytest.importorskip("mjlab")
+
+from rlchain.core.envs import MjlabEnv, check_vec_env  # noqa: E402
+from rlchain.settings import SettingError  # noqa: E402
+from tests.helpers.runs import TINY, run_cli, run_dir  # noqa: E402
+
+BALANCE = "Mjlab-Cartpole-Balance"
+#: Episodes of 10 steps (0.5 s at the cartpole's 20 Hz): time-outs within a test.
+SHORT = {"episode_length_s": 0.5}
+
+
+def balance(**settings) -> MjlabEnv:
+    return MjlabEnv(**{"task": BALANCE, "num_envs": 8, "seed": 0, **settings})
+
+
+def test_a_task_passes_the_contract_with_its_groups_terms_and_time_outs():
+    env = balance(overrides=SHORT)
+    assert env.max_episode_steps == 10 and not env.reports_success
+    assert set(env.single_observation_space.spaces) == {"actor", "critic"}
+    assert env.single_observation_space["critic"].shape == (5,) and env.single_action_space.shape == (1,)
+    check_vec_env(env)
+    env.reset(seed=3)
+    for step in range(1, 11):
+        obs, reward, terminated, truncated, info = env.step(torch.zeros(8, 1))
+        assert torch.allclose(sum(info["rewards"].values()), reward)
+        assert set(info["rewards"]) == {"smooth_reward"} and not terminated.any()
+        assert bool(truncated.all()) == (step == 10)  # mjlab's time-out is a truncation
+
+
+def test_final_obs_is_the_observation_the_episode_ended_on_in_every_group():
+    # The same seed and actions in an env whose episodes run on: its observation at step 10 is what the
+    # 10-step env's episodes ended on (observation noise included: both draw from one stream until the reset).
+    short, long = balance(overrides=SHORT), balance()
+    short.reset(seed=1), long.reset(seed=1)
+    actions = torch.linspace(-1, 1, 8).unsqueeze(1)
+    for _ in range(10):
+        after_reset, _, _, truncated, info = short.step(actions)
+        running, *_ = long.step(actions)
+    assert truncated.all()
+    for group in ("actor", "critic"):
+        assert torch.equal(info["final_obs"][group], running[group])
+        assert not torch.allclose(after_reset[group], running[group])  # the returned one is the new episode's
+
+
+def test_the_env_draws_from_its_own_stream_and_leaves_torchs_global_rng_alone():
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a, b, c = balance(seed=5), balance(seed=5), balance(seed=6)
+    first = [env.reset()[0]["actor"] for env in (a, b, c)]
+    assert torch.equal(torch.get_rng_state(), before)  # mjlab seeds torch's global RNG with its cfg's seed
+    assert torch.equal(first[0], first[1]) and not torch.equal(first[0], first[2])
+    steps = [env.step(torch.full((8, 1), 0.3))[0]["actor"] for env in (a, b)]
+    assert torch.equal(steps[0], steps[1]) and torch.equal(torch.get_rng_state(), before)
+
+
+def test_a_resumed_env_draws_what_the_saved_one_would_have():
+    env, other = balance(seed=0), balance(seed=9)
+    env.reset()
+    state = env.state_dict()
+    other.load_state_dict(state)
+    assert torch.equal(env.reset()[0]["critic"], other.reset()[0]["critic"])
+    with pytest.raises(ValueError, match="is not an MjlabEnv's"):
+        other.load_state_dict({"seed_generator": 0})
+
+
+def test_group_resets_give_each_block_one_start_and_blocks_different_ones():
+    env = balance()
+    obs, _ = env.reset(seed=2, options={"group_size": 4})
+    critic = obs["critic"]
+    assert torch.equal(critic[:4], critic[0].expand(4, -1)) and torch.equal(critic[4:], critic[4].expand(4, -1))
+    assert not torch.equal(critic[0], critic[4])
+    with pytest.raises(SettingError, match="num_envs must be a multiple of group_size"):
+        env.reset(options={"group_size": 3})
+
+
+def test_overrides_reach_the_tasks_cfg_and_a_misspelt_one_names_the_fields():
+    assert (
+        balance(
+            overrides={"episode_length_s": 1.0, "observations": {"actor": {"enable_corruption": False}}}
+        ).max_episode_steps
+        == 20
+    )
+    with pytest.raises(SettingError) as info:
+        balance(overrides={"observations": {"actor": {"enable_coruption": False}}})
+    message = str(info.value)
+    assert message.startswith("env.overrides.observations.actor.enable_coruption=False is not allowed: ")
+    assert "'enable_corruption'" in message and "\n" not in message
+
+
+def test_an_unknown_task_names_close_matches_and_a_missing_mjlab_the_extra(monkeypatch):
+    with pytest.raises(
+        SettingError,
+        match=r"^env.task='Mjlab-Cartpole-Balanse' is not a registered mjlab task; "
+        r"close matches: Mjlab-Cartpole-Balance",
+    ):
+        balance(task="Mjlab-Cartpole-Balanse")
+    # sys.modules[name] = None is Python's own way to make `import name` fail, as on a machine without mjlab.
+    for name in [m for m in sys.modules if m == "mjlab" or m.startswith("mjlab.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(SettingError) as info:
+        balance()
+    assert str(info.value) == (
+        "env.task='Mjlab-Cartpole-Balance' needs mjlab, an optional extra that is not installed: "
+        'pip install "rlchain[mjlab]"'
+    )
+
+
+MJLAB_TINY = ["env=mjlab", *TINY, "+env.overrides.episode_length_s=0.4"]  # 8 steps: a tiny rollout's
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_a_run_on_a_task_trains_and_is_evaluated_and_exported_without_allowing_anything(tmp_path, algorithm):
+    video = ["trainer.video=true"] if algorithm == "ppo" else []  # headless: Mesa's EGL (MUJOCO_GL=egl)
+    train = run_cli([*MJLAB_TINY, f"algorithm={algorithm}", *video], tmp_path, timeout=600, MUJOCO_GL="egl")
+    assert train.returncode == 0, train.stderr
+    assert "Warp CUDA warning" not in train.stderr  # Warp's no-driver line is dropped on the CPU
+    run = run_dir(tmp_path)
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+    if algorithm == "grpo":
+        return
+    (video,) = sorted((run / "videos").glob("*.mp4"))[-1:]
+    assert iio.imread(video).shape[1:] == (240, 320, 3)  # every frame: the task's viewer size
+    evaluated = run_cli([str(run), "num_episodes=4"], tmp_path, module="rlchain.commands.eval", timeout=600)
+    assert evaluated.returncode == 0, evaluated.stderr
+    exported = run_cli([str(run), "format=onnx"], tmp_path, module="rlchain.commands.export", timeout=600)
+    assert exported.returncode == 0, exported.stderr
+    import onnx
+
+    model = onnx.load(str(run / "checkpoints" / "best.onnx"))
+    metadata = json.loads({p.key: p.value for p in model.metadata_props}["rlchain"])
+    assert [entry["name"] for entry in metadata["inputs"]] == ["actor"], metadata["inputs"]
+    assert metadata["env_id"] == "Mjlab-Cartpole-Balance"
+
+
+def test_frames_are_drawn_headless_one_env_each():
+    # MUJOCO_GL is read when mujoco is imported: a fresh interpreter.
+    code = textwrap.dedent("""
+        import torch
+        from rlchain.core.envs import MjlabEnv
+        env = MjlabEnv(task="Mjlab-Cartpole-Swingup", num_envs=3, render_mode="rgb_array")
+        env.reset(seed=0)
+        for _ in range(5):
+            env.step(torch.tensor([[1.0], [-1.0], [0.0]]))
+        frames = env.render()
+        assert frames.shape == (3, 240, 320, 3) and frames.dtype == torch.uint8, frames.shape
+        assert torch.equal(env.render([2, 1]), frames[[2, 1]]) and env.metadata["render_fps"] == 20
+        assert frames.float().std() > 1 and not torch.equal(frames[0], frames[1])  # pictures of two states
+        print("ok")
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "MUJOCO_GL": "egl"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr
+
+
+def test_a_bad_task_on_the_command_line_is_one_line(tmp_path):
+    proc = run_cli(["env=mjlab", "env.task=Mjlab-Velocity-Flat-Unitree-Go2", *TINY], tmp_path)
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("Invalid config: env.task='Mjlab-Velocity-Flat-Unitree-Go2' is not a registered mjlab task")
+    assert "Mjlab-Velocity-Flat-Unitree-Go1" in line.split("; the tasks: ")[0]  # among the close matches
