@@ -269,8 +269,16 @@ def test_slurm_launcher_option_composes():
 # CI runs the MuJoCo presets (their YAML says `Needs: pip install
 # "rlchain[mujoco]"`); a machine without it skips those.
 NO_MUJOCO = pytest.mark.skipif(importlib.util.find_spec("mujoco") is None, reason='needs pip install "rlchain[mujoco]"')
+NO_MJLAB = pytest.mark.skipif(importlib.util.find_spec("mjlab") is None, reason='needs pip install "rlchain[mjlab]"')
 PRESETS = [
-    pytest.param(path.stem, marks=[NO_MUJOCO] if "rlchain[mujoco]" in path.read_text() else [])
+    pytest.param(
+        path.stem,
+        marks=[
+            mark
+            for extra, mark in (("mujoco", NO_MUJOCO), ("mjlab", NO_MJLAB))
+            if f"rlchain[{extra}]" in path.read_text()
+        ],
+    )
     for path in sorted((Path(rlchain.conf.__file__).parent / "experiment").glob("*.yaml"))
 ]
 
@@ -295,6 +303,8 @@ def test_task_presets_train_with_a_tiny_budget(compose_cfg, preset):
     ]
     cfg = compose_cfg([f"experiment={preset}", *tiny])
     cfg.env["episode_length" if "episode_length" in cfg.env else "max_episode_steps"] = 8
+    if cfg.env._target_.endswith("MjlabEnv"):  # the robots' 4096 envs are for a GPU: 16 here
+        cfg.env.num_envs, cfg.algorithm.batch_size = 16, 64
     summary = build(cfg).train()
     assert summary.status == "completed" and summary.global_step == 2 * 8 * cfg.env.num_envs
     assert summary.objective == summary.final[summary.objective_name]

@@ -217,6 +217,40 @@ def test_collector_group_reset_and_episode_stats():
     assert "rewards/progress" in result.term_means and "metrics/distance" in result.term_means
 
 
+def test_spread_episode_starts_puts_each_env_at_a_random_step_of_its_first_episode_once():
+    # Without it every env of CartPole reaches its time limit at the same step; rsl_rl's init_at_random_ep_len.
+    from rlchain.core.envs import CartPoleEnv
+
+    def truncation_steps(spread: bool, seed: int = 0) -> list[int]:
+        env = CartPoleEnv(num_envs=32, max_episode_steps=8, seed=seed)  # too short for the pole to fall
+        policy = ActorOnly(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+        collector = SyncCollector(env, policy, rollout_steps=8, spread_episode_starts=spread)
+        data = collector.collect().data
+        assert not data["terminated"].any()
+        first = data["truncated"].float().argmax(0)  # each env's first time-out, in [0, 8)
+        second = collector.collect().data["truncated"].float().argmax(0)
+        assert torch.equal(second, first)  # spread once: later episodes keep their full 8 steps
+        return first.tolist()
+
+    assert set(truncation_steps(spread=False)) == {7}
+    spread = truncation_steps(spread=True)
+    assert len(set(spread)) > 4 and spread == truncation_steps(spread=True)  # drawn from the env's seeded stream
+    assert spread != truncation_steps(spread=True, seed=1)
+
+
+def test_spread_episode_starts_is_refused_with_grpo_and_with_an_env_that_cannot():
+    from rlchain.core.envs import GymVecEnv
+
+    env = LineEnv(num_envs=8, max_episode_steps=4)
+    policy = ActorOnly(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    with pytest.raises(ValueError, match=r"^spread_episode_starts=True is not allowed with an algorithm that resets"):
+        SyncCollector(env, policy, 4, reset_options={"group_size": 4}, spread_episode_starts=True)
+    gym_env = GymVecEnv("Pendulum-v1", num_envs=2)
+    policy = ActorOnly(gym_env.single_observation_space, gym_env.single_action_space, hidden_sizes=[8])
+    with pytest.raises(ValueError, match=r"^spread_episode_starts=True is not allowed with GymVecEnv, which cannot"):
+        SyncCollector(gym_env, policy, 4, spread_episode_starts=True)
+
+
 # 1. GRPO's charts count only the episodes that started at the rollout's reset.
 def test_grpo_charts_count_each_envs_first_episode_whatever_its_length(tmp_path):
     torch.manual_seed(0)

@@ -394,3 +394,19 @@ def test_a_failed_fresh_evaluation_leaves_the_run_completed_and_says_why(tmp_pat
     assert summary.status == "completed" and summary.exit_code == 0
     assert summary.best_fresh == {"error": "RuntimeError: no such start states"} == RunSummary.read(tmp_path).best_fresh
     assert "the fresh evaluation of best.pt failed (the run is complete)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "overrides, rest",
+    [
+        (["algorithm=grpo"], "with an algorithm that resets every env when a rollout starts (GRPO): expected false"),
+        (["env=gym", "env.id=Pendulum-v1"], "with GymVecEnv, which cannot move its episodes' step counts"),
+    ],
+)
+def test_spread_episode_starts_where_it_cannot_work_is_refused_before_any_step(compose_cfg, overrides, rest):
+    cfg = compose_cfg([*overrides, "trainer.spread_episode_starts=true", "env.num_envs=8", "device=cpu"])
+    with pytest.raises(ConfigError) as info:
+        build(cfg)
+    assert str(info.value).startswith("Invalid config: trainer.spread_episode_starts=True is not allowed ")
+    assert rest in str(info.value)
+    assert not (Path(cfg.trainer.output_dir) / "metrics.jsonl").exists()

@@ -128,16 +128,40 @@ class SyncCollector:
             with these options (GRPO: ``{"group_size": G}``, see
             :attr:`rlchain.core.algorithms.Algorithm.reset_options`); otherwise
             episodes run on across rollouts. The first rollout always resets.
+        spread_episode_starts: after the first reset (without ``reset_options``), move every env to a random
+            step of its episode (:meth:`~rlchain.core.envs.base.VecEnv.spread_episode_starts`), so that the
+            time limits of its episodes fall at different steps.
 
     Raises:
         SettingError: non-positive ``rollout_steps``; with ``reset_options``,
             a ``rollout_steps`` below the env's ``max_episode_steps`` (an
-            episode longer than the rollout would never end).
+            episode longer than the rollout would never end), or
+            ``spread_episode_starts`` (every rollout starts from a reset);
+            ``spread_episode_starts`` with an env that cannot (``spreads_episode_starts`` False).
     """
 
     def __init__(
-        self, env: VecEnv, policy: Policy, rollout_steps: int, reset_options: dict[str, Any] | None = None
+        self,
+        env: VecEnv,
+        policy: Policy,
+        rollout_steps: int,
+        reset_options: dict[str, Any] | None = None,
+        spread_episode_starts: bool = False,
     ) -> None:
+        if reset_options is not None and spread_episode_starts:
+            raise SettingError(
+                "spread_episode_starts",
+                True,
+                " is not allowed with an algorithm that resets every env when a rollout starts (GRPO): expected false",
+            )
+        if spread_episode_starts and not env.spreads_episode_starts:
+            raise SettingError(
+                "spread_episode_starts",
+                True,
+                f" is not allowed with {type(env).__name__}, which cannot move its episodes' step counts "
+                "(VecEnv.spread_episode_starts): expected false",
+            )
+        self.spread_episode_starts = spread_episode_starts
         if reset_options is not None and rollout_steps < env.max_episode_steps:
             raise SettingError(
                 "rollout_steps",
@@ -208,6 +232,8 @@ class SyncCollector:
         env, data = self.env, self.buffer.data
         if self.reset_options is not None or self._obs is None:
             self._obs, _ = env.reset(options=self.reset_options)
+            if self.spread_episode_starts:
+                env.spread_episode_starts()
             self._restart_episodes()
         obs, n = self._obs, env.num_envs
         # Step t's episode return and length: the previous step's times `running` (0 where an

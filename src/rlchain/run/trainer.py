@@ -79,6 +79,10 @@ class TrainerConfig(Settings):
     """Collect-and-update iterations."""
     rollout_steps: int = setting(100, gt=0)
     """Steps per env per rollout (GRPO, which resets every env each rollout: at least the env's max_episode_steps)."""
+    spread_episode_starts: bool = False
+    """After the first reset of training, put each env at a random step of its first episode (rsl_rl's
+    init_at_random_ep_len), so that episodes do not all reach their time limit at once; those first episodes are
+    shorter (their returns are logged as they are). Not with GRPO; evaluation always starts episodes afresh."""
     eval_freq: int = setting(10, gt=0)
     """Evaluate every this many iterations (and after the last one)."""
     save_freq: int = setting(50, gt=0)
@@ -214,7 +218,9 @@ class Trainer:
         self.config = run_config or {}
         self.world: World = world()
         algorithm.check_env(env)
-        self.collector = SyncCollector(env, policy, cfg.rollout_steps, reset_options=algorithm.reset_options)
+        self.collector = SyncCollector(
+            env, policy, cfg.rollout_steps, algorithm.reset_options, spread_episode_starts=cfg.spread_episode_starts
+        )
         self.output_dir = Path(cfg.output_dir)
         self.evaluator = Evaluator(
             eval_env if self.world.main else None,

@@ -77,6 +77,19 @@ def test_a_resumed_env_draws_what_the_saved_one_would_have():
         other.load_state_dict({"seed_generator": 0})
 
 
+def test_spread_episode_starts_moves_each_envs_time_limit_from_its_own_stream():
+    before = torch.get_rng_state()
+    steps = []
+    for _ in range(2):
+        env = balance(overrides=SHORT)
+        env.reset(seed=4)
+        env.spread_episode_starts()
+        ends = torch.stack([env.step(torch.zeros(8, 1))[3] for _ in range(10)]).float().argmax(0)
+        steps.append(ends.tolist())
+    assert steps[0] == steps[1] and len(set(steps[0])) > 2  # seeded, and spread over the 10 steps
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_group_resets_give_each_block_one_start_and_blocks_different_ones():
     env = balance()
     obs, _ = env.reset(seed=2, options={"group_size": 4})
@@ -88,12 +101,10 @@ def test_group_resets_give_each_block_one_start_and_blocks_different_ones():
 
 
 def test_overrides_reach_the_tasks_cfg_and_a_misspelt_one_names_the_fields():
-    assert (
-        balance(
-            overrides={"episode_length_s": 1.0, "observations": {"actor": {"enable_corruption": False}}}
-        ).max_episode_steps
-        == 20
-    )
+    quiet = {"observations": {"actor": {"enable_corruption": False}}}
+    env = balance(overrides={"episode_length_s": 1.0, **quiet})
+    assert env.max_episode_steps == 20 and env.env.cfg.observations["actor"].enable_corruption is False
+    assert balance(max_episode_steps=7).max_episode_steps == 7
     with pytest.raises(SettingError) as info:
         balance(overrides={"observations": {"actor": {"enable_coruption": False}}})
     message = str(info.value)

@@ -158,6 +158,8 @@ class VecEnv(gym.vector.VectorEnv):
     reports_success: bool = True
     #: Whether :meth:`load_state_dict` restores the episodes in progress exactly (see the class docstring).
     resumes_episodes: bool = False
+    #: Whether :meth:`spread_episode_starts` is implemented (``trainer.spread_episode_starts`` needs it).
+    spreads_episode_starts: bool = False
     num_envs: int
     device: torch.device
     max_episode_steps: int
@@ -176,6 +178,19 @@ class VecEnv(gym.vector.VectorEnv):
         Raises:
             ValueError: (in an env that has state) a state of another env: an unknown key, a wrong shape.
         """
+
+    def spread_episode_starts(self) -> None:
+        """Move every env to a random step of its episode, uniform in ``[0, max_episode_steps)``, drawn from the
+        env's own random stream; the state is unchanged, only the step its time limit counts from.
+
+        After a reset, every episode would otherwise reach its time limit at the same step, and the rollouts of
+        a long episode would see only its early steps and then only its late ones. ``trainer.spread_episode_starts``
+        calls it once after the first reset of training (rsl_rl's ``init_at_random_ep_len``); evaluation never.
+
+        Raises:
+            NotImplementedError: the env cannot move its episodes' step counts (this base implementation).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot spread its episode starts")
 
     def render(self, env_ids: Sequence[int] | None = None) -> torch.Tensor:
         """Frames of the envs ``env_ids`` (every env when None) in their current state.
@@ -289,6 +304,20 @@ class TorchVecEnv(VecEnv):
 
     def _after_set_state(self) -> None:
         """Recompute anything derived from the state (a hook for subclasses)."""
+
+    def spread_episode_starts(self) -> None:
+        """See :meth:`VecEnv.spread_episode_starts`: for a task that counts its steps in ``elapsed_steps`` (a state
+        tensor ``[N]``; it then sets ``spreads_episode_starts``), random counts from its generator.
+
+        Raises:
+            NotImplementedError: the task keeps no ``elapsed_steps``.
+        """
+        if "elapsed_steps" not in self._STATE:
+            super().spread_episode_starts()
+        steps = self.elapsed_steps
+        self.elapsed_steps = torch.randint(
+            0, self.max_episode_steps, steps.shape, generator=self._generator, device=self.device, dtype=steps.dtype
+        )
 
     def _render_rows(self, env_ids: Sequence[int] | None) -> slice | torch.Tensor:
         """The rows of the state tensors that :meth:`render` draws (checked by :meth:`VecEnv._render_ids`).

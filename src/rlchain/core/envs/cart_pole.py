@@ -134,6 +134,7 @@ class CartPoleEnv(TorchVecEnv):
             action pushes left).
     """
 
+    spreads_episode_starts = True
     _STATE = ("x", "x_dot", "theta", "theta_dot", "elapsed_steps")
     metadata: dict[str, Any] = {**TorchVecEnv.metadata, "render_modes": ["rgb_array"], "render_fps": 50}
 

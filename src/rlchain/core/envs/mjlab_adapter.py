@@ -71,7 +71,7 @@ import numpy as np
 import torch
 
 from rlchain.core.envs.base import VecEnv, VecEnvConfig, check_group_size
-from rlchain.settings import SettingError
+from rlchain.settings import SettingError, setting
 from rlchain.utils import resolve_device
 
 __all__ = ["MjlabEnv", "MjlabEnvConfig"]
@@ -92,6 +92,8 @@ class MjlabEnvConfig(VecEnvConfig):
     task: str = "Mjlab-Cartpole-Balance"
     """A task id of mjlab's registry (mjlab.tasks.registry.list_tasks()), e.g. Mjlab-Cartpole-Swingup,
     Mjlab-Velocity-Flat-Unitree-Go1, Mjlab-Lift-Cube-Yam."""
+    max_episode_steps: int | None = setting(None, gt=0)
+    """Time limit in env steps; None keeps the task's (its cfg's episode_length_s)."""
     play: bool = False
     """Start from the task's play cfg (mjlab's play mode: no observation noise, endless episodes) instead of its
     training cfg."""
@@ -248,7 +250,7 @@ class MjlabEnv(VecEnv):
 
     Args:
         settings: the fields of :class:`MjlabEnvConfig` (``self.cfg``): ``task``, ``num_envs``, ``device``,
-            ``seed``, ``render_mode``, ``play``, ``overrides``.
+            ``seed``, ``render_mode``, ``max_episode_steps``, ``play``, ``overrides``.
 
     Shapes: observations a TensorDict of the task's groups, float32 ``[N, dim_g]`` each; actions float32
     ``[N, action_dim]``; rewards float32 ``[N]``; terminated/truncated/success bool ``[N]``; frames of
@@ -259,12 +261,18 @@ class MjlabEnv(VecEnv):
             field the task's cfg does not have; a setting out of its range (see :class:`MjlabEnvConfig`).
     """
 
+    spreads_episode_starts = True
+
     def __init__(self, **settings: Any) -> None:
         self.cfg = cfg = MjlabEnvConfig(**settings)
         super().__init__(cfg.num_envs, resolve_device(cfg.device))
         env_class, registry = _import_mjlab(cfg.task, self.device)
         task_cfg = _task_cfg(registry, cfg.task, cfg.play)
         apply_overrides(task_cfg, cfg.overrides)
+        if cfg.max_episode_steps is not None:  # mjlab's limit is ceil(episode_length_s / step_dt) steps
+            task_cfg.episode_length_s = (
+                (cfg.max_episode_steps - 0.5) * task_cfg.sim.mujoco.timestep * task_cfg.decimation
+            )
         task_cfg.scene.num_envs = cfg.num_envs
         task_cfg.seed = None  # mjlab would reseed torch's (and numpy's) global RNG with it
         task_cfg.auto_reset = False  # step hands back the observation an episode ended on
@@ -353,6 +361,13 @@ class MjlabEnv(VecEnv):
                     self._rng._set(start)
                     obs, _ = self.env.reset(env_ids=ids[k::group_size])
         return self._observe(obs), {}
+
+    def spread_episode_starts(self) -> None:
+        """See :meth:`VecEnv.spread_episode_starts`: mjlab's ``episode_length_buf`` from the env's own stream (what
+        mjlab's ``train`` does through rsl_rl's ``init_at_random_ep_len``)."""
+        steps = self.env.episode_length_buf
+        with self._rng.active():
+            steps.copy_(torch.randint_like(steps, high=self.max_episode_steps))
 
     def step(self, action: torch.Tensor):
         """Step every env once (same-step auto-reset).

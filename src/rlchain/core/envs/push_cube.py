@@ -230,6 +230,7 @@ class PushCubeEnv(TorchVecEnv):
     """
 
     metadata: dict[str, Any] = {**TorchVecEnv.metadata, "render_modes": ["rgb_array"], "render_fps": 10.0}
+    spreads_episode_starts = True
 
     def __init__(self, **settings: Any) -> None:
         self.cfg = cfg = PushCubeConfig(**settings)
