@@ -4,6 +4,7 @@ Usage::
 
     pip install -e ".[mjlab]"
     python benchmarks/vs_mjlab.py [--tasks balance swingup] [--seeds 0 1 2] [--iterations N] [--num-envs 256] [--out DIR]
+    python benchmarks/vs_mjlab.py --env-only [--tasks swingup] [--rounds 4]      # the env alone, both adapters
     python benchmarks/vs_mjlab.py --side mjlab --task T --seed S --out DIR --iterations N --num-envs E
 
 What runs, for each task (``Mjlab-Cartpole-Balance``, ``Mjlab-Cartpole-Swingup``) and seed:
@@ -129,6 +130,64 @@ def run_mjlab(task: str, seed: int, out: Path, iterations: int, num_envs: int) -
     metrics.close()
 
 
+def step_time(side: str, task: str, num_envs: int, steps: int = 400) -> float:
+    """Milliseconds per step of ``task`` with random actions and spread episode starts: mjlab's env as its runner
+    steps it (``auto_reset=True``), or rlchain's ``MjlabEnv`` (the terminal observation, then the reset)."""
+    import contextlib
+    import io
+
+    import torch
+
+    torch.set_num_threads(1)
+    if side == "rlchain":
+        from rlchain.core.envs import MjlabEnv
+
+        env = MjlabEnv(task=TASKS[task], num_envs=num_envs, seed=0)
+        env.reset()
+        env.spread_episode_starts()
+    else:
+        from mjlab.envs import ManagerBasedRlEnv
+        from mjlab.tasks.registry import load_env_cfg
+
+        cfg = load_env_cfg(TASKS[task])
+        cfg.scene.num_envs, cfg.seed = num_envs, 0
+        with contextlib.redirect_stdout(io.StringIO()):
+            env = ManagerBasedRlEnv(cfg, device="cpu")
+        env.reset()
+        env.episode_length_buf.copy_(torch.randint_like(env.episode_length_buf, high=env.max_episode_length))
+    actions = torch.randn(steps + 50, num_envs, int(env.single_action_space.shape[0]))
+    for action in actions[:50]:
+        env.step(action)
+    start = time.perf_counter()
+    for action in actions[50:]:
+        env.step(action)
+    return (time.perf_counter() - start) / steps * 1e3
+
+
+def env_only(args: argparse.Namespace) -> None:
+    """The env alone: rlchain's adapter against mjlab's env as its runner steps it, both at once, pinned to the two
+    cores and swapped between the rounds (``--rounds``); prints ms per step and the ratio of the means."""
+    cpus = sorted(os.sched_getaffinity(0))
+    cores = cpus[:2] if len(cpus) >= 2 else cpus * 2
+    out = (args.out or Path(tempfile.mkdtemp(prefix="rlchain-vs-mjlab-env-"))).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    times: dict[str, list[float]] = {"rlchain": [], "mjlab": []}
+    for task in args.tasks:
+        for index in range(args.rounds):
+            procs = {}
+            for side, core in zip(("rlchain", "mjlab"), cores if index % 2 == 0 else cores[::-1]):
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--side", f"env-{side}", "--task", task]
+                procs[side] = launch([*cmd, "--num-envs", str(args.num_envs)], core, out / f"{task}_{side}_{index}.log")
+            for side, proc in procs.items():
+                finish(proc, side)
+                times[side].append(float(proc.log_path.read_text().split()[-1]))
+            print(
+                f"{TASKS[task]} round {index}: rlchain {times['rlchain'][-1]:.2f} ms/step, mjlab {times['mjlab'][-1]:.2f}"
+            )
+    rl, mj = mean(times["rlchain"]), mean(times["mjlab"])
+    print(f"mean: rlchain {rl:.2f} ms/step, mjlab {mj:.2f} ms/step; rlchain's env steps/s: {mj / rl:.3f}x mjlab's")
+
+
 def read_run(path: Path) -> dict[str, Any]:
     """Totals of one side's ``metrics.jsonl``: env steps, seconds, SPS and the evaluations' returns."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -208,7 +267,11 @@ def benchmark(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--side", choices=["mjlab"], help="run one mjlab side (the benchmark starts these)")
+    parser.add_argument(
+        "--side", choices=["mjlab", "env-rlchain", "env-mjlab"], help="one side (the benchmark starts these)"
+    )
+    parser.add_argument("--env-only", action="store_true", help="time the env alone: rlchain's adapter against mjlab's")
+    parser.add_argument("--rounds", type=int, default=4, help="with --env-only: rounds per task (cores swapped)")
     parser.add_argument("--task", choices=sorted(TASKS), help="with --side: the task")
     parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["balance", "swingup"])
     parser.add_argument("--seed", type=int, default=0)
@@ -219,6 +282,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.side == "mjlab":
         run_mjlab(args.task, args.seed, args.out, args.iterations, args.num_envs)
+        return
+    if args.side in ("env-rlchain", "env-mjlab"):
+        print(f"{step_time(args.side[4:], args.task, args.num_envs):.3f}")
+        return
+    if args.env_only:
+        env_only(args)
         return
     args.iterations = dict.fromkeys(TASKS, args.iterations)
     benchmark(args)

@@ -56,6 +56,16 @@ def test_final_obs_is_the_observation_the_episode_ended_on_in_every_group():
         assert not torch.allclose(after_reset[group], running[group])  # the returned one is the new episode's
 
 
+def test_a_manipulation_task_reports_success_and_its_commands_metrics():
+    env = MjlabEnv(task="Mjlab-Lift-Cube-Yam", num_envs=2, seed=0, max_episode_steps=3)
+    assert env.reports_success and set(env.single_observation_space.spaces) == {"actor", "critic"}
+    env.reset()
+    for _ in range(3):
+        *_, truncated, info = env.step(torch.zeros(2, *env.single_action_space.shape))
+    assert truncated.all() and info["success"].dtype == torch.bool and not info["success"].any()
+    assert any(name.endswith("/position_error") for name in info["metrics"]), sorted(info["metrics"])
+
+
 def test_the_env_draws_from_its_own_stream_and_leaves_torchs_global_rng_alone():
     torch.manual_seed(123)
     before = torch.get_rng_state()
