@@ -17,7 +17,7 @@ USER_CONF = ["--config-dir", str(HELPERS / "user_conf")]
         (
             ["trainer.max_iterations=5"],
             "Invalid config: trainer.max_iterations=5: max_iterations is not a setting of trainer=default "
-            "(did you mean trainer.iterations=5?): expected one of iterations, rollout_steps, eval_freq, ",
+            "(did you mean trainer.iterations=5?): expected one of iterations, rollout_steps, spread_episode_starts, ",
         ),
         (
             ["algoritm.learning_rate=1e-3"],
@@ -97,7 +97,7 @@ def test_help_lists_the_options_a_user_chooses_and_the_launchers_and_sweepers(tm
     assert proc.returncode == 0, proc.stderr
     for line in (
         "algorithm: counting_ppo, grpo, ppo",
-        "env: cart_pole, fault_line, gym, line, push_cube",
+        "env: cart_pole, fault_line, gym, line, mjlab, push_cube",
         "policy: actor_critic, actor_only, wide",
         "trainer: default",
         "robot: short_line",
