@@ -17,7 +17,7 @@ pytest.importorskip("mjlab")
 from rlchain.commands.train import ConfigError, build  # noqa: E402
 from rlchain.core.envs import MjlabEnv, check_vec_env  # noqa: E402
 from rlchain.settings import SettingError  # noqa: E402
-from tests.helpers.runs import TINY, run_cli, run_dir  # noqa: E402
+from tests.helpers.runs import TINY, rows, run_cli, run_dir  # noqa: E402
 
 BALANCE = "Mjlab-Cartpole-Balance"
 #: Episodes of 10 steps (0.5 s at the cartpole's 20 Hz): time-outs within a test.
@@ -148,6 +148,14 @@ def test_grpo_trains_on_a_task_from_shared_group_starts(compose_cfg):
     cfg = compose_cfg([*MJLAB_TINY, "algorithm=grpo", "algorithm.group_size=4"])
     summary = build(cfg).train()
     assert summary.status == "completed" and summary.global_step == 2 * 8 * 16
+
+
+def test_a_run_on_a_task_resumes(compose_cfg, tmp_path):
+    spread = [*MJLAB_TINY, "trainer.spread_episode_starts=true"]
+    build(compose_cfg(spread)).train()
+    summary = build(compose_cfg([*spread, "trainer.iterations=3", "trainer.resume_from=auto"])).train()
+    assert summary.status == "completed" and summary.iteration == 3 and summary.global_step == 3 * 8 * 16
+    assert [row["charts/iteration"] for row in rows(tmp_path)] == [1, 2, 3]  # two from the checkpoint, one here
 
 
 @pytest.mark.slow
