@@ -80,9 +80,10 @@ class TrainerConfig(Settings):
     rollout_steps: int = setting(100, gt=0)
     """Steps per env per rollout (GRPO, which resets every env each rollout: at least the env's max_episode_steps)."""
     spread_episode_starts: bool = False
-    """After the first reset of training, put each env at a random step of its first episode (rsl_rl's
-    init_at_random_ep_len), so that episodes do not all reach their time limit at once; those first episodes are
-    shorter (their returns are logged as they are). Not with GRPO; evaluation always starts episodes afresh."""
+    """After the first reset of training (and the reset of a resume that cannot restore the episodes in
+    progress), put each env at a random step of its episode (rsl_rl's init_at_random_ep_len), so that episodes do
+    not all reach their time limit at once; those first episodes are shorter (their returns are logged as they
+    are). Not with GRPO; evaluation always starts episodes afresh."""
     eval_freq: int = setting(10, gt=0)
     """Evaluate every this many iterations (and after the last one)."""
     save_freq: int = setting(50, gt=0)

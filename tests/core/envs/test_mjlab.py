@@ -57,14 +57,35 @@ def test_final_obs_is_the_observation_the_episode_ended_on_in_every_group():
         assert not torch.allclose(after_reset[group], running[group])  # the returned one is the new episode's
 
 
-def test_a_manipulation_task_reports_success_and_its_commands_metrics():
-    env = MjlabEnv(task="Mjlab-Lift-Cube-Yam", num_envs=2, seed=0, max_episode_steps=3)
-    assert env.reports_success and set(env.single_observation_space.spaces) == {"actor", "critic"}
+def test_a_manipulation_task_reports_success_and_the_metrics_its_episodes_ended_with():
+    # The metrics of a step are copies: the reset of the envs that ended zeroed mjlab's own (they read 0).
+    def lift(**settings) -> MjlabEnv:
+        return MjlabEnv(task="Mjlab-Lift-Cube-Yam", num_envs=2, seed=0, **settings)
+
+    short, long = lift(max_episode_steps=3), lift()
+    assert short.reports_success and set(short.single_observation_space.spaces) == {"actor", "critic"}
+    short.reset(), long.reset()
+    action = torch.zeros(2, *short.single_action_space.shape)
+    for _ in range(3):
+        *_, truncated, info = short.step(action)
+        *_, running = long.step(action)
+    assert truncated.all() and info["success"].dtype == torch.bool
+    error = next(name for name in info["metrics"] if name.endswith("/position_error"))
+    assert torch.equal(info["metrics"][error], running["metrics"][error]) and (info["metrics"][error] > 0).all()
+
+
+def test_a_reset_leaves_the_summed_command_metrics_of_the_envs_that_go_on_alone():
+    # mjlab's reset advances every env's commands; the velocity command's tracking errors are sums over the
+    # episode, so every env that went on counted the step twice.
+    env = MjlabEnv(task="Mjlab-Velocity-Flat-Unitree-Go1", num_envs=2, seed=0)
     env.reset()
     for _ in range(3):
-        *_, truncated, info = env.step(torch.zeros(2, *env.single_action_space.shape))
-    assert truncated.all() and info["success"].dtype == torch.bool and not info["success"].any()
-    assert any(name.endswith("/position_error") for name in info["metrics"]), sorted(info["metrics"])
+        env.step(torch.zeros(2, *env.single_action_space.shape))
+    metrics = env.env.command_manager._terms["twist"].metrics
+    before = {name: value.clone() for name, value in metrics.items()}
+    with env._rng.active():
+        env._reset_envs(torch.tensor([0]))
+    assert all(torch.equal(metrics[name][1], before[name][1]) for name in before) and before["error_vel_xy"][1] > 0
 
 
 def test_the_env_draws_from_its_own_stream_and_leaves_torchs_global_rng_alone():
@@ -107,6 +128,8 @@ def test_group_resets_give_each_block_one_start_and_blocks_different_ones():
     critic = obs["critic"]
     assert torch.equal(critic[:4], critic[0].expand(4, -1)) and torch.equal(critic[4:], critic[4].expand(4, -1))
     assert not torch.equal(critic[0], critic[4])
+    qpos = env.env.sim.data.qpos  # the simulator's state, not only what the critic observes
+    assert torch.equal(qpos[:4], qpos[0].expand(4, -1)) and not torch.equal(qpos[0], qpos[4])
     with pytest.raises(SettingError, match="num_envs must be a multiple of group_size"):
         env.reset(options={"group_size": 3})
 
@@ -121,6 +144,36 @@ def test_overrides_reach_the_tasks_cfg_and_a_misspelt_one_names_the_fields():
     message = str(info.value)
     assert message.startswith("env.overrides.observations.actor.enable_coruption=False is not allowed: ")
     assert "'enable_corruption'" in message and "\n" not in message
+
+
+def test_a_finite_horizon_tasks_time_outs_are_terminations():
+    env = balance(overrides={**SHORT, "is_finite_horizon": True})
+    env.reset()
+    for _ in range(10):
+        _, _, terminated, truncated, _ = env.step(torch.zeros(8, 1))
+    assert terminated.all() and not truncated.any()  # nothing to bootstrap, as mjlab's rsl_rl wrapper has it
+
+
+def test_a_state_of_another_device_and_endless_play_episodes_are_refused():
+    env = balance()
+    with pytest.raises(
+        ValueError, match=r"^env state rng has 16 bytes: expected \d+, the RNG state of an MjlabEnv on cpu"
+    ):
+        env.load_state_dict({"rng": torch.zeros(16, dtype=torch.uint8)})
+    with pytest.raises(SettingError, match=r"^env.play=True needs env.max_episode_steps: the play cfg's episodes"):
+        balance(play=True)
+    assert balance(play=True, max_episode_steps=5).max_episode_steps == 5
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_env_draws_from_its_own_streams_on_both_devices():
+    cpu, cuda = torch.get_rng_state(), torch.cuda.get_rng_state()
+    a, b = balance(device="cuda", seed=3), balance(device="cuda", seed=3)
+    obs = [env.reset()[0]["actor"] for env in (a, b)]
+    steps = [env.step(torch.full((8, 1), 0.3, device="cuda"))[0]["actor"] for env in (a, b)]
+    assert torch.equal(obs[0], obs[1]) and torch.equal(steps[0], steps[1])
+    assert torch.equal(torch.get_rng_state(), cpu) and torch.equal(torch.cuda.get_rng_state(), cuda)
 
 
 def test_an_unknown_task_names_close_matches_and_a_missing_mjlab_the_extra(monkeypatch):

@@ -23,8 +23,9 @@ What rlchain sees of a task:
   and each command's metrics (``<command>/<metric>``), float32 ``[N]`` each.
 * ``info["success"]``, by task family: a task whose command latches an ``episode_success`` (the
   manipulation tasks, ``Mjlab-Lift-Cube-Yam*``: the object came within the command's
-  ``success_threshold`` of its target during the episode); a motion-tracking task (a ``motion``
-  command): the episode ran to its time-out without a termination. Other tasks (cartpole, velocity
+  ``success_threshold`` of its target since the command last drew a target, which it does every 8-12 s of a
+  20 s episode); a motion-tracking task (a ``motion`` command): the episode ran to its time-out without a
+  termination. Other tasks (cartpole, velocity
   tracking) report no success signal (``reports_success`` is False), as Pendulum does.
 
 Settings of the task's env cfg (``ManagerBasedRlEnvCfg``) are changed with ``env.overrides``, a nested
@@ -43,7 +44,9 @@ simulator's own state cannot be saved, so a resume resets every env). A terrain 
 
 ``reset(options={"group_size": G})`` gives each block of ``G`` consecutive envs one initial state: the
 blocks are reset in ``G`` passes, pass ``k`` resetting env ``k`` of every block from one RNG state, so each
-env of a block draws the same reset events (its place in the scene, its terrain tile, stays its own).
+env of a block draws the same reset events: the same simulator state (its place in the scene, its terrain tile,
+stays its own). mjlab draws observation noise for the whole batch at once, so the noisy groups of a block's envs
+differ by their noise.
 
 Rendering (``env.render_mode=rgb_array``, for ``trainer.video``): mjlab's offscreen MuJoCo renderer, one env
 per frame, at the task's viewer size (320x240 for the shipped tasks). It draws through OpenGL: on a machine
@@ -56,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import importlib.util
 import io
 import logging
 import os
@@ -96,7 +100,7 @@ class MjlabEnvConfig(VecEnvConfig):
     """Time limit in env steps; None keeps the task's (its cfg's episode_length_s)."""
     play: bool = False
     """Start from the task's play cfg (mjlab's play mode: no observation noise, endless episodes) instead of its
-    training cfg."""
+    training cfg; needs max_episode_steps (evaluation needs episodes that end)."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Fields of the task's env cfg (mjlab's ManagerBasedRlEnvCfg) to change, nested as the cfg is:
     +env.overrides.episode_length_s=10, +env.overrides.observations.actor.enable_corruption=false."""
@@ -136,6 +140,9 @@ def _import_mjlab(task: str, device: torch.device) -> tuple[Any, Any]:
     Raises:
         SettingError: ``env.task=...``: mjlab is not installed (naming the extra).
     """
+    missing = SettingError("env.task", task, f" needs mjlab, an optional extra that is not installed: {INSTALL}")
+    if importlib.util.find_spec("mjlab") is None:
+        raise missing
     logging.getLogger("OpenGL").setLevel(logging.WARNING)  # PyOpenGL's INFO line on every import
     try:
         with _quiet_on_cpu(device):
@@ -143,10 +150,8 @@ def _import_mjlab(task: str, device: torch.device) -> tuple[Any, Any]:
             from mjlab.envs import ManagerBasedRlEnv
             from mjlab.tasks import registry
     except ImportError as err:
-        if err.name is not None and err.name.partition(".")[0] == "mjlab":
-            raise SettingError(
-                "env.task", task, f" needs mjlab, an optional extra that is not installed: {INSTALL}"
-            ) from None
+        if err.name == "mjlab":  # mjlab itself; an error inside an installed mjlab keeps its traceback
+            raise missing from None
         raise
     return ManagerBasedRlEnv, registry
 
@@ -205,29 +210,37 @@ def _mjlab_device(device: torch.device) -> str:
 
 
 class _OwnRng:
-    """A torch RNG state of the env's own, swapped in for torch's global one inside :meth:`active`.
+    """Torch RNG states of the env's own, swapped in for torch's global ones inside :meth:`active`.
 
-    mjlab draws with ``torch.rand`` and friends on its device's default generator; inside :meth:`active` that
-    generator holds this state, and the global state it held is put back afterwards.
+    mjlab draws with ``torch.rand`` and friends on its device's default generator, and on the CPU's for a few
+    draws even on CUDA (the global-time interval events, Gaussian domain randomisation); inside :meth:`active`
+    those generators hold this state (the CPU's, and on CUDA the device's too), and the global states they held
+    are put back afterwards. ``state`` is a uint8 tensor: the CPU state, then on CUDA the device's.
     """
 
     def __init__(self, device: torch.device, seed: int) -> None:
-        self.device = device
+        self.device = device  # with its index: the generator mjlab draws from
         self.state = self._seeded(seed)
 
     def _get(self) -> torch.Tensor:
-        return torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else torch.get_rng_state()
+        states = [torch.get_rng_state()]
+        if self.device.type == "cuda":
+            states.append(torch.cuda.get_rng_state(self.device))
+        return torch.cat(states)
 
     def _set(self, state: torch.Tensor) -> None:
+        cpu_size = torch.get_rng_state().numel()
+        torch.set_rng_state(state[:cpu_size])
         if self.device.type == "cuda":
-            torch.cuda.set_rng_state(state, self.device)
-        else:
-            torch.set_rng_state(state)
+            torch.cuda.set_rng_state(state[cpu_size:], self.device)
 
     def _seeded(self, seed: int) -> torch.Tensor:
-        generator = torch.Generator(self.device)
-        generator.manual_seed(int(seed))
-        return generator.get_state()
+        states = []
+        for device in ["cpu"] + ([self.device] if self.device.type == "cuda" else []):
+            generator = torch.Generator(device)
+            generator.manual_seed(int(seed))
+            states.append(generator.get_state())
+        return torch.cat(states)
 
     def seed(self, seed: int) -> None:
         """Restart the stream from ``seed``."""
@@ -235,7 +248,7 @@ class _OwnRng:
 
     @contextmanager
     def active(self) -> Iterator[None]:
-        """Run the body with this state on the device's default generator; keep where the body left it."""
+        """Run the body with this state on the default generators; keep where the body left it."""
         outer = self._get()
         self._set(self.state)
         try:
@@ -266,6 +279,13 @@ class MjlabEnv(VecEnv):
     def __init__(self, **settings: Any) -> None:
         self.cfg = cfg = MjlabEnvConfig(**settings)
         super().__init__(cfg.num_envs, resolve_device(cfg.device))
+        if cfg.play and cfg.max_episode_steps is None:
+            raise SettingError(
+                "env.play",
+                True,
+                " needs env.max_episode_steps: the play cfg's episodes are endless, and evaluation needs episodes "
+                "that end",
+            )
         env_class, registry = _import_mjlab(cfg.task, self.device)
         task_cfg = _task_cfg(registry, cfg.task, cfg.play)
         apply_overrides(task_cfg, cfg.overrides)
@@ -279,7 +299,7 @@ class MjlabEnv(VecEnv):
         generator = getattr(task_cfg.scene.terrain, "terrain_generator", None)
         if generator is not None and getattr(generator, "seed", 0) is None:
             generator.seed = cfg.seed  # else mjlab's terrain draws a seed from numpy's global RNG
-        self._rng = _OwnRng(self.device, cfg.seed)
+        self._rng = _OwnRng(torch.device(_mjlab_device(self.device)), cfg.seed)
         build_log = io.StringIO()
         with (
             self._rng.active(),
@@ -314,6 +334,8 @@ class MjlabEnv(VecEnv):
             spaces[group] = gym.spaces.Box(-np.inf, np.inf, tuple(int(d) for d in space.shape), np.float32)
         action_dim = int(self.env.single_action_space.shape[0])
         self._set_spaces(gym.spaces.Dict(spaces), gym.spaces.Box(-np.inf, np.inf, (action_dim,), np.float32))
+        self._finite_horizon = bool(getattr(task_cfg, "is_finite_horizon", False))
+        """mjlab's is_finite_horizon: its time-outs end the task (terminations, never bootstrapped)."""
         self._success_of = self._success_source()
         self.reports_success = self._success_of is not None
         self._no_success = torch.zeros(cfg.num_envs, dtype=torch.bool, device=self.device)
@@ -359,7 +381,7 @@ class MjlabEnv(VecEnv):
                 start = self._rng._get()
                 for k in range(group_size):  # env k of every block draws what env 0 of its block drew
                     self._rng._set(start)
-                    obs, _ = self.env.reset(env_ids=ids[k::group_size])
+                    obs = self._reset_envs(ids[k::group_size])
         return self._observe(obs), {}
 
     def spread_episode_starts(self) -> None:
@@ -391,17 +413,37 @@ class MjlabEnv(VecEnv):
             done = terminated | time_outs
             info = {
                 "rewards": self._reward_terms(),
-                "metrics": self._metrics(),
+                "metrics": self._metrics(),  # copies: the reset below zeroes the ended rows of mjlab's own
                 "success": self._success(terminated, time_outs),
             }
             ended = done.nonzero().squeeze(-1)
             final = self._observe(obs)
             if len(ended):
-                final = final.clone()
-                obs, _ = self.env.reset(env_ids=ended)
+                final = final.clone()  # a group's history buffer is mjlab's own, refilled by the reset
+                obs = self._reset_envs(ended)
         info["final_obs"] = final
+        if self._finite_horizon:  # the time limit ends the task: nothing to bootstrap (as mjlab's rsl_rl wrapper)
+            return self._observe(obs), reward.float(), done.bool(), torch.zeros_like(done, dtype=torch.bool), info
         truncated = time_outs & ~terminated
         return self._observe(obs), reward.float(), terminated.bool(), truncated.bool(), info
+
+    def _reset_envs(self, env_ids: torch.Tensor) -> dict[str, Any]:
+        """mjlab's ``reset(env_ids=...)``; returns its observation dict.
+
+        The reset advances every env's commands by a step of 0 s, and a command that sums its metrics over the
+        episode (the velocity commands' tracking errors) would add this step's error once more to every env that
+        did not end: their metrics are put back as they were.
+        """
+        commands = [term.metrics for term in self.env.command_manager._terms.values() if getattr(term, "metrics", None)]
+        kept = [{name: value.clone() for name, value in metrics.items()} for metrics in commands]
+        obs, _ = self.env.reset(env_ids=env_ids)
+        others = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        others[env_ids] = False
+        for metrics, before in zip(commands, kept):
+            for name, value in before.items():
+                if name in metrics and metrics[name].shape == value.shape:
+                    metrics[name][others] = value[others]
+        return obs
 
     def _reward_terms(self) -> dict[str, torch.Tensor]:
         """Each reward term as it counts in the reward (weighted, scaled by the step's duration where the
@@ -413,11 +455,11 @@ class MjlabEnv(VecEnv):
         """The metrics manager's terms of this step and each command's metrics, float32 ``[N]`` each."""
         out: dict[str, torch.Tensor] = {}
         if self._metric_names:
-            out.update(zip(self._metric_names, self.env.metrics_manager._step_values.unbind(1)))
+            out.update(zip(self._metric_names, self.env.metrics_manager._step_values.clone().unbind(1)))
         for name, term in self.env.command_manager._terms.items():
             for metric, value in getattr(term, "metrics", {}).items():
                 if isinstance(value, torch.Tensor) and value.shape == (self.num_envs,):
-                    out[f"{name}/{metric}"] = value.float()
+                    out[f"{name}/{metric}"] = value.float().clone()
         return out
 
     def _success_source(self) -> str | None:
@@ -454,11 +496,13 @@ class MjlabEnv(VecEnv):
         renderer = self.env._offline_renderer
         viewer = self.env.cfg.viewer
         frames = []
-        for i in ids:
-            renderer._env_ids = (i,)  # the env it frames (mjlab draws viewer.env_idx and its neighbours)
-            renderer.update(self.env.sim.data)
-            frames.append(np.array(renderer.render(), dtype=np.uint8))
-        renderer._env_ids = None
+        try:
+            for i in ids:
+                renderer._env_ids = (i,)  # the env it frames (mjlab draws viewer.env_idx and its neighbours)
+                renderer.update(self.env.sim.data)
+                frames.append(np.array(renderer.render(), dtype=np.uint8))
+        finally:
+            renderer._env_ids = None
         if not frames:
             return torch.zeros((0, viewer.height, viewer.width, 3), dtype=torch.uint8)
         return torch.from_numpy(np.stack(frames))
@@ -475,7 +519,13 @@ class MjlabEnv(VecEnv):
         """
         if set(state) != {"rng"} or not isinstance(state["rng"], torch.Tensor):
             raise ValueError(f"env state {sorted(state)} is not an MjlabEnv's: expected its rng")
-        self._rng.state = state["rng"].cpu().to(torch.uint8)
+        rng = state["rng"].cpu().to(torch.uint8)
+        if rng.numel() != self._rng.state.numel():
+            raise ValueError(
+                f"env state rng has {rng.numel()} bytes: expected {self._rng.state.numel()}, the RNG state of an "
+                f"MjlabEnv on {self.device.type} (a checkpoint saved on another kind of device)"
+            )
+        self._rng.state = rng
 
     def close(self, **kwargs: Any) -> None:
         """Close mjlab's env (and its renderer)."""
