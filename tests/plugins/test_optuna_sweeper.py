@@ -110,7 +110,8 @@ def test_malformed_search_space_names_the_key(expression):
 
 
 def _kill_while_trial_2_runs(command: list[str], storage: str, tmp_path: Path) -> None:
-    """Run the sweep ``command`` (whose trial 2 waits: ``hold=2``) until trial 2 runs, then SIGKILL it."""
+    """Run the sweep ``command`` (whose trial 2 waits: ``hold=2``) until trial 2 runs with its parameters, then
+    SIGKILL it."""
     first = subprocess.Popen(
         command,
         cwd=tmp_path,
@@ -124,7 +125,9 @@ def _kill_while_trial_2_runs(command: list[str], storage: str, tmp_path: Path) -
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and first.poll() is None:  # until trial 2 runs (and waits)
             trials = _trials(storage, tmp_path)
-            if trials is not None and len(trials) == 3 and trials[2].state == TrialState.RUNNING:
+            # RUNNING from the sweeper's ask(); its parameters come a moment later, with suggest (a kill in
+            # between leaves a trial without them)
+            if trials is not None and len(trials) == 3 and trials[2].state == TrialState.RUNNING and trials[2].params:
                 break
             time.sleep(0.2)
         else:
