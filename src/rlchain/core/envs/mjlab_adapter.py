@@ -344,7 +344,6 @@ class MjlabEnv(VecEnv):
         self._reward_names = list(rewards.active_terms)
         metrics = self.env.metrics_manager
         self._metric_names = list(getattr(metrics, "active_terms", []))
-        self._obs = None
 
     # -- episodes ---------------------------------------------------------------------------------------------
 
@@ -462,22 +461,19 @@ class MjlabEnv(VecEnv):
                     out[f"{name}/{metric}"] = value.float().clone()
         return out
 
-    def _success_source(self) -> str | None:
-        """Where the task's success signal comes from (see the module docstring), or None."""
-        for name, term in self.env.command_manager._terms.items():
-            if isinstance(getattr(term, "episode_success", None), torch.Tensor):
-                return f"episode_success:{name}"
-        if "motion" in self.env.command_manager._terms:
-            return "motion"
-        return None
+    def _success_source(self) -> Any:
+        """Where the task's success signal comes from (see the module docstring): the command term that latches
+        an ``episode_success``, ``"motion"`` for a motion-tracking task, or None."""
+        terms = self.env.command_manager._terms
+        latched = [term for term in terms.values() if isinstance(getattr(term, "episode_success", None), torch.Tensor)]
+        return latched[0] if latched else "motion" if "motion" in terms else None
 
     def _success(self, terminated: torch.Tensor, time_outs: torch.Tensor) -> torch.Tensor:
         if self._success_of is None:
             return self._no_success
-        if self._success_of == "motion":
+        if isinstance(self._success_of, str):  # "motion": the episode ran to its time-out
             return time_outs & ~terminated
-        command = self.env.command_manager._terms[self._success_of.partition(":")[2]]
-        return command.episode_success > 0.5
+        return self._success_of.episode_success > 0.5
 
     # -- rendering, state -------------------------------------------------------------------------------------
 
