@@ -47,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vs_rsl_rl import compose_config, finish, git_state, launch, mean  # noqa: E402
+from vs_rsl_rl import _rsl_rl_classes, compose_config, finish, git_state, launch, mean, record_iterations  # noqa: E402
 
 TASKS = {"balance": "Mjlab-Cartpole-Balance", "swingup": "Mjlab-Cartpole-Swingup"}
 
@@ -64,7 +64,6 @@ def run_mjlab(task: str, seed: int, out: Path, iterations: int, num_envs: int) -
     from mjlab.rl import MjlabOnPolicyRunner, RslRlVecEnvWrapper
     from mjlab.tasks.registry import load_env_cfg, load_rl_cfg, load_runner_cls
     from mjlab.utils.torch import configure_torch_backends
-    from tensordict import TensorDict
 
     from rlchain.core.envs import MjlabEnv
     from rlchain.core.evaluation import evaluate
@@ -83,49 +82,15 @@ def run_mjlab(task: str, seed: int, out: Path, iterations: int, num_envs: int) -
     runner = runner_cls(env, asdict(agent), str(out / "log"), "cpu")
     eval_env = MjlabEnv(task=TASKS[task], num_envs=int(cfg.trainer.num_eval_envs), seed=seed + 1, device="cpu")
 
-    class Policy(torch.nn.Module):
-        """mjlab's rsl_rl actor and critic behind rlchain's policy interface (for ``evaluate``)."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.actor, self.critic = runner.alg.actor, runner.alg.critic
-
-        def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
-            obs = td["obs"]  # the groups, as mjlab's env gives them
-            action = self.actor(obs) if deterministic else self.actor(obs, stochastic_output=True)
-            if deterministic:
-                self.actor.distribution.update(action)
-            td["action"] = action
-            td["sample_log_prob"] = self.actor.get_output_log_prob(action)
-            td["value"] = self.critic(obs).squeeze(-1)
-            return td
-
-    policy = Policy()
-    steps_per_iteration = num_envs * int(agent.num_steps_per_env)
-    log = runner.logger.log
-    metrics = (out / "metrics.jsonl").open("w")
-
-    def log_and_evaluate(**kwargs: Any) -> None:
-        log(**kwargs)
-        iteration = kwargs["it"] + 1
-        row: dict[str, Any] = {
-            "global_step": iteration * steps_per_iteration,
-            "charts/iteration": iteration,
-            "time/collect_s": kwargs["collect_time"],
-            "time/update_s": kwargs["learn_time"],
-        }
-        if iteration % eval_freq == 0 or iteration == iterations:
-            start = time.perf_counter()
-            with torch.inference_mode():
-                stats = evaluate(eval_env, policy, num_episodes=episodes, seed=seed + 1)
-            row.update({f"eval/{k}": v for k, v in stats.means().items()})
-            row["eval/global_step"] = row["global_step"]
-            row["time/eval_s"] = time.perf_counter() - start
-        metrics.write(json.dumps(row) + "\n")
-        metrics.flush()
-
-    runner.logger.log = log_and_evaluate
-    runner.logger.git_status_repos.clear()  # installed packages, not checkouts: no git diff to store
+    policy = _rsl_rl_classes()[1](runner.alg.actor, runner.alg.critic, group=None)  # mjlab's groups as they are
+    metrics = record_iterations(
+        runner,
+        out / "metrics.jsonl",
+        num_envs * int(agent.num_steps_per_env),
+        iterations,
+        eval_freq,
+        lambda: evaluate(eval_env, policy, num_episodes=episodes, seed=seed + 1),
+    )
     runner.learn(num_learning_iterations=iterations, init_at_random_ep_len=True)
     metrics.close()
 

@@ -302,13 +302,17 @@ def _rsl_rl_classes():
     class RslRlPolicy(torch.nn.Module):
         """rsl_rl's actor and critic behind rlchain's TensorDict policy interface (for ``evaluate``)."""
 
-        def __init__(self, actor: torch.nn.Module, critic: torch.nn.Module) -> None:
+        def __init__(self, actor: torch.nn.Module, critic: torch.nn.Module, group: str | None = "policy") -> None:
             super().__init__()
-            self.actor, self.critic = actor, critic
+            self.actor, self.critic, self.group = actor, critic, group
 
         def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
-            """Write ``action`` (the actor's mean when ``deterministic``), ``sample_log_prob`` and ``value`` ``[B]``."""
-            obs = TensorDict({"policy": td["obs"]}, batch_size=td.batch_size)
+            """Write ``action`` (the actor's mean when ``deterministic``), ``sample_log_prob`` and ``value`` ``[B]``.
+
+            ``td["obs"]`` is one flat observation, given to rsl_rl as its group ``group``, or (``group`` None) a
+            TensorDict of groups already named as the runner's ``obs_groups`` name them.
+            """
+            obs = td["obs"] if self.group is None else TensorDict({self.group: td["obs"]}, batch_size=td.batch_size)
             if deterministic:
                 action = self.actor(obs)  # the mean; draws nothing from the RNG
                 self.actor.distribution.update(action)
@@ -349,11 +353,34 @@ def run_rsl_rl(seed: int, out: Path, device: str, iterations: int | None, num_en
     runner = OnPolicyRunner(RslRlVecEnv(env), train_cfg, log_dir=str(out / "log"), device=str(env.device))
     policy = RslRlPolicy(runner.alg.actor, runner.alg.critic)
     steps_per_iteration = env.num_envs * train_cfg["num_steps_per_env"]
+    metrics = record_iterations(
+        runner,
+        out / "metrics.jsonl",
+        steps_per_iteration,
+        total,
+        eval_freq,
+        lambda: evaluate(eval_env, policy, num_episodes=episodes, seed=seed + 1),
+    )
+    torch.manual_seed(cfg.seed)  # as rlchain's Trainer, before the first rollout
+    runner.learn(num_learning_iterations=total)
+    metrics.close()
+
+
+def record_iterations(
+    runner: Any, path: Path, steps_per_iteration: int, total: int, eval_freq: int, evaluate_policy: Any
+) -> Any:
+    """Make an rsl_rl runner write rlchain's ``metrics.jsonl`` rows to ``path``; returns the open file (close it
+    after ``learn``).
+
+    A wrapper around the runner's ``logger.log``, which it calls after ``learn_time`` was measured and before the
+    next iteration's clock starts, writes each iteration's ``time/collect_s`` and ``time/update_s`` and, every
+    ``eval_freq`` iterations and after the last (``total``), the ``eval/`` means of ``evaluate_policy()`` (an
+    rlchain ``evaluate`` result). The runner stores no git diff: rsl_rl is an installed package, not a checkout.
+    """
     log = runner.logger.log
-    metrics = (out / "metrics.jsonl").open("w")
+    metrics = path.open("w")
 
     def log_and_evaluate(**kwargs: Any) -> None:
-        # Called after learn_time was measured and before the next iteration's clock starts.
         log(**kwargs)
         iteration = kwargs["it"] + 1
         row: dict[str, Any] = {
@@ -364,18 +391,15 @@ def run_rsl_rl(seed: int, out: Path, device: str, iterations: int | None, num_en
         }
         if iteration % eval_freq == 0 or iteration == total:
             start = time.perf_counter()
-            stats = evaluate(eval_env, policy, num_episodes=episodes, seed=seed + 1)
-            row.update({f"eval/{k}": v for k, v in stats.means().items()})
+            row.update({f"eval/{k}": v for k, v in evaluate_policy().means().items()})
             row["eval/global_step"] = row["global_step"]
             row["time/eval_s"] = time.perf_counter() - start
         metrics.write(json.dumps(row) + "\n")
         metrics.flush()
 
     runner.logger.log = log_and_evaluate
-    runner.logger.git_status_repos.clear()  # rsl_rl is an installed package, not a checkout: no git diff to store
-    torch.manual_seed(cfg.seed)  # as rlchain's Trainer, before the first rollout
-    runner.learn(num_learning_iterations=total)
-    metrics.close()
+    runner.logger.git_status_repos.clear()
+    return metrics
 
 
 # ------------------------------------------------------------------ benchmark
