@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -58,6 +59,18 @@ def run_cli(
         [sys.executable, "-m", module, *args],
         cwd=cwd,
         env=subprocess_env(**env_extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def python_with_egl(code: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run the Python ``code`` (dedented) in a fresh interpreter with ``MUJOCO_GL=egl``: mujoco reads it when it is
+    imported, so headless MuJoCo drawing needs a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**os.environ, "MUJOCO_GL": "egl"},
         capture_output=True,
         text=True,
         timeout=timeout,

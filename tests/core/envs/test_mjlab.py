@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import textwrap
 
 import imageio.v3 as iio
 import pytest
@@ -17,7 +14,7 @@ pytest.importorskip("mjlab")
 from rlchain.commands.train import ConfigError, build  # noqa: E402
 from rlchain.core.envs import MjlabEnv, check_vec_env  # noqa: E402
 from rlchain.settings import SettingError  # noqa: E402
-from tests.helpers.runs import TINY, rows, run_cli, run_dir  # noqa: E402
+from tests.helpers.runs import TINY, python_with_egl, rows, run_cli, run_dir  # noqa: E402
 
 BALANCE = "Mjlab-Cartpole-Balance"
 #: Episodes of 10 steps (0.5 s at the cartpole's 20 Hz): time-outs within a test.
@@ -233,8 +230,7 @@ def test_a_run_on_a_task_trains_with_videos_and_is_evaluated_and_exported_withou
 
 
 def test_frames_are_drawn_headless_one_env_each():
-    # MUJOCO_GL is read when mujoco is imported: a fresh interpreter.
-    code = textwrap.dedent("""
+    code = """
         import torch
         from rlchain.core.envs import MjlabEnv
         env = MjlabEnv(task="Mjlab-Cartpole-Swingup", num_envs=3, render_mode="rgb_array")
@@ -246,14 +242,8 @@ def test_frames_are_drawn_headless_one_env_each():
         assert torch.equal(env.render([2, 1]), frames[[2, 1]]) and env.metadata["render_fps"] == 20
         assert frames.float().std() > 1 and not torch.equal(frames[0], frames[1])  # pictures of two states
         print("ok")
-    """)
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "MUJOCO_GL": "egl"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """
+    proc = python_with_egl(code, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr
 
 

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
-import subprocess
-import sys
-import textwrap
 
 import gymnasium as gym
 import numpy as np
@@ -21,6 +17,7 @@ from rlchain.core.envs.base import RENDER_MODES
 from rlchain.core.envs.cart_pole import RENDER_HEIGHT, RENDER_WIDTH
 from rlchain.core.envs.push_cube import RENDER_MARGIN, RENDER_SIZE
 from rlchain.settings import SettingError
+from tests.helpers.runs import python_with_egl
 
 # gymnasium's checker warns about the unbounded Box of PushCube and about a wrapped env.
 GYM_CHECKER_WARNINGS = [
@@ -240,8 +237,7 @@ def test_gym_vec_env_refuses_render_modes_the_env_lacks():
 
 @pytest.mark.skipif(importlib.util.find_spec("mujoco") is None, reason="needs mujoco")
 def test_gym_vec_env_renders_mujoco_headless_with_egl():
-    # MUJOCO_GL is read when mujoco is imported: a fresh interpreter.
-    code = textwrap.dedent("""
+    code = """
         import torch
         from rlchain.core.envs import GymVecEnv
         env = GymVecEnv("HalfCheetah-v5", num_envs=2, render_mode="rgb_array")
@@ -250,14 +246,8 @@ def test_gym_vec_env_renders_mujoco_headless_with_egl():
         assert torch.equal(env.render([1]), frames[1:]) and env.metadata["render_fps"] == 20
         assert frames.float().std() > 1  # a picture, not a blank
         print("ok")
-    """)
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "MUJOCO_GL": "egl"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """
+    proc = python_with_egl(code, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr
 
 
