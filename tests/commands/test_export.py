@@ -276,13 +276,13 @@ def test_a_policy_of_observation_groups_exports_them_as_named_inputs(grouped_run
 
 
 def test_a_grouped_policy_whose_one_group_is_named_obs_exports_it_as_a_group(tmp_path):
-    from rlchain.commands.export import export_policy, input_shapes
+    from rlchain.commands.export import export_policy, input_spaces
     from rlchain.core.policies import ActorCritic
 
     space = gym.spaces.Dict({"obs": gym.spaces.Box(-1, 1, (3,))})
     policy = ActorCritic(space, gym.spaces.Box(-1, 1, (1,)), hidden_sizes=[8])
     out = export_policy(
-        policy, gym.spaces.Box(-1, 1, (1,)), input_shapes(policy, space), "torchscript", tmp_path / "p.pt", {}
+        policy, gym.spaces.Box(-1, 1, (1,)), input_spaces(policy, space), "torchscript", tmp_path / "p.pt", {}
     )
     obs = torch.randn(5, 3)
     with torch.no_grad():

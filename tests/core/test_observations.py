@@ -113,15 +113,27 @@ def test_the_default_groups_of_other_names():
             "actor_obs=[] is not allowed: expected distinct groups, at least one",
         ),
         (
-            {"actor": (64, 64, 3), "critic": (3,)},
+            {"actor": (8, 8, 3), "critic": (3,)},
             {},
-            "actor_obs='actor' is not allowed: the group 'actor' is an image (64, 64, 3) uint8",
+            "cnn_kernel_sizes=[8, 4, 3] is not allowed with cnn_strides=[4, 2, 1]: the image group 'actor' (8, 8, 3) "
+            "is smaller than the convolutions' receptive field",
+        ),
+        (
+            {"actor": (2,), "camera": (2, 32, 32, 3)},
+            {"critic_obs": ["camera"]},
+            "critic_obs='camera' is not allowed: the image group 'camera' has shape (2, 32, 32, 3), and the CNN "
+            "encoder takes images of 3 dimensions",
+        ),
+        (
+            {"actor": (512, 512, 3)},
+            {"cnn_strides": [1, 1, 1]},
+            "cnn_strides=[1, 1, 1] is not allowed: the image group 'actor' (512, 512, 3) is too large for the encoder",
         ),
     ],
 )
-def test_a_group_the_env_lacks_or_an_image_group_is_one_line(space, settings, message):
+def test_a_group_the_env_lacks_or_an_image_the_encoder_cannot_take_is_one_line(space, settings, message):
     groups = {
-        name: gym.spaces.Box(0, 255, shape, np.uint8) if len(shape) == 3 else gym.spaces.Box(-1, 1, shape, np.float32)
+        name: gym.spaces.Box(0, 255, shape, np.uint8) if len(shape) >= 3 else gym.spaces.Box(-1, 1, shape, np.float32)
         for name, shape in space.items()
     }
     with pytest.raises(SettingError) as caught:

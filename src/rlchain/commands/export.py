@@ -11,8 +11,9 @@ The options (:class:`ExportConfig`) are ``key=value``, as ``rlchain-eval``'s are
 ``format`` (required), ``checkpoint`` ('best', 'latest' or a path) and ``output``.
 
 The file is the deterministic policy alone (:class:`ExportedPolicy`): input
-``obs`` float32 ``[B, obs_dim]`` (any ``B``), the run's observation
-normalisation baked in, output ``action``: the action the env receives,
+``obs`` float32 ``[B, obs_dim]`` (any ``B``; a run of observation groups has
+one input per actor group, an image uint8 in the env's layout), the run's
+observation normalisation baked in, output ``action``: the action the env receives,
 float32 ``[B, act_dim]`` clipped to the Box action space, or int64 ``[B]``
 (the likeliest category of a Discrete one). Its metadata (JSON under the key
 ``rlchain``: TorchScript's extra file ``rlchain.json``, ONNX's
@@ -51,7 +52,16 @@ from rlchain.core import observations
 from rlchain.files import write_bytes
 from rlchain.settings import setting
 
-__all__ = ["EXPORT_EXTRA", "FORMATS", "ExportConfig", "ExportedPolicy", "export_policy", "main", "metadata_of"]
+__all__ = [
+    "EXPORT_EXTRA",
+    "FORMATS",
+    "ExportConfig",
+    "ExportedPolicy",
+    "export_policy",
+    "input_spaces",
+    "main",
+    "metadata_of",
+]
 
 #: Export formats and the file suffix each gets by default.
 FORMATS = {"torchscript": ".torchscript.pt", "onnx": ".onnx"}
@@ -91,8 +101,9 @@ class ExportedPolicy(nn.Module):
             groups (its actor's groups, each a ``[B, *group_shape]`` input);
             None for one flat observation.
 
-    Shapes: ``obs`` float32 ``[B, obs_dim]`` (grouped: one float32 ``[B, *group_shape]`` input per group, in
-    the order of ``groups``) -> float32 ``[B, act_dim]`` (Box) or int64 ``[B]`` (Discrete).
+    Shapes: ``obs`` float32 ``[B, obs_dim]`` (grouped: one ``[B, *group_shape]`` input per group, in the order of
+    ``groups``; an image group uint8, as the env gives it) -> float32 ``[B, act_dim]`` (Box) or int64 ``[B]``
+    (Discrete).
     """
 
     def __init__(
@@ -114,16 +125,37 @@ class ExportedPolicy(nn.Module):
         return action + self.action_start if self.action_start else action
 
 
-def input_shapes(policy: nn.Module, observation_space: gym.Space) -> dict[str, tuple[int, ...]]:
-    """The inputs of the exported file, in order: name -> one env's shape.
+def input_spaces(policy: nn.Module, observation_space: gym.Space) -> dict[str, gym.spaces.Box]:
+    """The inputs of the exported file, in order: name -> one env's ``Box`` (its shape and dtype).
 
     One flat observation is the input ``obs``; observation groups are the actor's groups
-    (``policy.actor_groups``; every group for a policy that does not name them).
+    (``policy.actor_groups``; every group for a policy that does not name them). An image is a uint8 input.
     """
     if not observations.is_grouped(observation_space):
-        return {"obs": tuple(observation_space.shape)}
+        return {"obs": observation_space}
     spaces = observations.group_spaces(observation_space)
-    return {g: tuple(spaces[g].shape) for g in getattr(policy, "actor_groups", None) or spaces}
+    return {g: spaces[g] for g in getattr(policy, "actor_groups", None) or spaces}
+
+
+def _as_spaces(inputs: int | dict[str, Any]) -> dict[str, gym.spaces.Box]:
+    """``inputs`` as :func:`input_spaces` gives them: an int is one flat float32 observation of that many features;
+    a shape tuple a float32 input of that shape."""
+    if isinstance(inputs, int):
+        inputs = {"obs": (int(inputs),)}
+    return {
+        name: box if isinstance(box, gym.spaces.Box) else gym.spaces.Box(-math.inf, math.inf, tuple(box))
+        for name, box in inputs.items()
+    }
+
+
+def _described(name: str, box: gym.spaces.Box) -> dict[str, Any]:
+    """One input of the metadata: name, dtype, shape, and what the file does to it."""
+    if not observations.is_image(box):
+        return {"name": name, "dtype": "float32", "shape": ["B", *box.shape], "normalization": "baked in"}
+    layout = "HWC" if observations.channels_last(tuple(box.shape)) else "CHW"
+    dtype = "uint8" if box.dtype == "uint8" else "float32"
+    scaled = "divided by 255 inside" if dtype == "uint8" else "taken as it is"
+    return {"name": name, "dtype": dtype, "shape": ["B", *box.shape], "layout": layout, "normalization": scaled}
 
 
 def _space(space: gym.Space) -> dict[str, Any]:
@@ -143,12 +175,13 @@ def _space(space: gym.Space) -> dict[str, Any]:
 
 
 def metadata_of(
-    env: Any, checkpoint: Path, global_step: int, fmt: str, inputs: dict[str, tuple[int, ...]] | None = None
+    env: Any, checkpoint: Path, global_step: int, fmt: str, inputs: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """What an exported file says about itself: format, inputs and output, spaces, observation layout, source, version.
 
-    ``inputs``: :func:`input_shapes` (default: the env's one flat observation). ``input`` describes the first
-    input (the one of a flat observation), ``inputs`` every input in order.
+    ``inputs``: :func:`input_spaces` (default: the env's one flat observation). ``input`` describes the first
+    input (the one of a flat observation), ``inputs`` every input in order: name, dtype, shape and, for an image,
+    its layout (``HWC`` or ``CHW``).
     """
     from rlchain import __version__
 
@@ -156,11 +189,8 @@ def metadata_of(
     action_space = _space(env.single_action_space)
     if discrete:
         action_space["start"] = int(env.action_start)
-    inputs = inputs if inputs is not None else {"obs": tuple(env.single_observation_space.shape)}
-    described = [
-        {"name": name, "dtype": "float32", "shape": ["B", *shape], "normalization": "baked in"}
-        for name, shape in inputs.items()
-    ]
+    inputs = _as_spaces(inputs if inputs is not None else {"obs": env.single_observation_space})
+    described = [_described(name, box) for name, box in inputs.items()]
     names = env.observation_names
     layout = {g: list(v) for g, v in names.items()} if isinstance(names, dict) else names
     return {
@@ -187,7 +217,7 @@ def metadata_of(
 def export_policy(
     policy: nn.Module,
     action_space: gym.Space,
-    inputs: int | dict[str, tuple[int, ...]],
+    inputs: int | dict[str, Any],
     fmt: str,
     path: str | Path,
     metadata: dict[str, Any],
@@ -198,7 +228,8 @@ def export_policy(
     Args:
         policy: the policy (moved to a CPU copy for the export).
         action_space: one env's action space.
-        inputs: :func:`input_shapes`, or the features of one flat observation (an int).
+        inputs: :func:`input_spaces` (or name -> shape for float32 inputs), or the features of one flat
+            observation (an int).
         fmt: ``torchscript`` (``torch.jit.trace``, frozen) or ``onnx``
             (``torch.onnx.export``, a dynamic batch dimension).
         metadata: JSON data stored with the file (see :func:`metadata_of`).
@@ -213,10 +244,10 @@ def export_policy(
 
     if fmt not in FORMATS:
         raise ValueError(f"format={fmt!r} is not allowed: expected one of {', '.join(FORMATS)}")
-    inputs = {"obs": (int(inputs),)} if isinstance(inputs, int) else dict(inputs)
+    inputs = _as_spaces(inputs)
     groups = list(inputs) if getattr(policy, "grouped", list(inputs) != [observations.FLAT]) else None
     module = ExportedPolicy(copy.deepcopy(policy).cpu().eval(), action_space, action_start, groups).eval()
-    example = tuple(torch.zeros(2, *shape) for shape in inputs.values())
+    example = tuple(torch.zeros(2, *box.shape, dtype=observations.dtype(box)) for box in inputs.values())
     try:
         module(*example)
     except NotImplementedError as err:
@@ -299,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         env = run.build_env(num_envs=1, device="cpu")
         policy = run.build_policy(env)
         output = Path(cfg.output) if cfg.output else run.checkpoint.with_name(run.checkpoint.stem + FORMATS[cfg.format])
-        inputs = input_shapes(policy, env.single_observation_space)
+        inputs = input_spaces(policy, env.single_observation_space)
         metadata = metadata_of(env, run.checkpoint, run.global_step, cfg.format, inputs)
         action_space, action_start = env.single_action_space, int(env.action_start)
         env.close()
@@ -312,7 +343,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SavedRunError as err:
         print(f"rlchain-export: {err}", file=sys.stderr, flush=True)
         return 1
-    shown = ", ".join(f"{name} float32 [B, {', '.join(map(str, shape))}]" for name, shape in inputs.items())
+    shown = ", ".join(
+        f"{name} {observations.dtype(box)} [B, {', '.join(map(str, box.shape))}]".replace("torch.", "")
+        for name, box in inputs.items()
+    )
     print(
         f"rlchain-export: wrote {path} ({cfg.format}; {shown} -> action; "
         f"{run.checkpoint}, global_step {run.global_step:,})",

@@ -1,15 +1,16 @@
 """Observations: one flat tensor, or a TensorDict of named groups.
 
-An env's ``single_observation_space`` is a ``Box`` (one observation, float32 ``[N, *obs_shape]`` from ``reset``
-and ``step``) or a ``gymnasium.spaces.Dict`` of ``Box`` es, one per group (a TensorDict of batch size ``[N]``
-whose key ``g`` holds float32 ``[N, *shape_g]``). Robot tasks use groups to give the critic more than the actor
+An env's ``single_observation_space`` is a ``Box`` (one observation, ``[N, *obs_shape]`` from ``reset`` and
+``step``) or a ``gymnasium.spaces.Dict`` of ``Box`` es, one per group (a TensorDict of batch size ``[N]`` whose key
+``g`` holds ``[N, *shape_g]``). A group is float32, or uint8 for a camera's image (:func:`is_image`); images stay
+uint8 in rollout storage, a quarter of float32's memory, and the policy's image encoder converts them. Robot tasks use groups to give the critic more than the actor
 sees (privileged simulator state): Isaac Lab's and mjlab's ``policy``/``actor`` and ``critic`` groups, rsl_rl's
 ``obs_groups``. The one-group case stays a plain tensor, so every env written for one flat vector works as it did;
 the policy calls that group :data:`FLAT`.
 
 Everything that handles observations goes through the few functions here, so that both forms are handled in one
 place: storage (:func:`zeros`), the step loop's copies (:func:`leaves`), checks (:func:`all_finite`) and
-checkpoints (:func:`to_state`, :func:`from_state`).
+checkpoints (:func:`to_state`, :func:`from_state`), images (:func:`is_image`, :func:`channels_last`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Union
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -26,10 +28,13 @@ __all__ = [
     "FLAT",
     "Obs",
     "all_finite",
+    "channels_last",
     "from_state",
     "group_names",
     "group_spaces",
+    "dtype",
     "is_grouped",
+    "is_image",
     "leaves",
     "to_state",
     "zeros",
@@ -72,15 +77,32 @@ def group_spaces(space: gym.Space) -> dict[str, gym.spaces.Box]:
     raise ValueError(f"observation space {space} is not supported: expected a gymnasium Box or a Dict of Box groups")
 
 
+def is_image(space: gym.spaces.Box) -> bool:
+    """Whether a group (or a flat observation) of ``space`` is a camera's image: uint8, or of three dimensions
+    (``[H, W, C]`` or ``[C, H, W]``; a float32 depth image). The policy encodes images with a CNN, vectors with
+    an MLP."""
+    return space.dtype == np.uint8 or len(space.shape) == 3
+
+
+def channels_last(shape: tuple[int, ...]) -> bool:
+    """Whether an image of ``shape`` ``[H, W, C]`` has its channels last: they are the smaller of its first and
+    last dimension (``[64, 64, 3]`` yes, ``[3, 64, 64]`` no; a square tie is taken as channels last)."""
+    return shape[-1] <= shape[0]
+
+
+def dtype(space: gym.spaces.Box) -> torch.dtype:
+    """The torch dtype of a group's tensors: uint8 for a uint8 ``Box`` (an image), else float32."""
+    return torch.uint8 if space.dtype == np.uint8 else torch.float32
+
+
 def zeros(space: gym.Space, batch: tuple[int, ...], device: torch.device | str) -> Obs:
-    """Float32 zeros of ``batch + shape`` per group: a tensor for a ``Box``, a TensorDict for a ``Dict`` space."""
+    """Zeros of ``batch + shape`` per group, of the group's :func:`dtype`: a tensor for a ``Box``, a TensorDict for
+    a ``Dict`` space."""
     from tensordict import TensorDict  # imported where used: see rlchain.commands.config
 
     if not is_grouped(space):
-        return torch.zeros(*batch, *space.shape, dtype=torch.float32, device=device)
-    tensors = {
-        g: torch.zeros(*batch, *s.shape, dtype=torch.float32, device=device) for g, s in group_spaces(space).items()
-    }
+        return torch.zeros(*batch, *space.shape, dtype=dtype(space), device=device)
+    tensors = {g: torch.zeros(*batch, *s.shape, dtype=dtype(s), device=device) for g, s in group_spaces(space).items()}
     return TensorDict(tensors, batch_size=list(batch), device=device)
 
 

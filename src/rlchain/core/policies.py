@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
-import numpy as np
 import torch
 from torch import nn
 
@@ -49,6 +48,7 @@ __all__ = [
     "ActorCriticConfig",
     "ActorOnly",
     "ActorOnlyConfig",
+    "CNNEncoder",
     "MLP",
     "Policy",
     "RunningMeanStd",
@@ -90,9 +90,25 @@ class ActorCriticConfig(Settings):
     critic_obs: list[str] | None = None
     """The observation groups the critic sees, e.g. [actor, critic] for both; None: the env's 'critic' group where
     it has one (privileged state the actor lacks), else the actor's groups."""
+    cnn_channels: list[int] = setting([32, 64, 64], gt=0)
+    """Output channels of each convolution of an image group's encoder (Mnih et al. 2015's by default)."""
+    cnn_kernel_sizes: list[int] = setting([8, 4, 3], gt=0)
+    """Kernel size of each convolution, pixels (one per entry of cnn_channels)."""
+    cnn_strides: list[int] = setting([4, 2, 1], gt=0)
+    """Stride of each convolution, pixels (one per entry of cnn_channels)."""
+    cnn_features: int = setting(256, gt=0)
+    """Features of an image group after its encoder (a linear layer and the activation after the convolutions)."""
 
     def check(self) -> None:
-        """``log_std_min <= init_log_std <= log_std_max``."""
+        """``log_std_min <= init_log_std <= log_std_max``; one kernel size and one stride per CNN layer."""
+        for name in ("cnn_kernel_sizes", "cnn_strides"):
+            if len(getattr(self, name)) != len(self.cnn_channels):
+                raise SettingError(
+                    name,
+                    list(getattr(self, name)),
+                    f" is not allowed with cnn_channels={list(self.cnn_channels)}: expected one entry per layer "
+                    f"({len(self.cnn_channels)})",
+                )
         if self.log_std_min > self.log_std_max or not self.log_std_min <= self.init_log_std <= self.log_std_max:
             raise SettingError(
                 "init_log_std",
@@ -192,6 +208,93 @@ class MLP(nn.Sequential):
         super().__init__(*layers)
 
 
+#: The most features an image encoder's convolutions may hand to its linear layer (a larger image needs more
+#: stride or fewer channels: 65,536 features make a 16.8M-parameter layer at 256 cnn_features).
+MAX_CNN_FEATURES = 65_536
+
+
+class CNNEncoder(nn.Module):
+    """Convolutional encoder of one image group (the network of Mnih et al. 2015 by default, as CleanRL's and
+    SB3's ``NatureCNN``): convolutions, each followed by the activation, then a linear layer and the activation.
+
+    A uint8 image is scaled to ``[0, 1]`` (``/ 255``) inside :meth:`forward`, so rollouts keep images as uint8 and
+    every minibatch is converted as it is used; a float32 image (depth) is taken as it is. Weights are orthogonal
+    with gain sqrt(2), biases zero.
+
+    Args:
+        group: the group's name (for errors).
+        shape: one image's shape, ``[H, W, C]`` or ``[C, H, W]`` (:func:`rlchain.core.observations.channels_last`).
+        channels, kernel_sizes, strides: one entry per convolution, pixels.
+        features: output features.
+        activation: name in :data:`ACTIVATIONS`.
+
+    Shapes: ``[*B, *shape]`` uint8 or float32 -> float32 ``[*B, features]`` (any leading dimensions).
+
+    Raises:
+        SettingError: an image that is not 3-D (naming the actor's or critic's groups field), smaller than the
+            convolutions' receptive field (naming ``cnn_kernel_sizes``), or whose convolutions would hand more than
+            :data:`MAX_CNN_FEATURES` features to the linear layer (naming ``cnn_strides``).
+    """
+
+    def __init__(
+        self,
+        group: str,
+        shape: Sequence[int],
+        channels: Sequence[int],
+        kernel_sizes: Sequence[int],
+        strides: Sequence[int],
+        features: int,
+        activation: str = "relu",
+        field: str = "actor_obs",
+    ) -> None:
+        super().__init__()
+        shape = tuple(int(d) for d in shape)
+        if len(shape) != 3:
+            raise SettingError(
+                field,
+                group,
+                f" is not allowed: the image group {group!r} has shape {shape}, and the CNN encoder takes images of "
+                "3 dimensions, [H, W, C] or [C, H, W]",
+            )
+        self.shape, self.channels_last = shape, observations.channels_last(shape)
+        c, h, w = (shape[2], shape[0], shape[1]) if self.channels_last else shape
+        layers: list[nn.Module] = []
+        for out, kernel, stride in zip(channels, kernel_sizes, strides):
+            conv = nn.Conv2d(c, out, kernel, stride)
+            nn.init.orthogonal_(conv.weight, math.sqrt(2))
+            nn.init.zeros_(conv.bias)
+            layers += [conv, ACTIVATIONS[activation]()]
+            c, h, w = out, (h - kernel) // stride + 1, (w - kernel) // stride + 1
+            if h < 1 or w < 1:
+                raise SettingError(
+                    "cnn_kernel_sizes",
+                    list(kernel_sizes),
+                    f" is not allowed with cnn_strides={list(strides)}: the image group {group!r} {shape} is smaller "
+                    "than the convolutions' receptive field; expected smaller kernels or strides (or a larger image)",
+                )
+        if c * h * w > MAX_CNN_FEATURES:
+            raise SettingError(
+                "cnn_strides",
+                list(strides),
+                f" is not allowed: the image group {group!r} {shape} is too large for the encoder, whose "
+                f"convolutions give {c} x {h} x {w} = {c * h * w:,} features (at most {MAX_CNN_FEATURES:,}); "
+                "expected larger strides, fewer cnn_channels, or a smaller image",
+            )
+        linear = nn.Linear(c * h * w, features)
+        nn.init.orthogonal_(linear.weight, math.sqrt(2))
+        nn.init.zeros_(linear.bias)
+        self.net = nn.Sequential(*layers, nn.Flatten(), linear, ACTIVATIONS[activation]())
+        self.features = features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[: x.dim() - 3]
+        x = x.reshape(-1, *self.shape)
+        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)
+        return self.net(x).reshape(*lead, self.features)
+
+
 class RunningMeanStd(nn.Module):
     """Running mean and variance of a stream of batches (Chan et al. 1979 parallel update).
 
@@ -282,20 +385,24 @@ class ActorCritic(Policy):
     """MLP actor and MLP critic with a Gaussian (Box) or Categorical (Discrete) head.
 
     Observation groups (a ``Dict`` observation space, :mod:`rlchain.core.observations`): the actor sees the
-    groups ``actor_obs`` names and the critic those of ``critic_obs``, each group through its own running
+    groups ``actor_obs`` names and the critic those of ``critic_obs``, each vector group through its own running
     normaliser, flattened and concatenated in the order named; with a privileged ``critic`` group the critic
-    learns values from state the actor does not observe (asymmetric actor-critic, Pinto et al. 2018).
+    learns values from state the actor does not observe (asymmetric actor-critic, Pinto et al. 2018). An image
+    group (uint8, or 3-D: :func:`rlchain.core.observations.is_image`) goes through a :class:`CNNEncoder`, the
+    actor's and the critic's each their own, whose ``cnn_features`` join the vectors in the named order.
 
     Args:
-        observation_space: one env's flat ``gymnasium.spaces.Box``, or a ``Dict`` of vector ``Box`` groups.
+        observation_space: one env's flat ``gymnasium.spaces.Box`` (a vector, or one image), or a ``Dict`` of
+            ``Box`` groups.
         action_space: ``Box`` (1-D) or ``Discrete`` of one env.
         settings: fields of :class:`ActorCriticConfig` (``self.cfg``).
 
     Raises:
-        ValueError: a non-flat Box observation space or one that is neither a Box nor a Dict of Box groups, an
-            action space other than 1-D Box or Discrete; a setting out of its range (an unknown activation, a
-            non-positive hidden size, an ``init_log_std`` outside ``[log_std_min, log_std_max]``, an ``actor_obs``
-            or ``critic_obs`` group the env does not have, an image group), naming it.
+        ValueError: a Box observation space that is neither a vector nor an image, or one that is neither a Box
+            nor a Dict of Box groups, an action space other than 1-D Box or Discrete; a setting out of its range (an
+            unknown activation, a non-positive hidden size, an ``init_log_std`` outside ``[log_std_min,
+            log_std_max]``, an ``actor_obs`` or ``critic_obs`` group the env does not have, an image the CNN
+            encoder cannot take: see :class:`CNNEncoder`), naming it.
     """
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, **settings: Any) -> None:
@@ -309,10 +416,11 @@ class ActorCritic(Policy):
         self.cfg = cfg = ActorCriticConfig(**settings)
         self.observation_space, self.action_space = observation_space, action_space
         if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) != 1:
-            raise ValueError(
-                f"observation_space={observation_space} is not supported: expected a flat (1-D) Box or a Dict of "
-                "groups; flatten image observations in the env"
-            )
+            if not observations.is_image(observation_space):
+                raise ValueError(
+                    f"observation_space={observation_space} is not supported: expected a flat (1-D) Box, an image "
+                    "(uint8, [H, W, C] or [C, H, W]) or a Dict of groups"
+                )
         spaces = observations.group_spaces(observation_space)
         self.grouped = observations.is_grouped(observation_space)
         self.actor_groups = _chosen_groups("actor_obs", cfg.actor_obs, spaces, _default_actor_groups(spaces))
@@ -320,45 +428,72 @@ class ActorCritic(Policy):
             "critic_obs", cfg.critic_obs, spaces, ["critic"] if "critic" in spaces else self.actor_groups
         )
         used = [g for g in spaces if g in self.actor_groups or (self.has_critic and g in self.critic_groups)]
-        for group in used:
-            _check_vector(group, spaces[group], "critic_obs" if group not in self.actor_groups else "actor_obs")
         self._shapes = {g: tuple(spaces[g].shape) for g in used}
-        dims = {g: math.prod(shape) for g, shape in self._shapes.items()}
-        self.obs_dim = sum(dims[g] for g in self.actor_groups)
+        self.image_groups = [g for g in used if observations.is_image(spaces[g])]
+        """The groups that are camera images, each read through a CNN encoder (one for the actor, one for the
+        critic); the others are vectors, normalised and concatenated."""
+        dims = {g: math.prod(shape) for g, shape in self._shapes.items() if g not in self.image_groups}
+
+        def encoders(groups: list[str], field: str) -> nn.ModuleDict:
+            cnn = dict(
+                channels=cfg.cnn_channels,
+                kernel_sizes=cfg.cnn_kernel_sizes,
+                strides=cfg.cnn_strides,
+                features=cfg.cnn_features,
+                activation=cfg.activation,
+                field=field,
+            )
+            return nn.ModuleDict({g: CNNEncoder(g, self._shapes[g], **cnn) for g in groups if g in self.image_groups})
+
+        def width(groups: list[str]) -> int:
+            return sum(cfg.cnn_features if g in self.image_groups else dims[g] for g in groups)
+
+        self.actor_encoders = encoders(self.actor_groups, "actor_obs")
+        self.critic_encoders = encoders(self.critic_groups, "critic_obs") if self.has_critic else nn.ModuleDict()
+        self.obs_dim = width(self.actor_groups)
+        """Features of the actor's MLP input (an image group counts its encoder's cnn_features)."""
         self.act_dim = act_out
         mlp = dict(hidden_sizes=cfg.hidden_sizes, activation=cfg.activation, layer_norm=cfg.layer_norm)
         self.actor = MLP(self.obs_dim, out_dim=act_out, output_gain=0.01, **mlp)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_out,), cfg.init_log_std))
-        critic_dim = sum(dims[g] for g in self.critic_groups) if self.has_critic else 0
-        self._shared_input = self.critic_groups == self.actor_groups or not self.has_critic
-        """Whether the critic's input is the actor's (the same groups, or no critic): computed once per forward."""
+        critic_dim = width(self.critic_groups) if self.has_critic else 0
+        self._shared_input = not self.has_critic or (self.critic_groups == self.actor_groups and not self.image_groups)
+        """Whether the critic's input is the actor's (the same vector groups, or no critic): computed once per
+        forward. Images are not shared: the actor and the critic each have their own encoder."""
         self.critic = MLP(critic_dim, out_dim=1, output_gain=1.0, **mlp) if self.has_critic else None
         self.obs_normalizer: RunningMeanStd | nn.ModuleDict | None = None
-        """One flat observation's normaliser, or (grouped) one per group the networks see, by group name."""
-        if cfg.obs_normalization:
+        """One flat observation's normaliser, or (grouped) one per vector group the networks see, by group name
+        (images are scaled by their encoder instead)."""
+        if cfg.obs_normalization and dims:
             self.obs_normalizer = (
-                nn.ModuleDict({g: RunningMeanStd(dims[g]) for g in used})
+                nn.ModuleDict({g: RunningMeanStd(d) for g, d in dims.items()})
                 if self.grouped
                 else RunningMeanStd(self.obs_dim)
             )
 
     # ----------------------------------------------------------- internals
-    def _features(self, obs: Obs, groups: list[str]) -> torch.Tensor:
-        """The network input of ``groups``: normalised, each group flattened to ``[B, dim]``, concatenated."""
+    def _features(self, obs: Obs, groups: list[str], encoders: nn.ModuleDict) -> torch.Tensor:
+        """The network input of ``groups``: each vector group normalised and flattened to ``[B, dim]``, each image
+        group through its encoder in ``encoders``, concatenated."""
         if not self.grouped:
+            if encoders:
+                return encoders[observations.FLAT](obs)
             return self.obs_normalizer.normalize(obs) if self.obs_normalizer is not None else obs
         parts = []
         for g in groups:
             x = obs[g]
+            if g in encoders:
+                parts.append(encoders[g](x))
+                continue
             x = x.flatten(x.dim() - len(self._shapes[g])) if len(self._shapes[g]) != 1 else x
             parts.append(self.obs_normalizer[g].normalize(x) if self.obs_normalizer is not None else x)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     def _inputs(self, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(actor input, critic input)``; one tensor when both see the same groups."""
-        x = self._features(obs, self.actor_groups)
-        return x, x if self._shared_input else self._features(obs, self.critic_groups)
+        """``(actor input, critic input)``; one tensor when both see the same vector groups."""
+        x = self._features(obs, self.actor_groups, self.actor_encoders)
+        return x, x if self._shared_input else self._features(obs, self.critic_groups, self.critic_encoders)
 
     def _distribution(self, x: torch.Tensor) -> torch.distributions.Distribution:
         out = self.actor(x)
@@ -398,13 +533,15 @@ class ActorCritic(Policy):
         """The Gaussian's mean (Box, ``[B, act_dim]``) or the most likely category (Discrete, ``[B]`` int64) for
         ``obs`` ``[B, obs_dim]`` (grouped: a dict or TensorDict holding at least the actor's groups),
         observation normalisation included."""
-        out = self.actor(self._features(obs, self.actor_groups))
+        out = self.actor(self._features(obs, self.actor_groups, self.actor_encoders))
         return out.argmax(-1) if self.discrete else out
 
     def get_value(self, td: TensorDict) -> TensorDict:
         """Write ``value`` ``[B]`` into ``td`` and return it."""
-        groups = self.critic_groups if self.critic is not None else self.actor_groups  # zeros of the batch's shape
-        td["value"] = self._value(self._features(td["obs"], groups))
+        if self.critic is None:  # zeros of the batch's shape
+            td["value"] = self._value(self._features(td["obs"], self.actor_groups, self.actor_encoders))
+        else:
+            td["value"] = self._value(self._features(td["obs"], self.critic_groups, self.critic_encoders))
         return td
 
     def evaluate_actions(self, td: TensorDict) -> TensorDict:
@@ -453,17 +590,6 @@ def _chosen_groups(field: str, chosen: list[str] | None, spaces: dict[str, Any],
         what = f"the env has no group {missing[0]!r}" if missing else "expected distinct groups, at least one"
         raise SettingError(field, list(chosen), f" is not allowed: {what}; its observation groups are {list(spaces)}")
     return list(chosen)
-
-
-def _check_vector(group: str, space: gym.spaces.Box, field: str) -> None:
-    """Raise :class:`SettingError` for a group the MLP cannot take: an image (uint8, or ``[H, W, C]``)."""
-    if space.dtype == np.uint8 or len(space.shape) >= 3:
-        raise SettingError(
-            field,
-            group,
-            f" is not allowed: the group {group!r} is an image {tuple(space.shape)} {space.dtype}, and the MLP policy "
-            "takes vectors (no image encoder yet): expected vector groups",
-        )
 
 
 class ActorOnly(ActorCritic):

@@ -275,6 +275,8 @@ class ImageObsEnv(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
+        if seed is not None:
+            self.observation_space.seed(seed)
         return self.observation_space.sample(), {}
 
     def step(self, action):
@@ -285,21 +287,57 @@ gym.register("rlchain_test/ImageObs-v0", entry_point=ImageObsEnv, max_episode_st
 
 
 @pytest.mark.parametrize(
-    "kwargs, part",
+    "kwargs, shape, dtype",
     [
-        ({}, "its observation space Box(0, 255, (96, 96, 3), uint8)"),  # CarRacing-v3's
-        ({"shape": [84, 84]}, "its observation space Box(0, 255, (84, 84), uint8)"),  # a grey image
-        ({"shape": [3, 64, 64], "dtype": "float32"}, "its observation space Box(0.0, 1.0, (3, 64, 64), float32)"),
-        ({"in_dict": True}, "the part ['pixels'] of its observation space Box(0, 255, (96, 96, 3), uint8)"),
+        ({}, (96, 96, 3), torch.uint8),  # CarRacing-v3's
+        ({"shape": [84, 84]}, (84, 84, 1), torch.uint8),  # a grey image gains a channel
+        ({"shape": [3, 64, 64], "dtype": "float32"}, (3, 64, 64), torch.float32),  # e.g. depth, channels first
     ],
 )
-def test_image_observations_are_refused_in_one_line(kwargs, part):
-    # Before: flattened without a word into one vector (27,648 MLP inputs for CarRacing-v3).
+def test_an_image_observation_is_kept_whole_for_the_cnn(kwargs, shape, dtype):
+    # Before: refused (and before that, flattened into 27,648 MLP inputs for CarRacing-v3).
+    from rlchain.core.policies import ActorCritic
+    from rlchain.envs import check_vec_env
+
+    env = GymVecEnv("rlchain_test/ImageObs-v0", num_envs=2, kwargs=kwargs)
+    assert env.single_observation_space.shape == shape
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (2, *shape) and obs.dtype == dtype
+    raw = np.asarray(env.envs.reset(seed=[0, 1])[0]).reshape(2, *shape)  # the gymnasium env's own, unflattened
+    assert np.array_equal(env.reset(seed=0)[0].numpy(), raw)
+    check_vec_env(env)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, cnn_kernel_sizes=[8, 4, 3])
+    assert list(policy.actor_encoders) == ["obs"] and policy.obs_normalizer is None
+
+
+def test_an_image_in_a_dict_is_a_group_of_its_own_with_obs_groups():
+    env = GymVecEnv("rlchain_test/ImageObs-v0", num_envs=2, kwargs={"in_dict": True}, obs_groups=True)
+    obs, _ = env.reset(seed=0)
+    assert obs["pixels"].shape == (2, 96, 96, 3) and obs["pixels"].dtype == torch.uint8
+    assert obs["state"].shape == (2, 3) and obs["state"].dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "kwargs, part, why",
+    [
+        (
+            {"in_dict": True},
+            "the part ['pixels'] of its observation space Box(0, 255, (96, 96, 3), uint8)",
+            "kept whole only as an observation group; expected env.obs_groups=true",
+        ),
+        (
+            {"shape": [2, 8, 8, 3]},
+            "its observation space Box(0, 255, (2, 8, 8, 3), uint8)",
+            "the CNN encoder takes images of 2 or 3 dimensions",
+        ),
+    ],
+)
+def test_an_image_the_policy_cannot_take_whole_is_refused_in_one_line(kwargs, part, why):
     with pytest.raises(ValueError) as info:
         GymVecEnv("rlchain_test/ImageObs-v0", num_envs=2, kwargs=kwargs)
     message = str(info.value)
-    assert message.startswith(f"env.id='rlchain_test/ImageObs-v0': {part} is an image") and "\n" not in message
-    assert "image observations are not supported yet" in message
+    assert message.startswith(f"env.id='rlchain_test/ImageObs-v0': {part} is an image, and ") and "\n" not in message
+    assert why in message
 
 
 @pytest.mark.parametrize(

@@ -22,9 +22,10 @@ spaces              ``single_observation_space`` a Box or a Dict of Box groups,
                     ``observation_space``/``action_space`` their batches of
                     ``num_envs``
 reset               ``reset(seed=...)`` returns ``(obs, info)``: obs float32
-                    ``[N, *obs_shape]`` on ``device``, finite (for a Dict
-                    space a TensorDict with exactly its groups, each float32
-                    ``[N, *group_shape]``); ``info`` a dict
+                    (uint8 for a uint8 Box: an image) ``[N, *obs_shape]`` on
+                    ``device``, finite (for a Dict space a TensorDict with
+                    exactly its groups, each ``[N, *group_shape]`` of its
+                    Box's dtype); ``info`` a dict
 seeding             ``reset(seed=s)`` and the same actions replay the same
                     observations, rewards and dones
 step                ``step(action)`` returns five values; obs as for reset,
@@ -168,7 +169,7 @@ def _check_obs(rule: str, name: str, obs: Any, env: Any, rows: torch.Tensor | No
     """``obs`` of the env's observation space (each group's dtype, shape and device), finite (on ``rows`` only)."""
     space, n = env.single_observation_space, env.num_envs
     if not observations.is_grouped(space):
-        _check_tensor(rule, name, obs, (n, *space.shape), torch.float32, env.device)
+        _check_tensor(rule, name, obs, (n, *space.shape), observations.dtype(space), env.device)
         _require(bool(torch.isfinite(obs if rows is None else obs[rows]).all()), rule, f"{name} {_nan(rows)}")
         return
     groups = observations.group_spaces(space)
@@ -182,7 +183,7 @@ def _check_obs(rule: str, name: str, obs: Any, env: Any, rows: torch.Tensor | No
     )
     for group, box in groups.items():
         x = obs[group]
-        _check_tensor(rule, f"{name}[{group!r}]", x, (n, *box.shape), torch.float32, env.device)
+        _check_tensor(rule, f"{name}[{group!r}]", x, (n, *box.shape), observations.dtype(box), env.device)
         _require(bool(torch.isfinite(x if rows is None else x[rows]).all()), rule, f"{name}[{group!r}] {_nan(rows)}")
 
 
@@ -193,7 +194,7 @@ def _nan(rows: torch.Tensor | None) -> str:
 def _flat(obs: Any, env: Any) -> torch.Tensor:
     """Every group of ``obs`` flattened and concatenated: ``[N, total]``, for comparing observations."""
     names = observations.group_names(env.single_observation_space)
-    return torch.cat([x.reshape(x.shape[0], -1) for x in observations.leaves(obs, names)], -1)
+    return torch.cat([x.reshape(x.shape[0], -1).float() for x in observations.leaves(obs, names)], -1)
 
 
 def _action_sampler(env: Any, seed: int):

@@ -17,8 +17,11 @@ Spaces:
   dict), a Tuple in its order. With ``obs_groups=true`` a Dict observation
   keeps its keys as observation groups (:mod:`rlchain.core.observations`),
   each flattened so, for a policy whose actor and critic see different keys.
-  Images (a uint8 Box of 2 or 3 dims, any Box of 3 or more) are refused:
-  rlchain has no image encoder yet.
+  Images (a uint8 Box of 2 or 3 dims, any Box of 3) are kept as they are, for
+  the policy's CNN encoder: the whole observation (CarRacing-v3's uint8
+  ``(96, 96, 3)``), or a group with ``obs_groups=true``; a grey ``[H, W]``
+  image gains a channel, ``[H, W, 1]``. An image inside a flattened Dict or
+  Tuple, or a Box of 4 or more dims, is refused.
 
 Third-party ids: ``env.imports=[gymnasium_robotics]`` imports the packages
 that register an id before it is looked up, and an id of gymnasium's form
@@ -146,9 +149,12 @@ def flatten_batch(space: gym.Space, x: Any) -> np.ndarray:
 
 
 def _float32_flat(space: gym.Space, groups: Sequence[str] | None) -> gym.Space:
-    """The space of the flattened observation: one float32 Box, or a Dict of one per group."""
+    """The space of the flattened observation: one float32 Box (an image's own, :func:`_image_space`), or a Dict of
+    one per group."""
 
     def flat(sub: gym.Space) -> gym.spaces.Box:
+        if _is_image(sub):
+            return _image_space(sub)
         box = gym.spaces.flatten_space(sub)
         return gym.spaces.Box(box.low.astype(np.float32), box.high.astype(np.float32), box.shape, np.float32)
 
@@ -209,18 +215,36 @@ def _import_module(module: str, key: str, value: Any, env_id: str) -> None:
         ) from None
 
 
-def _image_in(space: gym.Space, path: str = "") -> tuple[str, gym.spaces.Box] | None:
-    """The first image in ``space`` as ``(path, Box)`` (``path`` "" for ``space`` itself, e.g. ``['pixels']`` in a
-    Dict, ``[1]`` in a Tuple), or None: a Box of dtype uint8 with 2 or 3 dims, or any Box with 3 or more dims."""
+def _is_image(space: gym.Space) -> bool:
+    """A Box of dtype uint8 with 2 or 3 dims, or any Box with 3 or more dims."""
+    if not isinstance(space, gym.spaces.Box):
+        return False
+    dims = len(space.shape)
+    return dims >= 3 or (space.dtype == np.uint8 and dims == 2)
+
+
+def _image_space(box: gym.spaces.Box) -> gym.spaces.Box:
+    """The space rlchain gives an image of ``box``: its own (uint8 stays uint8, another dtype becomes float32), a
+    grey ``[H, W]`` image with a channel axis, ``[H, W, 1]``."""
+    shape = (*box.shape, 1) if len(box.shape) == 2 else tuple(box.shape)
+    dtype = np.uint8 if box.dtype == np.uint8 else np.float32
+    return gym.spaces.Box(box.low.reshape(shape).astype(dtype), box.high.reshape(shape).astype(dtype), shape, dtype)
+
+
+def _image_batch(box: gym.spaces.Box, x: Any) -> np.ndarray:
+    """A batch of images of ``box`` as a new ``[N, *shape]`` array of :func:`_image_space`'s dtype and shape."""
+    x = np.asarray(x)
+    space = _image_space(box)
+    return np.array(x.reshape(x.shape[0], *space.shape), dtype=space.dtype)
+
+
+def _images_in(space: gym.Space, path: str = "") -> list[tuple[str, gym.spaces.Box]]:
+    """Every image in ``space`` as ``(path, Box)`` (``path`` "" for ``space`` itself, e.g. ``['pixels']`` in a
+    Dict, ``[1]`` in a Tuple), in order: see :func:`_is_image`."""
     if isinstance(space, gym.spaces.Box):
-        dims = len(space.shape)
-        return (path, space) if dims >= 3 or (space.dtype == np.uint8 and dims == 2) else None
+        return [(path, space)] if _is_image(space) else []
     parts = space.spaces.items() if isinstance(space, gym.spaces.Dict) else enumerate(getattr(space, "spaces", ()))
-    for key, sub in parts:
-        found = _image_in(sub, f"{path}[{key!r}]")
-        if found is not None:
-            return found
-    return None
+    return [found for key, sub in parts for found in _images_in(sub, f"{path}[{key!r}]")]
 
 
 def resolve_spec(env_id: str, imports: Sequence[str] = ()) -> gym.envs.registration.EnvSpec:
@@ -435,18 +459,7 @@ class GymVecEnv(VecEnv):
 
     def _setup_spaces(self, obs_space: gym.Space, action_space: gym.Space) -> None:
         _check_obs_space(obs_space)
-        image = _image_in(obs_space)
-        if image is not None:
-            where, box = image
-            part = f"the part {where} of its observation space" if where else "its observation space"
-            raise SettingError(
-                "env.id",
-                self.cfg.id,
-                f": {part} {box} is an image, and image observations are not "
-                "supported yet: rlchain has no image encoder (env=gym would "
-                f"flatten it into {gym.spaces.flatdim(box):,} MLP inputs); "
-                "choose a task with vector observations",
-            )
+        self._check_images(obs_space)
         if isinstance(action_space, gym.spaces.Discrete):
             self._discrete, self._action_start = True, int(action_space.start)
             policy_action_space: gym.Space = gym.spaces.Discrete(int(action_space.n))
@@ -477,13 +490,34 @@ class GymVecEnv(VecEnv):
         # observations is [N, dim] already and needs only the float32 copy.
         self._flatten: Callable[[Any], Any]
         if self._groups is not None:
-            parts = {g: partial(flatten_batch, obs_space.spaces[g]) for g in self._groups}
+            parts = {
+                g: partial(_image_batch if _is_image(sub) else flatten_batch, sub)
+                for g, sub in ((g, obs_space.spaces[g]) for g in self._groups)
+            }
             self._flatten = lambda x: {g: flatten(x[g]) for g, flatten in parts.items()}
+        elif _is_image(obs_space):
+            self._flatten = partial(_image_batch, obs_space)
         elif isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1:
             self._flatten = partial(np.array, dtype=np.float32)
         else:
             self._flatten = partial(flatten_batch, obs_space)
         self._set_spaces(_float32_flat(obs_space, self._groups), policy_action_space)
+
+    def _check_images(self, obs_space: gym.Space) -> None:
+        """Refuse, naming ``env.id``, an image the policy cannot take as one: one of 4 or more dims, or one inside an
+        observation that is flattened (a Dict without ``obs_groups``, a Tuple, a Dict inside a group)."""
+        for where, box in _images_in(obs_space):
+            part = f"the part {where} of its observation space" if where else "its observation space"
+            group = isinstance(obs_space, gym.spaces.Dict) and where.count("[") == 1  # a key of the Dict itself
+            if len(box.shape) > 3:
+                why = "the CNN encoder takes images of 2 or 3 dimensions ([H, W], [H, W, C] or [C, H, W])"
+            elif not where or (group and self.cfg.obs_groups):
+                continue
+            elif group:
+                why = "an image is kept whole only as an observation group; expected env.obs_groups=true"
+            else:
+                why = "an image is kept whole only as the observation or as a group of a Dict observation"
+            raise SettingError("env.id", self.cfg.id, f": {part} {box} is an image, and {why}")
 
     def _observe(self, flat: Any) -> Any:
         """A flattened batch as torch: a tensor, or a TensorDict of the groups."""

@@ -9,9 +9,10 @@ What rlchain sees of a task:
 
 * observations: mjlab's observation groups (``actor`` and ``critic`` in every task it ships) as rlchain
   observation groups (:mod:`rlchain.core.observations`), float32 ``[N, dim]`` each; the actor sees ``actor``
-  and the critic ``critic`` by default (``policy.actor_obs`` / ``policy.critic_obs``). A group of image
-  terms (the camera of ``Mjlab-Lift-Cube-Yam-Rgb``) is refused as an actor group: rlchain has no image
-  encoder yet.
+  and the critic ``critic`` by default (``policy.actor_obs`` / ``policy.critic_obs``). A camera group (the
+  ``camera`` of ``Mjlab-Lift-Cube-Yam-Rgb``, float32 ``[3, H, W]`` in ``[0, 1]`` as mjlab hands it) is an
+  image group, read through the policy's CNN encoder when ``policy.actor_obs`` or ``policy.critic_obs``
+  names it.
 * actions: float32 ``[N, action_dim]``, passed on unclipped, as mjlab's registered runners do (its
   action terms scale them).
 * episodes: same-step auto-reset. The env is built with mjlab's ``auto_reset=False``, so that ``step``

@@ -185,10 +185,25 @@ class PushCubeConfig(VecEnvConfig):
     sensor, drawn anew each step (the envs of a group reset share their first draw). 0: the exact state."""
     privileged_critic: bool = False
     """Observe as two groups: 'actor' (the features with obs_noise_std's noise) and 'critic' (the exact features):
-    the privileged state a simulator gives the critic of a robot policy, and not the robot."""
+    the privileged state a simulator gives the critic of a robot policy, and not the robot. With pixels, the group
+    'critic' joins the pixel groups."""
+    obs_mode: str = setting("state", choices=("state", "pixels", "pixels_proprio"))
+    """What the actor observes: 'state' (the 15 features); 'pixels', the group 'image' (a top-down camera, uint8
+    [image_size, image_size, 3], drawn as render's frames); 'pixels_proprio', 'image' and the group 'proprio' (the
+    pusher's position, m, with obs_noise_std's noise: what the robot knows of itself)."""
+    image_size: int = setting(64, ge=16)
+    """Height and width of the camera image of the pixel modes, pixels."""
 
     def check(self) -> None:
-        """Every spawn region lies inside the table, and the pusher moves at most ``pusher_radius`` per substep."""
+        """Every spawn region lies inside the table, and the pusher moves at most ``pusher_radius`` per substep;
+        observation noise needs a vector to act on (not ``obs_mode=pixels``)."""
+        if self.obs_mode == "pixels" and self.obs_noise_std > 0:
+            raise SettingError(
+                "obs_noise_std",
+                self.obs_noise_std,
+                " is not allowed with obs_mode='pixels': the noise acts on observed features, and the image has none; "
+                "expected 0, or obs_mode 'state' or 'pixels_proprio'",
+            )
         for name in _SPAWN_REGIONS:
             value = getattr(self, name)
             if value >= self.table_half_extent:
@@ -239,7 +254,7 @@ class PushCubeEnv(TorchVecEnv):
         self.render_mode = cfg.render_mode
         # One frame per control step; control_dt is a setting, so the metadata is the instance's own.
         self.metadata = {**type(self).metadata, "render_modes": ["rgb_array"], "render_fps": 1.0 / cfg.control_dt}
-        self._canvas: tuple[torch.Tensor, ...] | None = None
+        self._canvases: dict[int, tuple[Any, ...]] = {}  # by frame size: see _render_canvas
         self._half = cfg.cube_size / 2
         # Pusher spawns clear of the cube's circumscribed circle plus 1 cm.
         self._pusher_clearance = self._half * math.sqrt(2.0) + cfg.pusher_radius + 0.01
@@ -249,12 +264,22 @@ class PushCubeEnv(TorchVecEnv):
         self._lin_decel, self._ang_decel = physics.friction_decelerations(cfg.friction_coef, cfg.cube_size, self._dt)
 
         box = gym.spaces.Box(-np.inf, np.inf, shape=(OBS_DIM,), dtype=np.float32)
-        if cfg.privileged_critic:
-            self.observation_names = {"actor": type(self).observation_names, "critic": type(self).observation_names}
-        self._set_spaces(
-            gym.spaces.Dict({"actor": box, "critic": box}) if cfg.privileged_critic else box,
-            gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32),
-        )
+        names = type(self).observation_names
+        if cfg.obs_mode != "state":
+            groups = {"image": gym.spaces.Box(0, 255, (cfg.image_size, cfg.image_size, 3), np.uint8)}
+            self.observation_names = {"image": ("top_down_rgb",)}
+            if cfg.obs_mode == "pixels_proprio":
+                groups["proprio"] = gym.spaces.Box(-np.inf, np.inf, shape=(2,), dtype=np.float32)
+                self.observation_names["proprio"] = names[:2]
+            if cfg.privileged_critic:
+                groups["critic"], self.observation_names["critic"] = box, names
+            space: gym.Space = gym.spaces.Dict(groups)
+        elif cfg.privileged_critic:
+            self.observation_names = {"actor": names, "critic": names}
+            space = gym.spaces.Dict({"actor": box, "critic": box})
+        else:
+            space = box
+        self._set_spaces(space, gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32))
         self._noise_group = 1  # the group size of the last reset, for the noise of its observation
         n, dev = self.num_envs, self.device
         self._generator = torch.Generator(device=dev)
@@ -424,20 +449,34 @@ class PushCubeEnv(TorchVecEnv):
     )
 
     def _observe(self) -> Any:
-        """The observation: the features, noisy with ``obs_noise_std``; with ``privileged_critic`` a TensorDict
-        of the groups ``actor`` (noisy) and ``critic`` (exact)."""
-        exact = self._features()
-        actor = exact
-        if self.cfg.obs_noise_std > 0:
-            g, self._noise_group = self._noise_group, 1
-            n = self.num_envs
-            noise = torch.randn(n // g, OBS_DIM, generator=self._generator, device=self.device).repeat_interleave(g, 0)
-            actor = exact + self.cfg.obs_noise_std * noise
-        if not self.cfg.privileged_critic:
-            return actor
+        """The observation (see :attr:`PushCubeConfig.obs_mode`): the features, noisy with ``obs_noise_std``; with
+        ``privileged_critic`` a TensorDict of the groups ``actor`` (noisy) and ``critic`` (exact); with pixels a
+        TensorDict of ``image`` (and ``proprio``, noisy; and ``critic``, exact)."""
         from tensordict import TensorDict  # imported where used: see rlchain.commands.config
 
+        cfg = self.cfg
+        exact = self._features()
+        if cfg.obs_mode != "state":
+            groups = {"image": self._draw(slice(None), cfg.image_size)}
+            if cfg.obs_mode == "pixels_proprio":
+                groups["proprio"] = self._noisy(exact[:, :2])
+            if cfg.privileged_critic:
+                groups["critic"] = exact
+            return TensorDict(groups, batch_size=[self.num_envs])
+        actor = self._noisy(exact)
+        if not cfg.privileged_critic:
+            return actor
         return TensorDict({"actor": actor, "critic": exact}, batch_size=[self.num_envs])
+
+    def _noisy(self, features: torch.Tensor) -> torch.Tensor:
+        """``features`` ``[N, k]`` with ``obs_noise_std``'s Gaussian noise (one draw per block of the last reset's
+        group size)."""
+        if self.cfg.obs_noise_std <= 0:
+            return features
+        g, self._noise_group = self._noise_group, 1
+        n, k = features.shape
+        noise = torch.randn(n // g, k, generator=self._generator, device=self.device).repeat_interleave(g, 0)
+        return features + self.cfg.obs_noise_std * noise
 
     def _features(self) -> torch.Tensor:
         """The exact state as the features of :attr:`observation_names`, ``[N, 15]``."""
@@ -514,23 +553,25 @@ class PushCubeEnv(TorchVecEnv):
         return self._observe(), reward, terminated, truncated, info
 
     # ---------------------------------------------------------------- render
-    def _render_canvas(self) -> tuple[torch.Tensor, ...]:
-        """``(xs [W], ys [H], table [H, W], table_in_region [H, W], colours [9, 3])``, built on first use.
+    def _render_canvas(self, size: int) -> tuple[Any, ...]:
+        """``(xs [W], ys [H], table [H, W], table_in_region [H, W], colours [9, 3], pixel)`` of ``size x size``
+        frames, built on first use.
 
-        ``xs``/``ys`` are the pixel centres, m; the two label maps are the
-        background without and with the success region's tint.
+        ``xs``/``ys`` are the pixel centres, m; the two label maps are the background without and with the success
+        region's tint; ``pixel`` is a pixel's width, m. The border is ``RENDER_MARGIN`` pixels of a
+        ``RENDER_SIZE`` frame, scaled to ``size``.
         """
-        if self._canvas is None:
-            dev, size = self.device, RENDER_SIZE
-            view = self.cfg.table_half_extent * size / (size - 2 * RENDER_MARGIN)  # half the width shown, m
+        if size not in self._canvases:
+            dev, margin = self.device, RENDER_MARGIN * size / RENDER_SIZE
+            view = self.cfg.table_half_extent * size / (size - 2 * margin)  # half the width shown, m
             xs, ys = rendering.pixel_centres(size, size, (-view, view), (-view, view), dev)
             on_table = (xs.abs() <= self.cfg.table_half_extent)[None, :] & (ys.abs() <= self.cfg.table_half_extent)[
                 :, None
             ]
             table = torch.where(on_table, _TABLE, _OUTSIDE).to(torch.uint8)
-            self._pixel = 2 * view / size  # m
-            self._canvas = (xs, ys, table, table + (_TABLE_IN_REGION - _TABLE), rendering.palette(_COLOURS, dev))
-        return self._canvas
+            colours = rendering.palette(_COLOURS, dev)
+            self._canvases[size] = (xs, ys, table, table + (_TABLE_IN_REGION - _TABLE), colours, 2 * view / size)
+        return self._canvases[size]
 
     def render(self, env_ids: Sequence[int] | None = None) -> torch.Tensor:
         """Top-down frames of the envs ``env_ids`` (every env when None) in their current state.
@@ -552,9 +593,12 @@ class PushCubeEnv(TorchVecEnv):
             RuntimeError: the env was built with ``render_mode=None``.
             IndexError: an env id outside ``[0, num_envs)``.
         """
-        rows = self._render_rows(env_ids)
-        xs, ys, table, tinted, colours = self._render_canvas()
-        cfg, pixel = self.cfg, self._pixel
+        return self._draw(self._render_rows(env_ids), RENDER_SIZE)
+
+    def _draw(self, rows: slice | torch.Tensor, size: int) -> torch.Tensor:
+        """uint8 RGB frames ``[K, size, size, 3]`` of the envs ``rows`` (the pixel modes' camera and :meth:`render`)."""
+        xs, ys, table, tinted, colours, pixel = self._render_canvas(size)
+        cfg = self.cfg
         goal_d2 = rendering.squared_distance(xs, ys, self.goal_x[rows], self.goal_y[rows])
         region = goal_d2 <= cfg.success_threshold**2
         labels = torch.where(region, tinted, table)
@@ -564,9 +608,9 @@ class PushCubeEnv(TorchVecEnv):
         labels.masked_fill_(cube, _CUBE)
         labels.masked_fill_(cube & (u >= self._half * (1 - 2 * _FACE_FRACTION)), _CUBE_FACE)
         labels.masked_fill_(goal_d2 <= (_GOAL_PX * pixel) ** 2, _GOAL)
-        labels.masked_fill_(
-            rendering.disc(xs, ys, self.pusher_x[rows], self.pusher_y[rows], cfg.pusher_radius), _PUSHER
-        )
+        # At least one pixel's radius, so that the pusher shows in a small camera image.
+        radius = max(cfg.pusher_radius, 0.75 * pixel)
+        labels.masked_fill_(rendering.disc(xs, ys, self.pusher_x[rows], self.pusher_y[rows], radius), _PUSHER)
         return rendering.colour(labels, colours)
 
     def close(self, **kwargs: Any) -> None:

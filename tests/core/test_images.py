@@ -1,0 +1,141 @@
+"""Image observations: the CNN encoder against a plain reference, uint8 storage, push_cube's camera, and a pixel
+run trained, resumed, evaluated and exported (uint8 inputs) against the live policy."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from rlchain.core.collector import SyncCollector
+from rlchain.core.envs.push_cube import PushCubeEnv
+from rlchain.core.policies import ActorCritic, CNNEncoder
+from rlchain.envs import check_vec_env
+
+SMALL_CNN = {"cnn_channels": [8, 16], "cnn_kernel_sizes": [4, 3], "cnn_strides": [2, 2], "cnn_features": 32}
+
+
+def test_the_encoder_is_a_plain_cnn_on_images_scaled_to_one_in_either_layout():
+    torch.manual_seed(0)
+    last = CNNEncoder("image", (20, 20, 3), [8, 16], [4, 3], [2, 2], 32)
+    first = CNNEncoder("image", (3, 20, 20), [8, 16], [4, 3], [2, 2], 32)
+    first.load_state_dict(last.state_dict())
+    images = torch.randint(0, 256, (2, 5, 20, 20, 3), dtype=torch.uint8)  # any leading dims: [T, N, H, W, C]
+    convs = [m for m in last.net if isinstance(m, nn.Conv2d)]
+    linear = next(m for m in last.net if isinstance(m, nn.Linear))
+
+    def reference(x: torch.Tensor) -> torch.Tensor:  # one image [H, W, C] at a time
+        h = x.permute(2, 0, 1)[None].double() / 255.0
+        for conv in convs:
+            h = torch.relu(nn.functional.conv2d(h, conv.weight.double(), conv.bias.double(), conv.stride))
+        return torch.relu(linear.weight.double() @ h.flatten() + linear.bias.double()).float()
+
+    expected = torch.stack([torch.stack([reference(x) for x in row]) for row in images])
+    with torch.no_grad():
+        torch.testing.assert_close(last(images), expected, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(first(images.permute(0, 1, 4, 2, 3)), expected, atol=1e-5, rtol=1e-4)
+    assert last(images).shape == (2, 5, 32)
+
+
+def test_push_cube_pixels_draw_the_state_and_keep_the_contract():
+    env = PushCubeEnv(num_envs=8, obs_mode="pixels_proprio", privileged_critic=True, image_size=32, obs_noise_std=0.0)
+    obs, _ = env.reset(seed=0)
+    assert set(obs.keys()) == {"image", "proprio", "critic"}
+    assert obs["image"].shape == (8, 32, 32, 3) and obs["image"].dtype == torch.uint8
+    torch.testing.assert_close(obs["proprio"], env.pusher_pos)
+    torch.testing.assert_close(obs["image"], env._draw(slice(None), 32))
+    moved = env.step(torch.ones(8, 2))[0]["image"]
+    assert not torch.equal(moved, obs["image"])  # the pusher (at least) moved on the image
+    check_vec_env(PushCubeEnv(num_envs=8, obs_mode="pixels", image_size=32))
+    check_vec_env(env)
+
+
+def test_pixels_alone_refuse_observation_noise_in_one_line():
+    with pytest.raises(ValueError) as caught:
+        PushCubeEnv(num_envs=2, obs_mode="pixels", obs_noise_std=0.1)
+    assert str(caught.value).startswith("obs_noise_std=0.1 is not allowed with obs_mode='pixels'")
+
+
+def test_a_rollout_stores_images_as_uint8_and_the_policy_converts_them():
+    torch.manual_seed(0)
+    env = PushCubeEnv(num_envs=4, obs_mode="pixels_proprio", image_size=24, episode_length=5)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16], **SMALL_CNN)
+    assert policy.image_groups == ["image"] and set(policy.obs_normalizer) == {"proprio"}  # images: no normaliser
+    assert list(policy.actor_encoders) == list(policy.critic_encoders) == ["image"]
+    assert policy.actor_encoders["image"] is not policy.critic_encoders["image"]
+    collector = SyncCollector(env, policy, rollout_steps=6)
+    data = collector.collect().data
+    images = data["obs"]["image"]
+    assert images.dtype == torch.uint8 and images.shape == (6, 4, 24, 24, 3)
+    assert data["final_obs"]["image"].dtype == torch.uint8
+    # The stored images are the env's: replay the run's start from its seed.
+    replay = PushCubeEnv(num_envs=4, obs_mode="pixels_proprio", image_size=24, episode_length=5)
+    first, _ = replay.reset()
+    assert torch.equal(images[0], first["image"])
+    # The update's forward on stored uint8 images equals the acting forward.
+    with torch.no_grad():
+        td = policy.evaluate_actions(data.reshape(-1))
+    torch.testing.assert_close(td["sample_log_prob"], data["sample_log_prob"].reshape(-1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(td["value"], data["value"].reshape(-1), atol=1e-5, rtol=1e-5)
+
+
+def test_a_pixel_run_trains_resumes_evaluates_and_exports_its_uint8_inputs(compose_cfg, tmp_path, capsys):
+    from rlchain.commands.eval import main as evaluate
+    from rlchain.commands.export import main as export
+    from rlchain.commands.saved_run import open_run
+    from rlchain.commands.train import build
+
+    cnn = [f"policy.{k}={v}".replace(" ", "") for k, v in SMALL_CNN.items()]
+    overrides = ["env=push_cube", "env.obs_mode=pixels_proprio", "env.privileged_critic=true", "env.image_size=24"]
+    cfg = compose_cfg([*overrides, *cnn, "debug=tiny", "trainer.fresh_eval=false"])
+    trainer = build(cfg)
+    assert (trainer.policy.actor_groups, trainer.policy.critic_groups) == (["image", "proprio"], ["critic"])
+    assert trainer.train().status == "completed"
+    assert evaluate([str(tmp_path), "num_episodes=4", "checkpoint=latest"]) == 0, capsys.readouterr().err
+
+    run = open_run(tmp_path, "latest")
+    env = run.build_env(num_envs=1, device="cpu")
+    policy = run.build_policy(env)
+    generator = torch.Generator().manual_seed(0)
+    image = torch.randint(0, 256, (5, 24, 24, 3), dtype=torch.uint8, generator=generator)
+    proprio = torch.randn(5, 2, generator=generator) * 0.3
+    with torch.no_grad():
+        expected = policy.deterministic_action({"image": image, "proprio": proprio}).clamp(-1, 1)
+    for fmt in ("torchscript", "onnx"):
+        out = tmp_path / f"policy.{fmt}"
+        assert export([str(tmp_path), f"format={fmt}", f"output={out}", "checkpoint=latest"]) == 0
+        assert "image uint8 [B, 24, 24, 3], proprio float32 [B, 2] -> action" in capsys.readouterr().out
+        if fmt == "torchscript":
+            files = {"rlchain.json": ""}
+            got = torch.jit.load(str(out), _extra_files=files)(image, proprio)
+            metadata = json.loads(files["rlchain.json"])
+            assert metadata["inputs"][0] == {
+                "name": "image",
+                "dtype": "uint8",
+                "shape": ["B", 24, 24, 3],
+                "layout": "HWC",
+                "normalization": "divided by 255 inside",
+            }
+        else:
+            session = onnxruntime.InferenceSession(str(out))
+            assert [(i.name, i.type) for i in session.get_inputs()] == [
+                ("image", "tensor(uint8)"),
+                ("proprio", "tensor(float)"),
+            ]
+            got = torch.from_numpy(session.run(None, {"image": image.numpy(), "proprio": proprio.numpy()})[0])
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_flat_image_space_is_one_image_group():
+    space = gym.spaces.Box(0, 255, (3, 16, 16), np.uint8)  # channels first
+    policy = ActorCritic(space, gym.spaces.Discrete(3), hidden_sizes=[8], **SMALL_CNN)
+    assert policy.image_groups == ["obs"] and policy.obs_normalizer is None
+    obs = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
+    td = policy.get_action(TensorDict({"obs": obs}, batch_size=[4]))
+    assert td["action"].shape == (4,) and td["value"].shape == (4,)
