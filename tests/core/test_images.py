@@ -139,3 +139,13 @@ def test_a_flat_image_space_is_one_image_group():
     obs = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
     td = policy.get_action(TensorDict({"obs": obs}, batch_size=[4]))
     assert td["action"].shape == (4,) and td["value"].shape == (4,)
+
+
+def test_final_observations_keep_no_image_the_critic_does_not_read():
+    env = PushCubeEnv(num_envs=4, obs_mode="pixels_proprio", privileged_critic=True, image_size=24, episode_length=3)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16], **SMALL_CNN)
+    data = SyncCollector(env, policy, rollout_steps=4).collect().data
+    assert list(data["final_obs"].keys()) == ["critic"] and data["done"].any()
+    done = data["done"]
+    expected = policy.critic(policy.obs_normalizer["critic"].normalize(data["final_obs"]["critic"][done]))
+    torch.testing.assert_close(data["next_value"][done], expected.squeeze(-1))

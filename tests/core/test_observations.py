@@ -26,19 +26,22 @@ def _policy(env, **settings):
     return ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16], **settings)
 
 
-def test_the_rollout_stores_every_group_in_the_spaces_order_each_step():
+@pytest.mark.parametrize("critic_obs", [["actor", "critic"], ["critic"]])
+def test_the_rollout_stores_every_group_in_the_spaces_order_each_step(critic_obs):
     env = GroupedLineEnv(num_envs=4, max_episode_steps=3)
     twin = GroupedLineEnv(num_envs=4, max_episode_steps=3)  # the same episodes, stepped by hand
-    policy = _policy(env)
+    policy = _policy(env, critic_obs=critic_obs)
     data = SyncCollector(env, policy, rollout_steps=7).collect().data
     assert list(data["obs"].keys()) == ["actor", "critic"] and data["obs"]["critic"].shape == (7, 4, 3)
+    # final_obs is for the critic's bootstrap values: it keeps the critic's groups only, in the space's order
+    assert list(data["final_obs"].keys()) == ["actor", "critic"][2 - len(critic_obs) :]
     obs, _ = twin.reset()
     for t in range(7):
         for group in ("actor", "critic"):
             assert torch.equal(data["obs"][group][t], obs[group]), (t, group)
         obs, _, _, _, info = twin.step(data["action"][t])
         done = data["done"][t]
-        for group in ("actor", "critic"):
+        for group in data["final_obs"].keys():
             assert torch.equal(data["final_obs"][group][t][done], info["final_obs"][group][done]), (t, group)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import gymnasium as gym
@@ -39,7 +39,8 @@ class RolloutBuffer:
     done                bool [T,N]          ``terminated | truncated``
     final_obs           f32 [T,N,*obs]      on done rows, the observation the episode
                                             ended on (before the auto-reset); elsewhere
-                                            as the env left it (unspecified)
+                                            as the env left it (unspecified); of a Dict
+                                            space, the groups ``final_obs_groups`` names
     next_value          f32 [T,N]           value of the state the transition ended in:
                                             ``V(final_obs)`` on done rows, else the next
                                             step's value; the bootstrap target, filled
@@ -54,6 +55,9 @@ class RolloutBuffer:
         num_envs: ``N`` (the env's; its schema checks it).
         observation_space / action_space: gymnasium spaces of one env.
         device: torch device of every tensor.
+        final_obs_groups: the groups of a ``Dict`` observation space that ``final_obs`` keeps: those the critic
+            reads (its bootstrap values are all that ``final_obs`` is for); None: every group. An actor's camera
+            image that the critic does not read then takes no second copy.
 
     Raises:
         SettingError: a non-positive ``rollout_steps``.
@@ -66,6 +70,7 @@ class RolloutBuffer:
         observation_space: gym.Space,
         action_space: gym.Space,
         device: torch.device | str,
+        final_obs_groups: Sequence[str] | None = None,
     ) -> None:
         from tensordict import TensorDict  # imported where used: see rlchain.config
 
@@ -88,7 +93,7 @@ class RolloutBuffer:
                 "terminated": b(),
                 "truncated": b(),
                 "done": b(),
-                "final_obs": observations.zeros(observation_space, (t, n), device),
+                "final_obs": observations.zeros(_kept(observation_space, final_obs_groups), (t, n), device),
                 "next_value": f32(),
                 "episode_return": torch.zeros(t, n, dtype=torch.float64, device=device),  # long sums do not drift
                 "episode_length": torch.zeros(t, n, dtype=torch.int64, device=device),
@@ -115,3 +120,10 @@ def minibatches(data: TensorDict, batch_size: int, generator: torch.Generator) -
     perm = torch.randperm(flat.batch_size[0], generator=generator, device=generator.device)
     for start in range(0, perm.numel(), batch_size):
         yield flat[perm[start : start + batch_size].to(flat.device)]
+
+
+def _kept(space: gym.Space, groups: Sequence[str] | None) -> gym.Space:
+    """``space`` with only ``groups`` (a ``Dict`` space's, in its order); ``space`` itself for None or a ``Box``."""
+    if groups is None or not observations.is_grouped(space):
+        return space
+    return gym.spaces.Dict({g: sub for g, sub in space.spaces.items() if g in groups})

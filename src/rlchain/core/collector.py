@@ -20,15 +20,17 @@ if TYPE_CHECKING:
 __all__ = ["EpisodeWindow", "Episodes", "Rollout", "SyncCollector", "step_env"]
 
 #: The rollout keys the step loop copies when the policy has acted, and when the env has stepped (``done`` it
-#: computes in place); ``obs`` and ``final_obs`` stand for every group of a grouped observation.
+#: computes in place); ``obs`` stands for every group of a grouped observation, ``final_obs`` for the critic's.
 _ACT_KEYS = ("obs", "action", "sample_log_prob", "value")
 _STEP_KEYS = ("reward", "terminated", "truncated", "final_obs", "success")
 
 
-def _rows(data: TensorDict, keys: tuple[str, ...], groups: tuple[str, ...] | None) -> list[tuple[torch.Tensor, ...]]:
-    """For each step ``t``, the views ``data[key][t]`` of ``keys``: an observation key gives each of its ``groups``
-    (in that order, the step loop's)."""
-    columns = [leaf.unbind(0) for key in keys for leaf in observations.leaves(data[key], groups)]
+def _rows(
+    data: TensorDict, keys: tuple[str, ...], groups: dict[str, tuple[str, ...] | None]
+) -> list[tuple[torch.Tensor, ...]]:
+    """For each step ``t``, the views ``data[key][t]`` of ``keys``: an observation key gives each of its groups
+    ``groups[key]`` (in that order, the step loop's)."""
+    columns = [leaf.unbind(0) for key in keys for leaf in observations.leaves(data[key], groups.get(key))]
     return list(zip(*columns))
 
 
@@ -173,16 +175,26 @@ class SyncCollector:
         self.env, self.policy, self.reset_options = env, policy, reset_options
         self.act = policy.get_action
         """The acting forward pass (``policy.get_action``; compiled by :meth:`compile`)."""
-        self.buffer = RolloutBuffer(
-            rollout_steps, env.num_envs, env.single_observation_space, env.single_action_space, env.device
-        )
-        # The storage's rows, one view per step and key, made once: each step is written into place.
-        data = self.buffer.data
         space = env.single_observation_space
         self._groups = observations.group_names(space)
         """The observation's group names in the storage's order (None for a flat observation)."""
-        self._acted_rows = _rows(data, _ACT_KEYS, self._groups)
-        self._stepped_rows = _rows(data, _STEP_KEYS, self._groups)
+        self._final_groups = self._groups
+        """The groups kept of each final observation: those the critic reads (none without a critic)."""
+        if self._groups is not None:
+            critic = getattr(policy, "critic_groups", None) if policy.has_critic else ()
+            self._final_groups = tuple(g for g in self._groups if critic is None or g in critic)
+        self.buffer = RolloutBuffer(
+            rollout_steps,
+            env.num_envs,
+            space,
+            env.single_action_space,
+            env.device,
+            final_obs_groups=self._final_groups,
+        )
+        # The storage's rows, one view per step and key, made once: each step is written into place.
+        data = self.buffer.data
+        self._acted_rows = _rows(data, _ACT_KEYS, {"obs": self._groups})
+        self._stepped_rows = _rows(data, _STEP_KEYS, {"final_obs": self._final_groups})
         self._tally_rows = list(zip(*(data[key].unbind(0) for key in ("done", "episode_return", "episode_length"))))
         n, dev = env.num_envs, env.device
         self._obs: Obs | None = None
@@ -249,7 +261,8 @@ class SyncCollector:
             torch._foreach_copy_(acted, (*leaves(obs, self._groups), action, step["sample_log_prob"], step["value"]))
             next_obs, reward, terminated, truncated, info = step_env(env, obs, action)
             torch._foreach_copy_(
-                stepped, (reward, terminated, truncated, *leaves(info["final_obs"], self._groups), info["success"])
+                stepped,
+                (reward, terminated, truncated, *leaves(info["final_obs"], self._final_groups), info["success"]),
             )
             ret = torch.addcmul(reward, ret, running, out=ret_row)
             length = torch.addcmul(self._one, length, running, out=length_row)
