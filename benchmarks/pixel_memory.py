@@ -1,7 +1,7 @@
 """The memory of a rollout of camera images: rlchain's storage (uint8 images) against the same rollout as float32.
 
 A rollout of ``--num-envs`` envs x ``--rollout-steps`` steps of push_cube's pixel observations
-(``env.obs_mode=pixels_proprio``, ``--image-size`` square RGB images), stored as rlchain's collector stores it
+(``env.obs_mode=pixels_state``, ``--image-size`` square RGB images), stored as rlchain's collector stores it
 (:class:`rlchain.core.buffer.RolloutBuffer`, ``final_obs`` holding the groups the critic reads), for two critics:
 
 * ``privileged``: the critic reads the exact state (``env.privileged_critic=true``): the image is stored once;
@@ -37,15 +37,15 @@ def _rss_bytes() -> int:
 
 
 def spaces(image_size: int, privileged: bool, image_dtype: type) -> tuple[gym.spaces.Dict, list[str]]:
-    """push_cube's pixel observation space (``pixels_proprio``) and the groups its critic reads."""
+    """push_cube's pixel observation space (``pixels_state``) and the groups its critic reads."""
     high = 255 if image_dtype is np.uint8 else 1.0
     groups = {
         "image": gym.spaces.Box(0, high, (image_size, image_size, 3), image_dtype),
-        "proprio": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
+        "state": gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
     }
     if privileged:
         groups["critic"] = gym.spaces.Box(-np.inf, np.inf, (15,), np.float32)
-    return gym.spaces.Dict(groups), ["critic"] if privileged else ["image", "proprio"]
+    return gym.spaces.Dict(groups), ["critic"] if privileged else ["image", "state"]
 
 
 def buffer_bytes(buffer: RolloutBuffer) -> dict[str, int]:
@@ -69,7 +69,7 @@ def main() -> None:
     gib = 2**30
     print(
         f"{args.num_envs} envs x {args.rollout_steps} steps of {args.image_size} x {args.image_size} x 3 images "
-        "(push_cube, obs_mode=pixels_proprio)\n"
+        "(push_cube, obs_mode=pixels_state)\n"
     )
     print("| critic reads | obs (uint8) | final_obs | whole buffer (uint8) | measured RSS growth | as float32 |")
     print("|---|---:|---:|---:|---:|---:|")

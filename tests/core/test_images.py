@@ -44,11 +44,11 @@ def test_the_encoder_is_a_plain_cnn_on_images_scaled_to_one_in_either_layout():
 
 
 def test_push_cube_pixels_draw_the_state_and_keep_the_contract():
-    env = PushCubeEnv(num_envs=8, obs_mode="pixels_proprio", privileged_critic=True, image_size=32, obs_noise_std=0.0)
+    env = PushCubeEnv(num_envs=8, obs_mode="pixels_state", privileged_critic=True, image_size=32, obs_noise_std=0.0)
     obs, _ = env.reset(seed=0)
-    assert set(obs.keys()) == {"image", "proprio", "critic"}
+    assert set(obs.keys()) == {"image", "state", "critic"}
     assert obs["image"].shape == (8, 32, 32, 3) and obs["image"].dtype == torch.uint8
-    torch.testing.assert_close(obs["proprio"], env.pusher_pos)
+    torch.testing.assert_close(obs["state"], torch.cat([env.pusher_pos, env.goal_pos], -1))
     torch.testing.assert_close(obs["image"], env._draw(slice(None), 32))
     moved = env.step(torch.ones(8, 2))[0]["image"]
     assert not torch.equal(moved, obs["image"])  # the pusher (at least) moved on the image
@@ -64,9 +64,9 @@ def test_pixels_alone_refuse_observation_noise_in_one_line():
 
 def test_a_rollout_stores_images_as_uint8_and_the_policy_converts_them():
     torch.manual_seed(0)
-    env = PushCubeEnv(num_envs=4, obs_mode="pixels_proprio", image_size=24, episode_length=5)
+    env = PushCubeEnv(num_envs=4, obs_mode="pixels_state", image_size=24, episode_length=5)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16], **SMALL_CNN)
-    assert policy.image_groups == ["image"] and set(policy.obs_normalizer) == {"proprio"}  # images: no normaliser
+    assert policy.image_groups == ["image"] and set(policy.obs_normalizer) == {"state"}  # images: no normaliser
     assert list(policy.actor_encoders) == list(policy.critic_encoders) == ["image"]
     assert policy.actor_encoders["image"] is not policy.critic_encoders["image"]
     collector = SyncCollector(env, policy, rollout_steps=6)
@@ -75,7 +75,7 @@ def test_a_rollout_stores_images_as_uint8_and_the_policy_converts_them():
     assert images.dtype == torch.uint8 and images.shape == (6, 4, 24, 24, 3)
     assert data["final_obs"]["image"].dtype == torch.uint8
     # The stored images are the env's: replay the run's start from its seed.
-    replay = PushCubeEnv(num_envs=4, obs_mode="pixels_proprio", image_size=24, episode_length=5)
+    replay = PushCubeEnv(num_envs=4, obs_mode="pixels_state", image_size=24, episode_length=5)
     first, _ = replay.reset()
     assert torch.equal(images[0], first["image"])
     # The update's forward on stored uint8 images equals the acting forward.
@@ -85,17 +85,17 @@ def test_a_rollout_stores_images_as_uint8_and_the_policy_converts_them():
     torch.testing.assert_close(td["value"], data["value"].reshape(-1), atol=1e-5, rtol=1e-5)
 
 
-def test_a_pixel_run_trains_resumes_evaluates_and_exports_its_uint8_inputs(compose_cfg, tmp_path, capsys):
+def test_a_pixel_run_trains_evaluates_and_exports_its_uint8_inputs(compose_cfg, tmp_path, capsys):
     from rlchain.commands.eval import main as evaluate
     from rlchain.commands.export import main as export
     from rlchain.commands.saved_run import open_run
     from rlchain.commands.train import build
 
     cnn = [f"policy.{k}={v}".replace(" ", "") for k, v in SMALL_CNN.items()]
-    overrides = ["env=push_cube", "env.obs_mode=pixels_proprio", "env.privileged_critic=true", "env.image_size=24"]
+    overrides = ["env=push_cube", "env.obs_mode=pixels_state", "env.privileged_critic=true", "env.image_size=24"]
     cfg = compose_cfg([*overrides, *cnn, "debug=tiny", "trainer.fresh_eval=false"])
     trainer = build(cfg)
-    assert (trainer.policy.actor_groups, trainer.policy.critic_groups) == (["image", "proprio"], ["critic"])
+    assert (trainer.policy.actor_groups, trainer.policy.critic_groups) == (["image", "state"], ["critic"])
     assert trainer.train().status == "completed"
     assert evaluate([str(tmp_path), "num_episodes=4", "checkpoint=latest"]) == 0, capsys.readouterr().err
 
@@ -104,16 +104,16 @@ def test_a_pixel_run_trains_resumes_evaluates_and_exports_its_uint8_inputs(compo
     policy = run.build_policy(env)
     generator = torch.Generator().manual_seed(0)
     image = torch.randint(0, 256, (5, 24, 24, 3), dtype=torch.uint8, generator=generator)
-    proprio = torch.randn(5, 2, generator=generator) * 0.3
+    state = torch.randn(5, 4, generator=generator) * 0.3
     with torch.no_grad():
-        expected = policy.deterministic_action({"image": image, "proprio": proprio}).clamp(-1, 1)
+        expected = policy.deterministic_action({"image": image, "state": state}).clamp(-1, 1)
     for fmt in ("torchscript", "onnx"):
         out = tmp_path / f"policy.{fmt}"
         assert export([str(tmp_path), f"format={fmt}", f"output={out}", "checkpoint=latest"]) == 0
-        assert "image uint8 [B, 24, 24, 3], proprio float32 [B, 2] -> action" in capsys.readouterr().out
+        assert "image uint8 [B, 24, 24, 3], state float32 [B, 4] -> action" in capsys.readouterr().out
         if fmt == "torchscript":
             files = {"rlchain.json": ""}
-            got = torch.jit.load(str(out), _extra_files=files)(image, proprio)
+            got = torch.jit.load(str(out), _extra_files=files)(image, state)
             metadata = json.loads(files["rlchain.json"])
             assert metadata["inputs"][0] == {
                 "name": "image",
@@ -126,9 +126,9 @@ def test_a_pixel_run_trains_resumes_evaluates_and_exports_its_uint8_inputs(compo
             session = onnxruntime.InferenceSession(str(out))
             assert [(i.name, i.type) for i in session.get_inputs()] == [
                 ("image", "tensor(uint8)"),
-                ("proprio", "tensor(float)"),
+                ("state", "tensor(float)"),
             ]
-            got = torch.from_numpy(session.run(None, {"image": image.numpy(), "proprio": proprio.numpy()})[0])
+            got = torch.from_numpy(session.run(None, {"image": image.numpy(), "state": state.numpy()})[0])
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -142,10 +142,48 @@ def test_a_flat_image_space_is_one_image_group():
 
 
 def test_final_observations_keep_no_image_the_critic_does_not_read():
-    env = PushCubeEnv(num_envs=4, obs_mode="pixels_proprio", privileged_critic=True, image_size=24, episode_length=3)
+    env = PushCubeEnv(num_envs=4, obs_mode="pixels_state", privileged_critic=True, image_size=24, episode_length=3)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16], **SMALL_CNN)
     data = SyncCollector(env, policy, rollout_steps=4).collect().data
     assert list(data["final_obs"].keys()) == ["critic"] and data["done"].any()
     done = data["done"]
     expected = policy.critic(policy.obs_normalizer["critic"].normalize(data["final_obs"]["critic"][done]))
     torch.testing.assert_close(data["next_value"][done], expected.squeeze(-1))
+
+
+def test_a_pixel_run_resumes_exactly(tmp_path):
+    """The image in progress (uint8) and every weight of the encoders come back from the checkpoint."""
+    from rlchain.core.algorithms import PPO
+    from rlchain.run.starting import start
+    from rlchain.run.trainer import Trainer
+
+    def make(out, iterations, resume_from=None):
+        torch.manual_seed(0)
+        env = PushCubeEnv(num_envs=8, obs_mode="pixels_state", image_size=24, episode_length=7)
+        policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16], **SMALL_CNN)
+        algorithm = PPO(policy, batch_size=32, n_epochs=2, seed=0)
+        trainer = Trainer(
+            env,
+            policy,
+            algorithm,
+            iterations=iterations,
+            rollout_steps=5,
+            eval_freq=100,
+            save_freq=100,
+            output_dir=str(tmp_path / out),
+            progress=False,
+            resume_from=resume_from and str(tmp_path / resume_from),
+            fresh_eval=False,
+        )
+        start(trainer)
+        return trainer
+
+    straight = make("a", iterations=4)
+    straight.train()
+    make("b", iterations=2).train()
+    resumed = make("c", iterations=4, resume_from="b/checkpoints/latest.pt")
+    assert resumed.collector.state_dict()["obs"]["image"].dtype == torch.uint8
+    resumed.train()
+    for (name, a), b in zip(straight.policy.state_dict().items(), resumed.policy.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert "actor_encoders.image.net.0.weight" in straight.policy.state_dict()

@@ -101,6 +101,8 @@ from rlchain.utils import resolve_device
 __all__ = ["RENDER_SIZE", "PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv", "make_vec_entry_point"]
 
 OBS_DIM = 15
+#: The features of the group 'state' of obs_mode=pixels_state: pusher_x, pusher_y, goal_x, goal_y.
+_PIXELS_STATE = [0, 1, 9, 10]
 
 #: Height and width of :meth:`PushCubeEnv.render`'s frames, pixels (even, as H.264 video needs).
 RENDER_SIZE = 256
@@ -187,10 +189,12 @@ class PushCubeConfig(VecEnvConfig):
     """Observe as two groups: 'actor' (the features with obs_noise_std's noise) and 'critic' (the exact features):
     the privileged state a simulator gives the critic of a robot policy, and not the robot. With pixels, the group
     'critic' joins the pixel groups."""
-    obs_mode: str = setting("state", choices=("state", "pixels", "pixels_proprio"))
+    obs_mode: str = setting("state", choices=("state", "pixels", "pixels_state"))
     """What the actor observes: 'state' (the 15 features); 'pixels', the group 'image' (a top-down camera, uint8
-    [image_size, image_size, 3], drawn as render's frames); 'pixels_proprio', 'image' and the group 'proprio' (the
-    pusher's position, m, with obs_noise_std's noise: what the robot knows of itself)."""
+    [image_size, image_size, 3], drawn as render's frames); 'pixels_state', 'image' and the group 'state' (the
+    pusher's and the goal's positions, m, with obs_noise_std's noise: what the robot knows without a camera, its
+    own position and its goal, as ManiSkill's rgb observations give the agent's state and the goal beside the
+    camera); the cube is seen only on the image."""
     image_size: int = setting(64, ge=16)
     """Height and width of the camera image of the pixel modes, pixels."""
 
@@ -202,7 +206,7 @@ class PushCubeConfig(VecEnvConfig):
                 "obs_noise_std",
                 self.obs_noise_std,
                 " is not allowed with obs_mode='pixels': the noise acts on observed features, and the image has none; "
-                "expected 0, or obs_mode 'state' or 'pixels_proprio'",
+                "expected 0, or obs_mode 'state' or 'pixels_state'",
             )
         for name in _SPAWN_REGIONS:
             value = getattr(self, name)
@@ -268,9 +272,9 @@ class PushCubeEnv(TorchVecEnv):
         if cfg.obs_mode != "state":
             groups = {"image": gym.spaces.Box(0, 255, (cfg.image_size, cfg.image_size, 3), np.uint8)}
             self.observation_names = {"image": ("top_down_rgb",)}
-            if cfg.obs_mode == "pixels_proprio":
-                groups["proprio"] = gym.spaces.Box(-np.inf, np.inf, shape=(2,), dtype=np.float32)
-                self.observation_names["proprio"] = names[:2]
+            if cfg.obs_mode == "pixels_state":
+                groups["state"] = gym.spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float32)
+                self.observation_names["state"] = (*names[:2], *names[9:11])
             if cfg.privileged_critic:
                 groups["critic"], self.observation_names["critic"] = box, names
             space: gym.Space = gym.spaces.Dict(groups)
@@ -451,15 +455,15 @@ class PushCubeEnv(TorchVecEnv):
     def _observe(self) -> Any:
         """The observation (see :attr:`PushCubeConfig.obs_mode`): the features, noisy with ``obs_noise_std``; with
         ``privileged_critic`` a TensorDict of the groups ``actor`` (noisy) and ``critic`` (exact); with pixels a
-        TensorDict of ``image`` (and ``proprio``, noisy; and ``critic``, exact)."""
+        TensorDict of ``image`` (and ``state``, noisy; and ``critic``, exact)."""
         from tensordict import TensorDict  # imported where used: see rlchain.commands.config
 
         cfg = self.cfg
         exact = self._features()
         if cfg.obs_mode != "state":
             groups = {"image": self._draw(slice(None), cfg.image_size)}
-            if cfg.obs_mode == "pixels_proprio":
-                groups["proprio"] = self._noisy(exact[:, :2])
+            if cfg.obs_mode == "pixels_state":
+                groups["state"] = self._noisy(exact[:, _PIXELS_STATE])
             if cfg.privileged_critic:
                 groups["critic"] = exact
             return TensorDict(groups, batch_size=[self.num_envs])
