@@ -43,3 +43,19 @@ def test_vs_rsl_rl_runs_both_sides_and_evaluates_them(tmp_path):
     rows = [json.loads(line) for line in (out / "rsl_rl_seed0" / "metrics.jsonl").read_text().splitlines()]
     assert [row["charts/iteration"] for row in rows] == [1, 2]
     assert "eval/success_rate" in rows[-1] and "eval/avg_reward" in rows[-1]
+
+
+def test_the_pixel_memory_benchmark_counts_what_it_allocates():
+    """A small rollout: the bytes counted equal the resident memory the real buffer takes, row by row."""
+    args = ["--num-envs", "256", "--rollout-steps", "64", "--image-size", "32", "--allocate"]
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "pixel_memory.py"), *args], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if line.startswith("| exact") or "| the" in line]
+    assert len(rows) == 2
+    for row in rows:
+        counted, measured = (float(cell.split()[0]) for cell in (row[3], row[4]))
+        assert measured == pytest.approx(counted, abs=0.02)  # GiB: images of 256 x 64 x 32 x 32 x 3 are 0.05
+    privileged, image = rows
+    assert float(privileged[2].split()[0]) < float(image[2].split()[0])  # final_obs: no second copy of the image

@@ -237,3 +237,11 @@ def test_groups_that_hold_the_same_features_train_exactly_as_one_flat_observatio
             assert torch.equal(grouped[f"obs_normalizer.critic.{stat}"], value), name
         else:
             assert torch.equal(grouped[name], value), name
+
+
+def test_an_actor_without_a_critic_stores_no_final_observation():
+    # final_obs is for the critic's bootstrap values: GRPO's actor-only policy needs none of it.
+    env = GroupedLineEnv(num_envs=4, max_episode_steps=3)
+    policy = ActorOnly(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    data = SyncCollector(env, policy, rollout_steps=5).collect().data
+    assert list(data["final_obs"].keys()) == [] and data["done"].any() and not data["next_value"].any()

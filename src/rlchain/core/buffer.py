@@ -93,7 +93,7 @@ class RolloutBuffer:
                 "terminated": b(),
                 "truncated": b(),
                 "done": b(),
-                "final_obs": observations.zeros(_kept(observation_space, final_obs_groups), (t, n), device),
+                "final_obs": _final_obs_zeros(observation_space, final_obs_groups, (t, n), device),
                 "next_value": f32(),
                 "episode_return": torch.zeros(t, n, dtype=torch.float64, device=device),  # long sums do not drift
                 "episode_length": torch.zeros(t, n, dtype=torch.int64, device=device),
@@ -122,8 +122,15 @@ def minibatches(data: TensorDict, batch_size: int, generator: torch.Generator) -
         yield flat[perm[start : start + batch_size].to(flat.device)]
 
 
-def _kept(space: gym.Space, groups: Sequence[str] | None) -> gym.Space:
-    """``space`` with only ``groups`` (a ``Dict`` space's, in its order); ``space`` itself for None or a ``Box``."""
+def _final_obs_zeros(
+    space: gym.Space, groups: Sequence[str] | None, batch: tuple[int, ...], device: torch.device | str
+) -> observations.Obs:
+    """The storage of ``final_obs``: :func:`rlchain.core.observations.zeros` of ``space``'s ``groups`` (a ``Dict``
+    space's, in its order; every group for None or a ``Box``), an empty TensorDict for no group (no critic)."""
+    from tensordict import TensorDict  # imported where used: see rlchain.config
+
     if groups is None or not observations.is_grouped(space):
-        return space
-    return gym.spaces.Dict({g: sub for g, sub in space.spaces.items() if g in groups})
+        return observations.zeros(space, batch, device)
+    if not groups:
+        return TensorDict({}, batch_size=list(batch), device=device)
+    return observations.zeros(gym.spaces.Dict({g: s for g, s in space.spaces.items() if g in groups}), batch, device)
