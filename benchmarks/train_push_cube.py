@@ -10,6 +10,7 @@ count):
   job, ``make train``);
 * ``grpo``: ``experiment=push_cube_grpo``;
 * ``ppo``: ``experiment=push_cube_ppo``;
+* ``pixels``: ``experiment=push_cube_pixels_ppo`` (the actor sees the camera, the critic the state);
 * ``defaults``: no override at all, the bare ``rlchain-train`` (PPO with its
   schema defaults on push_cube).
 
@@ -36,6 +37,7 @@ RUNS = {
     "main": ["algorithm=grpo", "env=push_cube"],
     "grpo": ["experiment=push_cube_grpo"],
     "ppo": ["experiment=push_cube_ppo"],
+    "pixels": ["experiment=push_cube_pixels_ppo"],
     "defaults": [],
 }
 BARS = (0.6, 0.9)

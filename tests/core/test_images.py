@@ -187,3 +187,35 @@ def test_a_pixel_run_resumes_exactly(tmp_path):
     for (name, a), b in zip(straight.policy.state_dict().items(), resumed.policy.state_dict().values()):
         assert torch.equal(a, b), name
     assert "actor_encoders.image.net.0.weight" in straight.policy.state_dict()
+
+
+def test_spatial_softmax_gives_each_channels_expected_position():
+    from rlchain.core.policies import SpatialSoftmax
+
+    logits = torch.full((2, 3, 5, 7), -1e4)
+    logits[0, 0, 0, 0] = logits[0, 1, 4, 6] = logits[1, 0, 2, 3] = 0.0  # one hot pixel: its own position
+    logits[0, 2] = logits[1, 1] = logits[1, 2] = 0.0  # uniform: the centre
+    out = SpatialSoftmax(5, 7)(logits)
+    expected_x = torch.tensor([[-1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    expected_y = torch.tensor([[-1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(out, torch.cat((expected_x, expected_y), -1), atol=1e-6, rtol=0)
+
+
+def test_a_spatial_softmax_encoder_reads_positions_and_exports(tmp_path):
+    from rlchain.commands.export import export_policy, input_spaces
+
+    settings = {**SMALL_CNN, "cnn_head": "spatial_softmax"}
+    space = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (24, 24, 3), np.uint8)})
+    policy = ActorCritic(space, gym.spaces.Box(-1, 1, (2,)), hidden_sizes=[8], **settings)
+    encoder = policy.actor_encoders["image"]
+    linear = next(m for m in encoder.net if isinstance(m, nn.Linear))
+    assert linear.in_features == 2 * 16  # x and y of each of the last convolution's 16 channels
+    images = torch.randint(0, 256, (3, 24, 24, 3), dtype=torch.uint8)
+    with torch.no_grad():
+        expected = policy.deterministic_action({"image": images}).clamp(-1, 1)
+    action_space = gym.spaces.Box(-1, 1, (2,))
+    script = export_policy(policy, action_space, input_spaces(policy, space), "torchscript", tmp_path / "p.pt", {})
+    torch.testing.assert_close(torch.jit.load(str(script))(images), expected, atol=1e-5, rtol=1e-5)
+    onnx = export_policy(policy, action_space, input_spaces(policy, space), "onnx", tmp_path / "p.onnx", {})
+    got = onnxruntime.InferenceSession(str(onnx)).run(None, {"image": images.numpy()})[0]
+    torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-5, rtol=1e-5)

@@ -32,7 +32,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rlchain.core.algorithms import GRPOConfig, PPOConfig
-from rlchain.core.envs import CartPoleConfig, GymEnvConfig, MjlabEnvConfig, PushCubeConfig
+from rlchain.core.envs import CartPoleConfig, GymEnvConfig, ManiSkillEnvConfig, MjlabEnvConfig, PushCubeConfig
 from rlchain.core.policies import ActorCriticConfig, ActorOnlyConfig
 from rlchain.run.run_dir import register_resolver
 from rlchain.run.trainer import TrainerConfig
@@ -83,6 +83,7 @@ SCHEMAS: list[tuple[str, str, type]] = [
     ("env", "cart_pole", CartPoleConfig),
     ("env", "gym", GymEnvConfig),
     ("env", "mjlab", MjlabEnvConfig),
+    ("env", "maniskill", ManiSkillEnvConfig),
     ("policy", "actor_critic", ActorCriticConfig),
     ("policy", "actor_only", ActorOnlyConfig),
     ("algorithm", "ppo", PPOConfig),

@@ -52,6 +52,7 @@ __all__ = [
     "MLP",
     "Policy",
     "RunningMeanStd",
+    "SpatialSoftmax",
     "bounded",
 ]
 
@@ -98,6 +99,10 @@ class ActorCriticConfig(Settings):
     """Stride of each convolution, pixels (one per entry of cnn_channels)."""
     cnn_features: int = setting(256, gt=0)
     """Features of an image group after its encoder (a linear layer and the activation after the convolutions)."""
+    cnn_head: str = setting("flatten", choices=("flatten", "spatial_softmax"))
+    """What the linear layer reads of the last convolution: 'flatten', every activation (Mnih et al. 2015);
+    'spatial_softmax', each channel's expected image position, x and y in [-1, 1] (Levine et al. 2016): where
+    things are, what manipulation from pixels needs."""
 
     def check(self) -> None:
         """``log_std_min <= init_log_std <= log_std_max``; one kernel size and one stride per CNN layer."""
@@ -227,6 +232,9 @@ class CNNEncoder(nn.Module):
         channels, kernel_sizes, strides: one entry per convolution, pixels.
         features: output features.
         activation: name in :data:`ACTIVATIONS`.
+        field: the setting that named the group (for errors).
+        head: ``flatten`` (the last convolution's activations, flattened) or ``spatial_softmax``
+            (:class:`SpatialSoftmax` of its logits) before the linear layer.
 
     Shapes: ``[*B, *shape]`` uint8 or float32 -> float32 ``[*B, features]`` (any leading dimensions).
 
@@ -246,6 +254,7 @@ class CNNEncoder(nn.Module):
         features: int,
         activation: str = "relu",
         field: str = "actor_obs",
+        head: str = "flatten",
     ) -> None:
         super().__init__()
         shape = tuple(int(d) for d in shape)
@@ -272,6 +281,14 @@ class CNNEncoder(nn.Module):
                     f" is not allowed with cnn_strides={list(strides)}: the image group {group!r} {shape} is smaller "
                     "than the convolutions' receptive field; expected smaller kernels or strides (or a larger image)",
                 )
+        if head == "spatial_softmax":
+            layers.pop()  # the softmax reads the last convolution's logits
+            linear = nn.Linear(2 * c, features)
+            nn.init.orthogonal_(linear.weight, math.sqrt(2))
+            nn.init.zeros_(linear.bias)
+            self.net = nn.Sequential(*layers, SpatialSoftmax(h, w), linear, ACTIVATIONS[activation]())
+            self.features = features
+            return
         if c * h * w > MAX_CNN_FEATURES:
             raise SettingError(
                 "cnn_strides",
@@ -293,6 +310,24 @@ class CNNEncoder(nn.Module):
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)
         return self.net(x).reshape(*lead, self.features)
+
+
+class SpatialSoftmax(nn.Module):
+    """Each channel's expected image position under the softmax of its activations (Levine et al. 2016).
+
+    Shapes: float32 ``[B, C, H, W]`` -> float32 ``[B, 2 C]``: the x of every channel, then the y, in ``[-1, 1]``
+    (x from the left edge's pixel centre to the right's, y from the top row's to the bottom's).
+    """
+
+    def __init__(self, height: int, width: int) -> None:
+        super().__init__()
+        ys, xs = torch.meshgrid(torch.linspace(-1, 1, height), torch.linspace(-1, 1, width), indexing="ij")
+        self.register_buffer("xs", xs.reshape(-1), persistent=False)
+        self.register_buffer("ys", ys.reshape(-1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = torch.softmax(x.flatten(2), dim=-1)
+        return torch.cat(((p * self.xs).sum(-1), (p * self.ys).sum(-1)), dim=-1)
 
 
 class RunningMeanStd(nn.Module):
@@ -442,6 +477,7 @@ class ActorCritic(Policy):
                 features=cfg.cnn_features,
                 activation=cfg.activation,
                 field=field,
+                head=cfg.cnn_head,
             )
             return nn.ModuleDict({g: CNNEncoder(g, self._shapes[g], **cnn) for g in groups if g in self.image_groups})
 

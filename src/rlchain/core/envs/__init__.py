@@ -8,6 +8,8 @@
   through ``gymnasium.make_vec``.
 * :class:`MjlabEnv` (``env=mjlab env.task=...``): any registered mjlab task
   (``pip install "rlchain[mjlab]"``).
+* :class:`ManiSkillEnv` (``env=maniskill env.id=...``): any registered ManiSkill3 task, on the CPU
+  (``pip install "rlchain[maniskill]"``).
 * :func:`check_vec_env`: checks a user's env against the VecEnv contract;
   :class:`VecEnvConfig` holds the settings every env has (a user's env schema extends it).
 
@@ -34,6 +36,7 @@ from rlchain.core.envs.base import TorchVecEnv, VecEnv, VecEnvConfig, check_grou
 from rlchain.core.envs.cart_pole import CartPoleConfig, CartPoleEnv, CartPoleGymEnv
 from rlchain.core.envs.checker import VecEnvContractError, check_vec_env
 from rlchain.core.envs.gym_adapter import GymEnvConfig, GymVecEnv
+from rlchain.core.envs.maniskill_adapter import ManiSkillEnv, ManiSkillEnvConfig
 from rlchain.core.envs.mjlab_adapter import MjlabEnv, MjlabEnvConfig
 from rlchain.core.envs.push_cube import PushCubeConfig, PushCubeEnv, PushCubeGymEnv
 
@@ -43,6 +46,8 @@ __all__ = [
     "CartPoleGymEnv",
     "GymEnvConfig",
     "GymVecEnv",
+    "ManiSkillEnv",
+    "ManiSkillEnvConfig",
     "MjlabEnv",
     "MjlabEnvConfig",
     "PushCubeConfig",

@@ -387,8 +387,9 @@ class GymVecEnv(VecEnv):
             if "id" in settings:
                 raise TypeError(f"GymVecEnv got the id twice: {id!r} and id={settings['id']!r}")
             settings["id"] = id
-        self.cfg = cfg = GymEnvConfig(**settings)
+        self.cfg = cfg = type(self).config_class(**settings)
         super().__init__(cfg.num_envs, resolve_device(cfg.device))
+        self._check_installed()
         spec = resolve_spec(cfg.id, cfg.imports)
         if cfg.max_episode_steps is not None:
             spec = dataclasses.replace(spec, max_episode_steps=cfg.max_episode_steps)
@@ -398,7 +399,7 @@ class GymVecEnv(VecEnv):
             )
         self.max_episode_steps = int(spec.max_episode_steps)
         self.render_mode = cfg.render_mode
-        kwargs = dict(cfg.kwargs)
+        kwargs = self._env_kwargs()
         if cfg.render_mode is not None:
             if "render_mode" in kwargs:
                 raise SettingError(
@@ -415,7 +416,8 @@ class GymVecEnv(VecEnv):
                 vectorization_mode=cfg.vectorization,
                 # copy=False: flatten_batch copies every observation once, so
                 # gymnasium's own defensive deepcopy would be a second copy.
-                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False},
+                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP, "copy": False, **self._vector_kwargs()},
+                wrappers=self._wrappers(),
                 **kwargs,
             )
         except gym.error.DependencyNotInstalled as err:
@@ -502,6 +504,24 @@ class GymVecEnv(VecEnv):
         else:
             self._flatten = partial(flatten_batch, obs_space)
         self._set_spaces(_float32_flat(obs_space, self._groups), policy_action_space)
+
+    #: The settings' schema (a subclass for a family of ids, e.g. :class:`~rlchain.core.envs.ManiSkillEnv`).
+    config_class: type[GymEnvConfig] = GymEnvConfig
+
+    def _check_installed(self) -> None:
+        """Raise :class:`SettingError` when what the id needs beyond its package is missing (nothing here)."""
+
+    def _env_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of every sub-env's constructor: ``env.kwargs``."""
+        return dict(self.cfg.kwargs)
+
+    def _wrappers(self) -> list[Callable[[gym.Env], gym.Env]] | None:
+        """Wrappers around every sub-env, innermost first (none here)."""
+        return None
+
+    def _vector_kwargs(self) -> dict[str, Any]:
+        """Extra arguments of gymnasium's vector env (none here)."""
+        return {}
 
     def _check_images(self, obs_space: gym.Space) -> None:
         """Refuse, naming ``env.id``, an image the policy cannot take as one: one of 4 or more dims, or one inside an
