@@ -97,7 +97,7 @@ def test_help_lists_the_options_a_user_chooses_and_the_launchers_and_sweepers(tm
     assert proc.returncode == 0, proc.stderr
     for line in (
         "algorithm: counting_ppo, grpo, ppo",
-        "env: cart_pole, fault_line, gym, line, mjlab, push_cube",
+        "env: cart_pole, fault_line, gym, line, maniskill, mjlab, push_cube",
         "policy: actor_critic, actor_only, wide",
         "trainer: default",
         "robot: short_line",
