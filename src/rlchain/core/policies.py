@@ -283,13 +283,8 @@ class CNNEncoder(nn.Module):
                 )
         if head == "spatial_softmax":
             layers.pop()  # the softmax reads the last convolution's logits
-            linear = nn.Linear(2 * c, features)
-            nn.init.orthogonal_(linear.weight, math.sqrt(2))
-            nn.init.zeros_(linear.bias)
-            self.net = nn.Sequential(*layers, SpatialSoftmax(h, w), linear, ACTIVATIONS[activation]())
-            self.features = features
-            return
-        if c * h * w > MAX_CNN_FEATURES:
+            reader, width = SpatialSoftmax(h, w), 2 * c
+        elif c * h * w > MAX_CNN_FEATURES:
             raise SettingError(
                 "cnn_strides",
                 list(strides),
@@ -297,10 +292,12 @@ class CNNEncoder(nn.Module):
                 f"convolutions give {c} x {h} x {w} = {c * h * w:,} features (at most {MAX_CNN_FEATURES:,}); "
                 "expected larger strides, fewer cnn_channels, or a smaller image",
             )
-        linear = nn.Linear(c * h * w, features)
+        else:
+            reader, width = nn.Flatten(), c * h * w
+        linear = nn.Linear(width, features)
         nn.init.orthogonal_(linear.weight, math.sqrt(2))
         nn.init.zeros_(linear.bias)
-        self.net = nn.Sequential(*layers, nn.Flatten(), linear, ACTIVATIONS[activation]())
+        self.net = nn.Sequential(*layers, reader, linear, ACTIVATIONS[activation]())
         self.features = features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
