@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -29,6 +31,7 @@ if _vulkan_error() is not None:
     pytest.skip(f"no Vulkan device ({_vulkan_error()}): run .ci/vulkan", allow_module_level=True)
 
 from rlchain.core.envs import ManiSkillEnv, check_vec_env  # noqa: E402
+from rlchain.core.envs.maniskill_adapter import ManiSkillBatchedEnv, SuccessOnce  # noqa: E402
 from rlchain.settings import SettingError  # noqa: E402
 from tests.helpers.runs import TINY, run_cli  # noqa: E402
 
@@ -63,6 +66,139 @@ def test_a_seeded_reset_replays_the_later_episodes_too(push_cube):
     assert torch.equal(episodes(), episodes())
 
 
+def test_cameras_are_observation_groups_and_train_a_pixel_actor(tmp_path):
+    small = {"sensor_configs": {"width": 32, "height": 24}}  # ManiSkill's camera settings (its default: 128x128)
+    env = ManiSkillEnv(num_envs=2, max_episode_steps=3, obs_mode="rgbd", kwargs=small)
+    try:
+        spaces = env.single_observation_space
+        assert spaces["rgb"].shape == (24, 32, 3) and spaces["rgb"].dtype == np.uint8
+        assert spaces["depth"].shape == (24, 32, 1) and spaces["depth"].dtype == np.float32
+        assert spaces["state"].shape == (25,)
+        obs, _ = env.reset(seed=0)
+        assert obs["rgb"].dtype == torch.uint8 and obs["rgb"].float().std() > 0 and obs["depth"].max() > 100  # mm
+        check_vec_env(env)
+    finally:
+        env.close()
+    run = tmp_path / "run"
+    small_cnn = ["policy.cnn_channels=[4]", "policy.cnn_kernel_sizes=[4]", "policy.cnn_strides=[4]"]
+    groups = ["policy.actor_obs=[rgb,state]", "policy.critic_obs=[state]", *small_cnn]
+    args = [
+        "env=maniskill",
+        "env.obs_mode=rgb",
+        "+env.kwargs.sensor_configs={width:32,height:24}",
+        "env.num_envs=2",
+        "env.max_episode_steps=4",
+        *groups,
+        *TINY,
+    ]
+    proc = run_cli([*args, "trainer.num_eval_envs=2", "trainer.num_eval_episodes=2", f"hydra.run.dir={run}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+
+
+def test_ignore_terminations_runs_episodes_to_the_time_limit():
+    # PushCube-v1 ends an episode on success; with ignore_terminations only the time limit ends one.
+    for env in (
+        ManiSkillEnv(num_envs=1, max_episode_steps=6, ignore_terminations=True),
+        ManiSkillBatchedEnv(num_envs=1, max_episode_steps=6, ignore_terminations=True),
+    ):
+        try:
+            env.reset(seed=0)
+            ends = [env.step(torch.zeros(1, 8))[2:4] for _ in range(6)]
+            assert not any(bool(terminated) for terminated, _ in ends)
+            assert [bool(truncated) for _, truncated in ends] == [False] * 5 + [True]
+        finally:
+            env.close()
+
+
+class _SucceedsAtItsThirdStep(gym.Env):
+    """A task whose success flag is up at its third step only."""
+
+    observation_space = gym.spaces.Box(-1, 1, (1,))
+    action_space = gym.spaces.Box(-1, 1, (1,))
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(1, np.float32), 0.0, False, self.t == 5, {"success": np.bool_(self.t == 3)}
+
+
+def test_with_ignore_terminations_success_is_whether_the_episode_succeeded_at_any_step():
+    env = SuccessOnce(_SucceedsAtItsThirdStep())
+    for _ in range(2):  # and a reset starts it afresh
+        env.reset()
+        assert [bool(env.step(np.zeros(1))[4]["success"]) for _ in range(5)] == [False, False, True, True, True]
+
+
+def test_the_batched_env_passes_the_contract_replays_and_leaves_torchs_rng_alone():
+    # ManiSkill's GPU simulation's path, on the CPU: one env batched in this process (ManiSkill's CPU
+    # simulation holds one). Its unseeded episode resets draw with torch.rand: from the env's own stream.
+    outer = torch.get_rng_state()
+    env = ManiSkillBatchedEnv(num_envs=1, max_episode_steps=10, render_mode="rgb_array")
+    try:
+        assert env.single_observation_space.shape == (35,) and env.reports_success
+        check_vec_env(env)
+        assert env.render().shape[0] == 1 and env.render().dtype == torch.uint8
+
+        def episodes():
+            out = [env.reset(seed=5)[0]]
+            for t in range(25):
+                out.append(env.step(torch.full((1, 8), 0.05 * (t % 3)))[0])
+            return torch.stack(out)
+
+        first = episodes()
+        assert torch.equal(first, episodes())
+        assert not torch.equal(first[11], first[22])  # the later episodes (unseeded resets) start elsewhere
+        assert torch.equal(torch.get_rng_state(), outer)
+
+        # A resume resets every env (ManiSkill's episodes cannot be saved): from the saved random state, the new
+        # episodes start where the saved run's would have: the cube (torch's stream) and the arm's start noise
+        # (ManiSkill's numpy generators) alike.
+        env.reset(seed=5)
+        [env.step(torch.zeros(1, 8)) for _ in range(3)]
+        saved = env.state_dict()
+        expected, _ = env.reset()
+        env.reset(seed=7)
+        [env.step(torch.zeros(1, 8)) for _ in range(13)]
+        env.load_state_dict(saved)
+        assert torch.equal(env.reset()[0], expected)
+    finally:
+        env.close()
+
+
+def test_the_batched_env_takes_cameras_as_groups_and_one_env_on_the_cpu():
+    small = {"sensor_configs": {"width": 32, "height": 24}}
+    env = ManiSkillBatchedEnv(num_envs=1, max_episode_steps=3, obs_mode="rgb", kwargs=small)
+    try:
+        obs, _ = env.reset(seed=0)
+        assert obs["rgb"].shape == (1, 24, 32, 3) and obs["rgb"].dtype == torch.uint8 and obs["state"].shape == (1, 25)
+        check_vec_env(env)
+    finally:
+        env.close()
+    with pytest.raises(SettingError, match=r"^env.num_envs=2 is not allowed: ManiSkill's CPU simulation holds one"):
+        ManiSkillBatchedEnv(num_envs=2)
+
+
+@pytest.mark.cuda
+def test_on_cuda_env_maniskill_is_the_gpu_simulation_with_group_starts_from_one_state():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    env = ManiSkillEnv(num_envs=8, max_episode_steps=10, device="cuda")
+    try:
+        assert isinstance(env, ManiSkillBatchedEnv) and env.device.type == "cuda"
+        check_vec_env(env)
+        obs, _ = env.reset(seed=3, options={"group_size": 4})
+        assert obs.device.type == "cuda"
+        assert torch.equal(obs[0], obs[3]) and torch.equal(obs[4], obs[7]) and not torch.equal(obs[0], obs[4])
+        obs, _ = env.reset(seed=3)
+        assert not torch.equal(obs[0], obs[1])
+    finally:
+        env.close()
+
+
 def test_ppo_trains_evaluates_and_exports(tmp_path):
     run = tmp_path / "run"
     args = ["env=maniskill", "env.num_envs=2", "env.max_episode_steps=8", *TINY, "trainer.num_eval_envs=2"]
@@ -83,8 +219,12 @@ def test_bad_input_is_one_line(monkeypatch):
         ManiSkillEnv(id="PushCub-v1", num_envs=1)
     with pytest.raises(SettingError, match=r"^env.kwargs=.* is not allowed: reward_mode is set by env=maniskill"):
         ManiSkillEnv(num_envs=1, kwargs={"reward_mode": "sparse"})
-    with pytest.raises(SettingError, match=r"^env.device='cuda' is not allowed: env=maniskill runs"):
-        ManiSkillEnv(num_envs=1, device="cuda") if torch.cuda.is_available() else _refuse_cuda()
+    with pytest.raises(SettingError, match=r"^obs_groups=True is not allowed with env=maniskill: obs_mode"):
+        ManiSkillEnv(num_envs=1, obs_groups=True)
+    with pytest.raises(SettingError, match=r"^obs_mode='pointcloud' is not allowed: expected one of"):
+        ManiSkillEnv(num_envs=1, obs_mode="pointcloud")
+    with pytest.raises(SettingError, match=r"^env.device='cuda' is not allowed: ManiSkillEnv runs ManiSkill's CPU"):
+        _refuse_cuda()
     # sys.modules[name] = None is Python's own way to make `import name` fail, as on a machine without mani-skill.
     for name in [m for m in sys.modules if m == "mani_skill" or m.startswith("mani_skill.")]:
         monkeypatch.setitem(sys.modules, name, None)
@@ -97,11 +237,10 @@ def test_bad_input_is_one_line(monkeypatch):
 
 
 def _refuse_cuda() -> None:
-    """The refusal of a CUDA device, where torch has none to resolve 'cuda' to: the setting's own check."""
-    from rlchain.core.envs.maniskill_adapter import ManiSkillEnv as Env
-
-    env = Env.__new__(Env)
-    env.cfg = Env.config_class(num_envs=1)
+    """The process env's refusal of a CUDA device (ManiSkillEnv(device="cuda") builds the batched env instead),
+    where torch has no CUDA device to resolve 'cuda' to."""
+    env = object.__new__(ManiSkillEnv)
+    env.cfg = ManiSkillEnv.config_class(num_envs=1)
     env.device = torch.device("cuda")
     env._check_installed()
 

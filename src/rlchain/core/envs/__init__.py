@@ -8,8 +8,8 @@
   through ``gymnasium.make_vec``.
 * :class:`MjlabEnv` (``env=mjlab env.task=...``): any registered mjlab task
   (``pip install "rlchain[mjlab]"``).
-* :class:`ManiSkillEnv` (``env=maniskill env.id=...``): any registered ManiSkill3 task, on the CPU
-  (``pip install "rlchain[maniskill]"``).
+* :class:`ManiSkillEnv` (``env=maniskill env.id=...``): any registered ManiSkill3 task, in worker
+  processes on the CPU, or batched on CUDA (:class:`ManiSkillBatchedEnv`; ``pip install "rlchain[maniskill]"``).
 * :func:`check_vec_env`: checks a user's env against the VecEnv contract;
   :class:`VecEnvConfig` holds the settings every env has (a user's env schema extends it).
 
@@ -32,11 +32,11 @@ numpy :class:`PushCubeGymEnv`; ``rlchain/CartPole-v1`` likewise gives
 :class:`CartPoleEnv` and :class:`CartPoleGymEnv`.
 """
 
-from rlchain.core.envs.base import TorchVecEnv, VecEnv, VecEnvConfig, check_group_size
+from rlchain.core.envs.base import TorchRngStream, TorchVecEnv, VecEnv, VecEnvConfig, check_group_size
 from rlchain.core.envs.cart_pole import CartPoleConfig, CartPoleEnv, CartPoleGymEnv
 from rlchain.core.envs.checker import VecEnvContractError, check_vec_env
 from rlchain.core.envs.gym_adapter import GymEnvConfig, GymVecEnv
-from rlchain.core.envs.maniskill_adapter import ManiSkillEnv, ManiSkillEnvConfig
+from rlchain.core.envs.maniskill_adapter import ManiSkillBatchedEnv, ManiSkillEnv, ManiSkillEnvConfig
 from rlchain.core.envs.mjlab_adapter import MjlabEnv, MjlabEnvConfig
 from rlchain.core.envs.push_cube import PushCubeConfig, PushCubeEnv, PushCubeGymEnv
 
@@ -46,6 +46,7 @@ __all__ = [
     "CartPoleGymEnv",
     "GymEnvConfig",
     "GymVecEnv",
+    "ManiSkillBatchedEnv",
     "ManiSkillEnv",
     "ManiSkillEnvConfig",
     "MjlabEnv",
@@ -53,6 +54,7 @@ __all__ = [
     "PushCubeConfig",
     "PushCubeEnv",
     "PushCubeGymEnv",
+    "TorchRngStream",
     "TorchVecEnv",
     "VecEnv",
     "VecEnvConfig",

@@ -19,7 +19,8 @@ tasks draw with torch ops on their own device (no display, no OpenGL).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -494,3 +495,71 @@ def _first_row(obs: Any) -> Any:
     if isinstance(obs, torch.Tensor):
         return obs[0].cpu().numpy()
     return {key: obs[key][0].cpu().numpy() for key in obs.keys()}
+
+
+class TorchRngStream:
+    """Torch RNG states of an env's own, swapped in for torch's global ones inside :meth:`active`.
+
+    For a simulator that draws with ``torch.rand`` and friends on torch's default generators (mjlab, ManiSkill's
+    episode resets): inside :meth:`active` those generators hold this state (the CPU's, and on CUDA the
+    device's too; mjlab draws a few things on the CPU's even on CUDA), and the global states they held are put
+    back afterwards, so the env and the policy's sampling do not share a stream. ``state`` is a uint8 tensor:
+    the CPU state, then on CUDA the device's.
+    """
+
+    def __init__(self, device: torch.device, seed: int) -> None:
+        self.device = device  # with its index: the generator the simulator draws from
+        self.state = self._seeded(seed)
+
+    def get(self) -> torch.Tensor:
+        """The generators' current states, as ``state`` holds them."""
+        states = [torch.get_rng_state()]
+        if self.device.type == "cuda":
+            states.append(torch.cuda.get_rng_state(self.device))
+        return torch.cat(states)
+
+    def set(self, state: torch.Tensor) -> None:
+        """Put ``state`` (as :meth:`get` returns it) on the generators."""
+        cpu_size = torch.get_rng_state().numel()
+        torch.set_rng_state(state[:cpu_size])
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state(state[cpu_size:], self.device)
+
+    def _seeded(self, seed: int) -> torch.Tensor:
+        states = []
+        for device in ["cpu"] + ([self.device] if self.device.type == "cuda" else []):
+            generator = torch.Generator(device)
+            generator.manual_seed(int(seed))
+            states.append(generator.get_state())
+        return torch.cat(states)
+
+    def seed(self, seed: int) -> None:
+        """Restart the stream from ``seed``."""
+        self.state = self._seeded(seed)
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Run the body with this state on the default generators; keep where the body left it."""
+        outer = self.get()
+        self.set(self.state)
+        try:
+            yield
+        finally:
+            self.state = self.get()
+            self.set(outer)
+
+    def load(self, state: Any, env: str) -> None:
+        """Take ``state`` (a uint8 tensor, as ``self.state`` is) saved by an env of kind ``env``, e.g. ``"MjlabEnv"``.
+
+        Raises:
+            ValueError: not a tensor, or one of another size (a checkpoint saved on another kind of device).
+        """
+        if not isinstance(state, torch.Tensor):
+            raise ValueError(f"env state rng is a {type(state).__name__}: expected the RNG state of an {env}")
+        rng = state.cpu().to(torch.uint8)
+        if rng.numel() != self.state.numel():
+            raise ValueError(
+                f"env state rng has {rng.numel()} bytes: expected {self.state.numel()}, the RNG state of an "
+                f"{env} on {self.device.type} (a checkpoint saved on another kind of device)"
+            )
+        self.state = rng

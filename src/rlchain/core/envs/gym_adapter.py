@@ -148,7 +148,7 @@ def flatten_batch(space: gym.Space, x: Any) -> np.ndarray:
     raise ValueError(_unsupported("observation", space))
 
 
-def _float32_flat(space: gym.Space, groups: Sequence[str] | None) -> gym.Space:
+def float32_observation_space(space: gym.Space, groups: Sequence[str] | None) -> gym.Space:
     """The space of the flattened observation: one float32 Box (an image's own, :func:`_image_space`), or a Dict of
     one per group."""
 
@@ -480,13 +480,13 @@ class GymVecEnv(VecEnv):
         else:
             raise ValueError(_unsupported("action", action_space))
         self.gym_observation_space = obs_space
-        if self.cfg.obs_groups and not isinstance(obs_space, gym.spaces.Dict):
+        if self._obs_groups() and not isinstance(obs_space, gym.spaces.Dict):
             raise SettingError(
                 "env.obs_groups",
                 True,
                 f" needs a Dict observation space: {self.cfg.id}'s is {obs_space}; expected false",
             )
-        self._groups = tuple(obs_space.spaces) if self.cfg.obs_groups else None
+        self._groups = tuple(obs_space.spaces) if self._obs_groups() else None
         """The observation groups (the Dict's keys), or None: one flattened vector."""
         # The flattening of one batch, chosen once: each group's on its own; a batch of 1-D Box
         # observations is [N, dim] already and needs only the float32 copy.
@@ -503,10 +503,14 @@ class GymVecEnv(VecEnv):
             self._flatten = partial(np.array, dtype=np.float32)
         else:
             self._flatten = partial(flatten_batch, obs_space)
-        self._set_spaces(_float32_flat(obs_space, self._groups), policy_action_space)
+        self._set_spaces(float32_observation_space(obs_space, self._groups), policy_action_space)
 
     #: The settings' schema (a subclass for a family of ids, e.g. :class:`~rlchain.core.envs.ManiSkillEnv`).
     config_class: type[GymEnvConfig] = GymEnvConfig
+
+    def _obs_groups(self) -> bool:
+        """Whether a Dict observation's keys are kept as observation groups: ``env.obs_groups``."""
+        return self.cfg.obs_groups
 
     def _check_installed(self) -> None:
         """Raise :class:`SettingError` when what the id needs beyond its package is missing (nothing here)."""
@@ -531,7 +535,7 @@ class GymVecEnv(VecEnv):
             group = isinstance(obs_space, gym.spaces.Dict) and where.count("[") == 1  # a key of the Dict itself
             if len(box.shape) > 3:
                 why = "the CNN encoder takes images of 2 or 3 dimensions ([H, W], [H, W, C] or [C, H, W])"
-            elif not where or (group and self.cfg.obs_groups):
+            elif not where or (group and self._obs_groups()):
                 continue
             elif group:
                 why = "an image is kept whole only as an observation group; expected env.obs_groups=true"

@@ -67,7 +67,6 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,7 +74,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlchain.core.envs.base import VecEnv, VecEnvConfig, check_group_size
+from rlchain.core.envs.base import TorchRngStream, VecEnv, VecEnvConfig, check_group_size
 from rlchain.settings import SettingError, setting
 from rlchain.utils import resolve_device
 
@@ -210,55 +209,6 @@ def _mjlab_device(device: torch.device) -> str:
     return "cpu"
 
 
-class _OwnRng:
-    """Torch RNG states of the env's own, swapped in for torch's global ones inside :meth:`active`.
-
-    mjlab draws with ``torch.rand`` and friends on its device's default generator, and on the CPU's for a few
-    draws even on CUDA (the global-time interval events, Gaussian domain randomisation); inside :meth:`active`
-    those generators hold this state (the CPU's, and on CUDA the device's too), and the global states they held
-    are put back afterwards. ``state`` is a uint8 tensor: the CPU state, then on CUDA the device's.
-    """
-
-    def __init__(self, device: torch.device, seed: int) -> None:
-        self.device = device  # with its index: the generator mjlab draws from
-        self.state = self._seeded(seed)
-
-    def _get(self) -> torch.Tensor:
-        states = [torch.get_rng_state()]
-        if self.device.type == "cuda":
-            states.append(torch.cuda.get_rng_state(self.device))
-        return torch.cat(states)
-
-    def _set(self, state: torch.Tensor) -> None:
-        cpu_size = torch.get_rng_state().numel()
-        torch.set_rng_state(state[:cpu_size])
-        if self.device.type == "cuda":
-            torch.cuda.set_rng_state(state[cpu_size:], self.device)
-
-    def _seeded(self, seed: int) -> torch.Tensor:
-        states = []
-        for device in ["cpu"] + ([self.device] if self.device.type == "cuda" else []):
-            generator = torch.Generator(device)
-            generator.manual_seed(int(seed))
-            states.append(generator.get_state())
-        return torch.cat(states)
-
-    def seed(self, seed: int) -> None:
-        """Restart the stream from ``seed``."""
-        self.state = self._seeded(seed)
-
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        """Run the body with this state on the default generators; keep where the body left it."""
-        outer = self._get()
-        self._set(self.state)
-        try:
-            yield
-        finally:
-            self.state = self._get()
-            self._set(outer)
-
-
 class MjlabEnv(VecEnv):
     """A registered mjlab task behind rlchain's :class:`VecEnv` contract (see the module docstring).
 
@@ -300,7 +250,7 @@ class MjlabEnv(VecEnv):
         generator = getattr(task_cfg.scene.terrain, "terrain_generator", None)
         if generator is not None and getattr(generator, "seed", 0) is None:
             generator.seed = cfg.seed  # else mjlab's terrain draws a seed from numpy's global RNG
-        self._rng = _OwnRng(torch.device(_mjlab_device(self.device)), cfg.seed)
+        self._rng = TorchRngStream(torch.device(_mjlab_device(self.device)), cfg.seed)
         build_log = io.StringIO()
         with (
             self._rng.active(),
@@ -378,9 +328,9 @@ class MjlabEnv(VecEnv):
             if group_size == 1:
                 obs, _ = self.env.reset(env_ids=ids)
             else:
-                start = self._rng._get()
+                start = self._rng.get()
                 for k in range(group_size):  # env k of every block draws what env 0 of its block drew
-                    self._rng._set(start)
+                    self._rng.set(start)
                     obs = self._reset_envs(ids[k::group_size])
         return self._observe(obs), {}
 
@@ -514,15 +464,9 @@ class MjlabEnv(VecEnv):
         Raises:
             ValueError: a state that is not an MjlabEnv's.
         """
-        if set(state) != {"rng"} or not isinstance(state["rng"], torch.Tensor):
+        if set(state) != {"rng"}:
             raise ValueError(f"env state {sorted(state)} is not an MjlabEnv's: expected its rng")
-        rng = state["rng"].cpu().to(torch.uint8)
-        if rng.numel() != self._rng.state.numel():
-            raise ValueError(
-                f"env state rng has {rng.numel()} bytes: expected {self._rng.state.numel()}, the RNG state of an "
-                f"MjlabEnv on {self.device.type} (a checkpoint saved on another kind of device)"
-            )
-        self._rng.state = rng
+        self._rng.load(state["rng"], "MjlabEnv")
 
     def close(self, **kwargs: Any) -> None:
         """Close mjlab's env (and its renderer)."""
