@@ -32,7 +32,7 @@ numpy :class:`PushCubeGymEnv`; ``rlchain/CartPole-v1`` likewise gives
 :class:`CartPoleEnv` and :class:`CartPoleGymEnv`.
 """
 
-from rlchain.core.envs.base import TorchRngStream, TorchVecEnv, VecEnv, VecEnvConfig, check_group_size
+from rlchain.core.envs.base import TorchRngStream, TorchVecEnv, VecEnv, VecEnvConfig, check_group_size, reset_group_size
 from rlchain.core.envs.cart_pole import CartPoleConfig, CartPoleEnv, CartPoleGymEnv
 from rlchain.core.envs.checker import VecEnvContractError, check_vec_env
 from rlchain.core.envs.gym_adapter import GymEnvConfig, GymVecEnv
@@ -60,6 +60,7 @@ __all__ = [
     "VecEnvConfig",
     "VecEnvContractError",
     "check_group_size",
+    "reset_group_size",
     "check_vec_env",
 ]
 

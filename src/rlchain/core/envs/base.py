@@ -36,10 +36,12 @@ __all__ = [
     "NON_FINITE_ACTION",
     "RENDER_MODES",
     "SingleGymEnv",
+    "TorchRngStream",
     "TorchVecEnv",
     "VecEnv",
     "VecEnvConfig",
     "check_group_size",
+    "reset_group_size",
 ]
 
 #: The error of a torch-native task's ``step`` on an action with NaN or inf.
@@ -70,6 +72,18 @@ def check_group_size(group_size: Any, num_envs: int, names: tuple[str, str] = ("
             f" is not allowed with {envs_name}={num_envs}: num_envs must be a multiple of group_size",
         )
     return group_size
+
+
+def reset_group_size(options: dict[str, Any] | None, num_envs: int) -> int:
+    """The group size a ``reset``'s ``options`` ask for (``{"group_size": G}``), checked by
+    :func:`check_group_size`; 1 when they ask for none.
+
+    Raises:
+        SettingError: a ``group_size`` that is not a positive int dividing ``num_envs``.
+    """
+    if options and options.get("group_size") is not None:
+        return check_group_size(options["group_size"], num_envs)
+    return 1
 
 
 @dataclass
@@ -356,9 +370,7 @@ class TorchVecEnv(VecEnv):
         Raises:
             SettingError: ``group_size`` not a positive int dividing ``num_envs``.
         """
-        group_size = 1
-        if options and options.get("group_size") is not None:
-            group_size = check_group_size(options["group_size"], self.num_envs)
+        group_size = reset_group_size(options, self.num_envs)
         if seed is not None:
             self._generator.manual_seed(int(seed))
         self._sample_and_set(torch.ones(self.num_envs, dtype=torch.bool, device=self.device), group_size)

@@ -77,7 +77,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import concatenate, create_empty_array
 
 from rlchain.console import notice
-from rlchain.core.envs.base import VecEnv, VecEnvConfig, check_group_size
+from rlchain.core.envs.base import VecEnv, VecEnvConfig, reset_group_size
 from rlchain.settings import SettingError, setting
 from rlchain.utils import resolve_device
 
@@ -566,9 +566,7 @@ class GymVecEnv(VecEnv):
         Raises:
             ValueError: ``group_size`` not a positive int dividing ``num_envs``.
         """
-        group_size = 1
-        if options and options.get("group_size") is not None:
-            group_size = check_group_size(options["group_size"], self.num_envs)
+        group_size = reset_group_size(options, self.num_envs)
         base = int(seed) if seed is not None else int(self._rng.integers(0, 2**31 - self.num_envs))
         seeds = [base + i // group_size for i in range(self.num_envs)]
         obs, info = self.envs.reset(seed=seeds)

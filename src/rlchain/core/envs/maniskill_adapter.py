@@ -44,7 +44,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlchain.core.envs.base import TorchRngStream, VecEnv, check_group_size
+from rlchain.core.envs.base import TorchRngStream, VecEnv, reset_group_size
 from rlchain.core.envs.gym_adapter import GymEnvConfig, GymVecEnv, float32_observation_space, resolve_spec
 from rlchain.settings import SettingError, setting
 from rlchain.utils import resolve_device
@@ -357,9 +357,7 @@ class ManiSkillBatchedEnv(VecEnv):
         Raises:
             SettingError: ``group_size`` not a positive int dividing ``num_envs``.
         """
-        group_size = 1
-        if options and options.get("group_size") is not None:
-            group_size = check_group_size(options["group_size"], self.num_envs)
+        group_size = reset_group_size(options, self.num_envs)
         if seed is not None:
             self._rng.seed(_stream_seed(seed))
         with self._rng.active():

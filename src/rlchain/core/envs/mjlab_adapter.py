@@ -74,7 +74,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlchain.core.envs.base import TorchRngStream, VecEnv, VecEnvConfig, check_group_size
+from rlchain.core.envs.base import TorchRngStream, VecEnv, VecEnvConfig, reset_group_size
 from rlchain.settings import SettingError, setting
 from rlchain.utils import resolve_device
 
@@ -318,9 +318,7 @@ class MjlabEnv(VecEnv):
         Raises:
             SettingError: ``group_size`` not a positive int dividing ``num_envs``.
         """
-        group_size = 1
-        if options and options.get("group_size") is not None:
-            group_size = check_group_size(options["group_size"], self.num_envs)
+        group_size = reset_group_size(options, self.num_envs)
         if seed is not None:
             self._rng.seed(seed)
         ids = torch.arange(self.num_envs, device=self.device)
