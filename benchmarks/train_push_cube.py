@@ -11,6 +11,8 @@ count):
 * ``grpo``: ``experiment=push_cube_grpo``;
 * ``ppo``: ``experiment=push_cube_ppo``;
 * ``pixels``: ``experiment=push_cube_pixels_ppo`` (the actor sees the camera, the critic the state);
+* ``maniskill``: ``experiment=maniskill_push_cube_ppo`` (ManiSkill3's PushCube-v1, a Panda arm; needs the
+  ``maniskill`` extra and a Vulkan device);
 * ``defaults``: no override at all, the bare ``rlchain-train`` (PPO with its
   schema defaults on push_cube).
 
@@ -38,6 +40,7 @@ RUNS = {
     "grpo": ["experiment=push_cube_grpo"],
     "ppo": ["experiment=push_cube_ppo"],
     "pixels": ["experiment=push_cube_pixels_ppo"],
+    "maniskill": ["experiment=maniskill_push_cube_ppo"],
     "defaults": [],
 }
 BARS = (0.6, 0.9)
