@@ -14,7 +14,7 @@ import torch
 
 from rlchain.settings import SettingError
 
-__all__ = ["MAX_SEED", "check_positive", "resolve_device", "to_device"]
+__all__ = ["MAX_SEED", "check_positive", "indexed_device", "resolve_device", "to_device"]
 
 #: Seeds are unsigned 32-bit integers: every generator rlchain seeds (torch,
 #: numpy, gymnasium) takes them.
@@ -66,6 +66,17 @@ def resolve_device(device: str | torch.device, name: str = "device") -> torch.de
     elif dev.type != "cpu":
         raise SettingError(name, device, " is not supported: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
     return dev
+
+
+def indexed_device(device: torch.device) -> torch.device:
+    """``device`` with its index: ``cuda`` is the current CUDA device, e.g. ``cuda:0``; ``cpu`` stays ``cpu``.
+
+    A simulator that takes a device by name (mjlab and Warp, ManiSkill) and a generator that must be the one it
+    draws from need the same, explicit device.
+    """
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def to_device(state: Any, device: torch.device | str) -> Any:

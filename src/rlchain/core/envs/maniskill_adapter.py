@@ -19,8 +19,8 @@ Two simulations, chosen by ``env.device``:
   group starts reset the ``G`` envs of a group with one seed, so from one state.
 * ``cuda``: ManiSkill's GPU simulation, every env batched in one process on the device, behind its own
   ``ManiSkillVectorEnv`` (:class:`ManiSkillBatchedEnv`; ``ManiSkillEnv(device="cuda")`` builds one): GRPO's
-  group starts copy each group's first simulator state to the others (ManiSkill's ``get_state_dict`` and
-  ``set_state_dict``); ManiSkill's episode resets draw from torch's default generator, which holds the env's
+  group starts reset the other envs of a group to its first env's simulator state (ManiSkill's
+  ``get_state_dict`` and ``reset_to_env_states``); ManiSkill's episode resets draw from torch's default generator, which holds the env's
   own stream (:class:`~rlchain.core.envs.base.TorchRngStream`) while it does.
 
 Either way: same-step auto-reset with the final observation, ``info["success"]`` from the ended episode's own
@@ -47,7 +47,7 @@ import torch
 from rlchain.core.envs.base import TorchRngStream, VecEnv, reset_group_size
 from rlchain.core.envs.gym_adapter import GymEnvConfig, GymVecEnv, float32_observation_space, resolve_spec
 from rlchain.settings import SettingError, setting
-from rlchain.utils import resolve_device
+from rlchain.utils import indexed_device, resolve_device
 
 __all__ = [
     "MANISKILL_EXTRA",
@@ -106,19 +106,30 @@ class ManiSkillEnvConfig(GymEnvConfig):
 
 
 def _maniskill_kwargs(cfg: ManiSkillEnvConfig, device: torch.device) -> dict[str, Any]:
-    """The keyword arguments of ManiSkill's ``gym.make`` for ``cfg``: its simulation and renderer on ``device``."""
-    backend = "cpu" if device.type == "cpu" else f"cuda:{device.index if device.index is not None else 0}"
+    """The keyword arguments of ManiSkill's ``gym.make`` for ``cfg``: its simulation and renderer on ``device``
+    (``cpu``, or ``cuda:N`` with its index)."""
+    where = f"cuda:{device.index}" if device.type == "cuda" else "cpu"
     kwargs = {
         "obs_mode": cfg.obs_mode,
         "reward_mode": cfg.reward_mode,
-        "sim_backend": backend.replace("cuda", "physx_cuda") if device.type == "cuda" else "physx_cpu",
-        "render_backend": backend.replace("cuda", "sapien_cuda") if device.type == "cuda" else "sapien_cpu",
+        "sim_backend": f"physx_{where}",
+        "render_backend": f"sapien_{where}",
     }
     if cfg.control_mode is not None:
         kwargs["control_mode"] = cfg.control_mode
     if cfg.max_episode_steps is not None:  # ManiSkill's own time limit (its spec's wrapper) takes it
         kwargs["max_episode_steps"] = cfg.max_episode_steps
     return {**kwargs, **cfg.kwargs}
+
+
+def _cameras(obs_mode: str) -> Any:
+    """ManiSkill's wrapper that joins the cameras of ``obs_mode`` into the groups state, rgb and depth; None for
+    ``state``."""
+    if obs_mode == "state":
+        return None
+    from mani_skill.utils.wrappers.flatten import FlattenRGBDObservationWrapper
+
+    return partial(FlattenRGBDObservationWrapper, rgb=obs_mode != "depth", depth=obs_mode != "rgb", state=True)
 
 
 def _check_maniskill(cfg: ManiSkillEnvConfig) -> None:
@@ -195,15 +206,10 @@ class ManiSkillEnv(GymVecEnv):
         return _maniskill_kwargs(self.cfg, self.device)
 
     def _wrappers(self) -> list[Any]:
-        from mani_skill.utils.wrappers.flatten import FlattenRGBDObservationWrapper
         from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
-        mode = self.cfg.obs_mode
-        wrappers: list[Any] = []
-        if mode != "state":
-            wrappers.append(
-                partial(FlattenRGBDObservationWrapper, rgb=mode != "depth", depth=mode != "rgb", state=True)
-            )
+        cameras = _cameras(self.cfg.obs_mode)
+        wrappers = [] if cameras is None else [cameras]
         wrappers += [partial(CPUGymWrapper, ignore_terminations=self.cfg.ignore_terminations), SeededResets]
         return wrappers + [SuccessOnce] if self.cfg.ignore_terminations else wrappers
 
@@ -282,8 +288,7 @@ class ManiSkillBatchedEnv(VecEnv):
 
     def __init__(self, **settings: Any) -> None:
         self.cfg = cfg = ManiSkillEnvConfig(**settings)
-        device = resolve_device(cfg.device, "env.device")
-        super().__init__(cfg.num_envs, torch.device("cuda", device.index or 0) if device.type == "cuda" else device)
+        super().__init__(cfg.num_envs, indexed_device(resolve_device(cfg.device, "env.device")))
         if self.device.type == "cpu" and cfg.num_envs != 1:
             raise SettingError(
                 "env.num_envs",
@@ -297,18 +302,14 @@ class ManiSkillBatchedEnv(VecEnv):
         self.render_mode = cfg.render_mode
         self.reports_success = cfg.success_key is not None
         self._rng = TorchRngStream(self.device, _stream_seed(cfg.seed))
-        from mani_skill.utils.wrappers.flatten import FlattenRGBDObservationWrapper
         from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
         kwargs = {**_maniskill_kwargs(cfg, self.device), "num_envs": cfg.num_envs, "render_mode": cfg.render_mode}
         with self._rng.active():
             env = gym.make(spec, **kwargs)
-            self._cameras = None
-            if cfg.obs_mode != "state":
-                mode = cfg.obs_mode
-                env = self._cameras = FlattenRGBDObservationWrapper(
-                    env, rgb=mode != "depth", depth=mode != "rgb", state=True
-                )
+            cameras = _cameras(cfg.obs_mode)
+            if cameras is not None:
+                env = cameras(env)
             self.envs = ManiSkillVectorEnv(
                 env, ignore_terminations=cfg.ignore_terminations, record_metrics=cfg.ignore_terminations
             )
@@ -382,7 +383,7 @@ class ManiSkillBatchedEnv(VecEnv):
         leaders = followers - followers % group_size
         starts = {"env_states": state[leaders].to_dict()}
         obs, _ = self.envs.reset(options={"env_idx": followers, "reset_to_env_states": starts})
-        vector = obs["state"] if self._cameras is not None else obs
+        vector = obs["state"] if self._groups is not None else obs
         if not bool((vector[followers] == vector[leaders]).all()):  # once per reset, not per step
             raise ValueError(
                 f"env.id={self.cfg.id!r} keeps part of an episode's start outside ManiSkill's simulator state, so "

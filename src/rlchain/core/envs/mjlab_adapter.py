@@ -76,7 +76,7 @@ import torch
 
 from rlchain.core.envs.base import TorchRngStream, VecEnv, VecEnvConfig, reset_group_size
 from rlchain.settings import SettingError, setting
-from rlchain.utils import resolve_device
+from rlchain.utils import indexed_device, resolve_device
 
 __all__ = ["MjlabEnv", "MjlabEnvConfig"]
 
@@ -202,13 +202,6 @@ def apply_overrides(cfg: Any, overrides: dict[str, Any], path: str = "env.overri
 _MISSING = object()
 
 
-def _mjlab_device(device: torch.device) -> str:
-    """mjlab's (and Warp's) name of a torch device: ``cpu`` or ``cuda:N``."""
-    if device.type == "cuda":
-        return f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
-    return "cpu"
-
-
 class MjlabEnv(VecEnv):
     """A registered mjlab task behind rlchain's :class:`VecEnv` contract (see the module docstring).
 
@@ -250,14 +243,14 @@ class MjlabEnv(VecEnv):
         generator = getattr(task_cfg.scene.terrain, "terrain_generator", None)
         if generator is not None and getattr(generator, "seed", 0) is None:
             generator.seed = cfg.seed  # else mjlab's terrain draws a seed from numpy's global RNG
-        self._rng = TorchRngStream(torch.device(_mjlab_device(self.device)), cfg.seed)
+        self._rng = TorchRngStream(indexed_device(self.device), cfg.seed)
         build_log = io.StringIO()
         with (
             self._rng.active(),
             contextlib.redirect_stdout(build_log),
             _quiet_on_cpu(self.device),
         ):  # startup events draw
-            self.env = env_class(task_cfg, device=_mjlab_device(self.device), render_mode=cfg.render_mode)
+            self.env = env_class(task_cfg, device=str(indexed_device(self.device)), render_mode=cfg.render_mode)
         self.description = build_log.getvalue()
         """mjlab's description of the env it built (its managers' tables), which it prints and rlchain keeps here."""
         self.render_mode = cfg.render_mode
