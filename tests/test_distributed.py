@@ -38,6 +38,8 @@ PPO_SETTINGS = dict(n_epochs=2, learning_rate=1e-3, ent_coef=0.01)
 
 #: PushCube observed as the groups actor (noisy) and critic (exact).
 GROUPS = {"privileged_critic": True, "obs_noise_std": 0.05}
+#: A recurrent policy (an LSTM actor and critic), trained on whole rollouts of each env.
+RECURRENT = {"rnn_type": "lstm", "rnn_hidden_size": 16}
 
 
 def _free_port() -> int:
@@ -46,13 +48,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rollout_and_policy(**env_settings):
+def _rollout_and_policy(policy_settings=None, **env_settings):
     """The same push_cube rollout ``[STEPS, NUM_ENVS]`` and initial policy in every process (fixed seeds, one thread);
-    ``env_settings``: e.g. observation groups with a privileged critic."""
+    ``env_settings``: e.g. observation groups with a privileged critic; ``policy_settings``: e.g. :data:`RECURRENT`."""
     torch.manual_seed(0)
     env = PushCubeEnv(num_envs=NUM_ENVS, seed=0, **env_settings)
-    policy = ActorCritic(env.single_observation_space, env.single_action_space)
-    return SyncCollector(env, policy, STEPS).collect().data.clone(), policy
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, **(policy_settings or {}))
+    collector = SyncCollector(env, policy, STEPS)
+    collector.collect()  # a recurrent policy's second rollout starts from carried states
+    return collector.collect().data.clone(), policy
 
 
 def _updates(policy, data, batch_size: int) -> list[dict]:
@@ -111,6 +115,10 @@ def _rank(rank: int, port: int, out: str) -> None:
     data, policy = _rollout_and_policy(**GROUPS)
     mine = data[:, rank * half : (rank + 1) * half].clone()
     torch.save(_updates(policy, mine, batch_size=STEPS * half), Path(out) / f"groups{rank}.pt")
+    # A recurrent policy: each rank's minibatch is its envs' whole sequences.
+    data, policy = _rollout_and_policy(RECURRENT)
+    mine = data[:, rank * half : (rank + 1) * half].clone()
+    torch.save(_updates(policy, mine, batch_size=STEPS * half), Path(out) / f"recurrent{rank}.pt")
     distributed.shutdown()
 
 
@@ -161,6 +169,14 @@ def test_two_ranks_keep_one_policy_and_update_as_one_process_on_all_the_envs(tmp
         for name, value in ref["state"].items():
             assert torch.equal(a["state"][name], b["state"][name]), (update, name)
             torch.testing.assert_close(a["state"][name], value, rtol=0, atol=1e-6, msg=f"groups {update}: {name}")
+    data, policy = _rollout_and_policy(RECURRENT)
+    reference = _updates(policy, data, batch_size=STEPS * NUM_ENVS)
+    recurrent0, recurrent1 = (torch.load(tmp_path / f"recurrent{r}.pt", weights_only=True) for r in range(2))
+    assert "actor_memory.rnn.weight_hh_l0" in reference[0]["state"]
+    for update, (a, b, ref) in enumerate(zip(recurrent0, recurrent1, reference)):
+        for name, value in ref["state"].items():
+            assert torch.equal(a["state"][name], b["state"][name]), (update, name)
+            torch.testing.assert_close(a["state"][name], value, rtol=0, atol=1e-6, msg=f"recurrent {update}: {name}")
 
 
 @pytest.mark.slow

@@ -287,3 +287,102 @@ def test_a_grouped_policy_whose_one_group_is_named_obs_exports_it_as_a_group(tmp
     obs = torch.randn(5, 3)
     with torch.no_grad():
         assert torch.equal(torch.jit.load(str(out))(obs), policy.deterministic_action({"obs": obs}).clamp(-1, 1))
+
+
+def _recurrent_cart_pole(rnn_type: str):
+    """CartPole without velocities (continuous force) and a recurrent policy whose actions its state moves."""
+    from rlchain.core.envs import CartPoleEnv
+    from rlchain.core.policies import ActorCritic
+
+    env = CartPoleEnv(num_envs=3, seed=0, hide_velocities=True, action_mode="continuous")
+    torch.manual_seed(0)
+    policy = ActorCritic(
+        env.single_observation_space,
+        env.single_action_space,
+        rnn_type=rnn_type,
+        rnn_hidden_size=8,
+        rnn_num_layers=2,
+        hidden_sizes=[16],
+    )
+    with torch.no_grad():
+        policy.actor[-1].weight.mul_(100.0)  # the head's initial gain is 0.01: actions that depend on the state
+        policy.obs_normalizer.update(torch.randn(64, 2) * 0.1)
+    return env, policy.eval()
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+@pytest.mark.parametrize("rnn_type", ["gru", "lstm"])
+def test_a_recurrent_policy_exported_with_its_state_steps_through_two_episodes_as_the_live_policy(
+    tmp_path, fmt, rnn_type
+):
+    """The file steps three envs through two episodes each, its state fed back and zeroed where an episode ended
+    (the metadata's reset rule), and acts as the live policy acting from its own state."""
+    from tensordict import TensorDict
+
+    from rlchain.commands.export import export_policy, input_spaces, metadata_of, state_spaces
+    from rlchain.core.collector import kept_state
+
+    env, policy = _recurrent_cart_pole(rnn_type)
+    inputs, state = input_spaces(policy, env.single_observation_space), state_spaces(policy)
+    names = ["h_in"] if rnn_type == "gru" else ["h_in", "c_in"]
+    assert state == {name: (2, 8) for name in names}
+    metadata = metadata_of(env, tmp_path / "best.pt", 0, fmt, inputs, state)
+    path = export_policy(policy, env.single_action_space, inputs, fmt, tmp_path / f"p.{fmt}", metadata)
+    if fmt == "torchscript":
+        files = {"rlchain.json": ""}
+        module = torch.jit.load(str(path), _extra_files=files)
+        saved = json.loads(files["rlchain.json"])
+        run = lambda obs, *s: [t for t in module(obs, *s)]  # noqa: E731
+    else:
+        session = onnxruntime.InferenceSession(str(path))
+        assert [i.name for i in session.get_inputs()] == ["obs", *names]
+        assert [o.name for o in session.get_outputs()] == ["action", *(n.replace("_in", "_out") for n in names)]
+        saved = json.loads(session.get_modelmeta().custom_metadata_map["rlchain"])
+        feed = lambda obs, *s: dict(zip(["obs", *names], (x.numpy() for x in (obs, *s))))  # noqa: E731
+        run = lambda obs, *s: [torch.from_numpy(x) for x in session.run(None, feed(obs, *s))]  # noqa: E731
+    assert [i["name"] for i in saved["state"]["inputs"]] == names
+    assert saved["state"]["inputs"][0]["shape"] == ["B", 2, 8] and "zeros" in saved["state"]["reset"]
+
+    obs, _ = env.reset(seed=1)
+    live = policy.initial_state(3)
+    exported = [torch.zeros(3, 2, 8) for _ in names]
+    episodes, steps = torch.zeros(3, dtype=torch.int64), 0
+    with torch.no_grad():
+        while bool((episodes < 2).any()):
+            step = policy.get_action(TensorDict({"obs": obs, "hidden": live}, [3]), deterministic=True)
+            action, *exported = run(obs, *exported)
+            torch.testing.assert_close(action, step["action"].clamp(-1, 1), atol=1e-5, rtol=1e-5)
+            for name, value in zip(names, exported):
+                torch.testing.assert_close(value, step["next_hidden"]["actor_" + name[0]], atol=1e-5, rtol=1e-5)
+            obs, _, terminated, truncated, _ = env.step(step["action"])
+            done = terminated | truncated
+            live = kept_state(step["next_hidden"], ~done)
+            exported = [torch.where(done.view(-1, 1, 1), torch.zeros_like(h), h) for h in exported]
+            episodes += done.long()
+            steps += 1
+    assert steps > 20  # two whole episodes of each env, resets included
+
+
+def test_a_recurrent_run_trains_evaluates_and_exports_from_the_commands(tmp_path, capsys):
+    proc = run_cli(
+        [
+            "algorithm=ppo",
+            "env=cart_pole",
+            "env.hide_velocities=true",
+            "policy.rnn_type=lstm",
+            "policy.rnn_hidden_size=16",
+            "policy.rnn_critic=false",
+            *TINY,
+            "trainer.fresh_eval=true",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "run" / "summary.json").exists()
+    from rlchain.commands.eval import main as eval_main
+
+    assert eval_main([str(tmp_path / "run"), "num_episodes=4"]) == 0
+    assert main([str(tmp_path / "run"), "format=onnx"]) == 0
+    out = capsys.readouterr().out
+    assert "obs float32 [B, 2], h_in float32 [B, 1, 16], c_in float32 [B, 1, 16] -> action, h_out, c_out" in out

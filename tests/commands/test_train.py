@@ -133,6 +133,14 @@ def test_help_and_cfg_job(tmp_path):
             ["algorithm=grpo", "algorithm.group_size=3", "env.num_envs=64"],
             "algorithm.group_size=3 is not allowed with env.num_envs=64: num_envs must be a multiple of group_size",
         ),
+        (
+            ["policy.rnn_type=gru", "algorithm.seq_len=7", "trainer.rollout_steps=24"],
+            "algorithm.seq_len=7 does not divide trainer.rollout_steps=24: a recurrent policy trains on whole sequences",
+        ),
+        (
+            ["algorithm.seq_len=8"],
+            "algorithm.seq_len=8 is not allowed with a feed-forward policy: expected None (or policy.rnn_type)",
+        ),
         pytest.param(
             ["device=cuda"],
             "device='cuda' is not available: this machine has no CUDA device",

@@ -18,7 +18,14 @@ float32 ``[B, act_dim]`` clipped to the Box action space, or int64 ``[B]``
 (the likeliest category of a Discrete one). Its metadata (JSON under the key
 ``rlchain``: TorchScript's extra file ``rlchain.json``, ONNX's
 ``metadata_props``) gives the spaces, the observation layout, the checkpoint,
-its ``global_step`` and the rlchain version. Load it with
+its ``global_step`` and the rlchain version.
+
+A recurrent actor's file takes its state as inputs after the observations
+and returns the next state after the action: ``h_in`` -> ``h_out`` (an
+LSTM's ``c_in`` -> ``c_out`` too), float32 ``[B, num_layers, hidden_size]``.
+Start each env with zeros, feed ``h_out`` back as ``h_in`` on its next
+step, and zero an env's state where its episode ended (the metadata's
+``state`` says so, with the names and shapes). Load it with
 ``torch.jit.load(path)`` or ``onnxruntime.InferenceSession(path)``; neither
 needs rlchain.
 
@@ -61,6 +68,7 @@ __all__ = [
     "input_spaces",
     "main",
     "metadata_of",
+    "state_spaces",
 ]
 
 #: Export formats and the file suffix each gets by default.
@@ -100,17 +108,26 @@ class ExportedPolicy(nn.Module):
         groups: the names of the inputs, in order, for a policy of observation
             groups (its actor's groups, each a ``[B, *group_shape]`` input);
             None for one flat observation.
+        state_inputs: the number of state inputs of a recurrent actor (its
+            ``deterministic_step``'s state: 1 for a GRU, 2 for an LSTM), after
+            the observations; 0 for a feed-forward one.
 
     Shapes: ``obs`` float32 ``[B, obs_dim]`` (grouped: one ``[B, *group_shape]`` input per group, in the order of
     ``groups``; an image group uint8, as the env gives it) -> float32 ``[B, act_dim]`` (Box) or int64 ``[B]``
-    (Discrete).
+    (Discrete); a recurrent actor takes its state after them (float32 ``[B, num_layers, hidden_size]`` each) and
+    returns ``(action, *next_state)``.
     """
 
     def __init__(
-        self, policy: nn.Module, action_space: gym.Space, action_start: int = 0, groups: Sequence[str] | None = None
+        self,
+        policy: nn.Module,
+        action_space: gym.Space,
+        action_start: int = 0,
+        groups: Sequence[str] | None = None,
+        state_inputs: int = 0,
     ) -> None:
         super().__init__()
-        self.policy = policy
+        self.policy, self.state_inputs = policy, int(state_inputs)
         self.groups = tuple(groups) if groups is not None else None
         self.box = isinstance(action_space, gym.spaces.Box)
         self.action_start = int(action_start)
@@ -118,11 +135,40 @@ class ExportedPolicy(nn.Module):
             self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
             self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
 
-    def forward(self, *obs: torch.Tensor) -> torch.Tensor:
-        action = self.policy.deterministic_action(dict(zip(self.groups, obs)) if self.groups is not None else obs[0])
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        split = len(inputs) - self.state_inputs
+        obs = dict(zip(self.groups, inputs[:split])) if self.groups is not None else inputs[0]
+        if self.state_inputs:
+            action, state = self.policy.deterministic_step(obs, tuple(inputs[split:]))
+            return (self._env_action(action), *state)
+        return self._env_action(self.policy.deterministic_action(obs))
+
+    def _env_action(self, action: torch.Tensor) -> torch.Tensor:
+        """The policy's action as the env receives it: clipped to the Box, or shifted to the Discrete's start."""
         if self.box:
             return torch.maximum(torch.minimum(action, self.high), self.low)
         return action + self.action_start if self.action_start else action
+
+
+def state_spaces(policy: nn.Module) -> dict[str, tuple[int, ...]]:
+    """A recurrent actor's state inputs of the exported file, in order: name -> one env's shape (``h_in``, and an
+    LSTM's ``c_in``: ``(num_layers, hidden_size)``); empty for a feed-forward actor.
+
+    Raises:
+        ValueError: a recurrent policy whose actor's state the file cannot carry (it has no ``actor_memory`` with
+            ``deterministic_step``, rlchain's :class:`~rlchain.core.policies.ActorCritic` way of acting from a state).
+    """
+    if not getattr(policy, "is_recurrent", False):
+        return {}
+    memory = getattr(policy, "actor_memory", False)
+    if memory is False or not hasattr(policy, "deterministic_step"):
+        raise ValueError(
+            f"the policy cannot be exported: {type(policy).__name__} is recurrent, and an exported file carries an "
+            "actor's state only through actor_memory and deterministic_step(obs, state) (as ActorCritic's)"
+        )
+    if memory is None:  # a feed-forward actor (only the critic is recurrent)
+        return {}
+    return {f"{name}_in": tuple(memory.state_shape) for name in memory.state_names}
 
 
 def input_spaces(policy: nn.Module, observation_space: gym.Space) -> dict[str, gym.spaces.Box]:
@@ -175,13 +221,19 @@ def _space(space: gym.Space) -> dict[str, Any]:
 
 
 def metadata_of(
-    env: Any, checkpoint: Path, global_step: int, fmt: str, inputs: dict[str, Any] | None = None
+    env: Any,
+    checkpoint: Path,
+    global_step: int,
+    fmt: str,
+    inputs: dict[str, Any] | None = None,
+    state: dict[str, tuple[int, ...]] | None = None,
 ) -> dict[str, Any]:
     """What an exported file says about itself: format, inputs and output, spaces, observation layout, source, version.
 
     ``inputs``: :func:`input_spaces` (default: the env's one flat observation). ``input`` describes the first
     input (the one of a flat observation), ``inputs`` every input in order: name, dtype, shape and, for an image,
-    its layout (``HWC`` or ``CHW``).
+    its layout (``HWC`` or ``CHW``). ``state``: :func:`state_spaces` of a recurrent actor, described under
+    ``state`` (its inputs, outputs and the reset rule) and added to ``inputs`` and ``outputs``.
     """
     from rlchain import __version__
 
@@ -193,17 +245,28 @@ def metadata_of(
     described = [_described(name, box) for name, box in inputs.items()]
     names = env.observation_names
     layout = {g: list(v) for g, v in names.items()} if isinstance(names, dict) else names
+    output = {
+        "name": "action",
+        "dtype": "int64" if discrete else "float32",
+        "shape": ["B"] if discrete else ["B", int(env.single_action_space.shape[0])],
+        "meaning": "the likeliest category" if discrete else "the Gaussian's mean, clipped to the Box",
+    }
+    state_in = [{"name": n, "dtype": "float32", "shape": ["B", *shape]} for n, shape in (state or {}).items()]
+    state_out = [{**entry, "name": entry["name"][: -len("_in")] + "_out"} for entry in state_in]
+    recurrent = {
+        "inputs": state_in,
+        "outputs": state_out,
+        "reset": "zeros before an env's first step and wherever its previous step ended an episode; otherwise "
+        "the previous step's outputs, in order",
+    }
     return {
         "format": fmt,
         "rlchain_version": __version__,
         "input": described[0],
-        "inputs": described,
-        "output": {
-            "name": "action",
-            "dtype": "int64" if discrete else "float32",
-            "shape": ["B"] if discrete else ["B", int(env.single_action_space.shape[0])],
-            "meaning": "the likeliest category" if discrete else "the Gaussian's mean, clipped to the Box",
-        },
+        "inputs": described + state_in,
+        "output": output,
+        "outputs": [output, *state_out],
+        **({"state": recurrent} if state_in else {}),
         "observation_space": _space(env.single_observation_space),
         "action_space": action_space,
         "observation_layout": list(layout) if isinstance(layout, (list, tuple)) else layout,
@@ -235,8 +298,11 @@ def export_policy(
         metadata: JSON data stored with the file (see :func:`metadata_of`).
         action_start: see :class:`ExportedPolicy`.
 
+    A recurrent actor's state (:func:`state_spaces`) becomes inputs after ``inputs`` and outputs after ``action``.
+
     Raises:
-        ValueError: an unknown ``fmt``; a policy without ``deterministic_action``.
+        ValueError: an unknown ``fmt``; a policy without ``deterministic_action``, or a recurrent one whose state
+            the file cannot carry (:func:`state_spaces`).
         ImportError: ``onnx`` without the onnx packages (naming the extra).
         OSError: ``path`` cannot be written.
     """
@@ -245,9 +311,14 @@ def export_policy(
     if fmt not in FORMATS:
         raise ValueError(f"format={fmt!r} is not allowed: expected one of {', '.join(FORMATS)}")
     inputs = _as_spaces(inputs)
+    state = state_spaces(policy)
     groups = list(inputs) if getattr(policy, "grouped", list(inputs) != [observations.FLAT]) else None
-    module = ExportedPolicy(copy.deepcopy(policy).cpu().eval(), action_space, action_start, groups).eval()
+    module = ExportedPolicy(copy.deepcopy(policy).cpu().eval(), action_space, action_start, groups, len(state))
+    module.eval()
     example = tuple(torch.zeros(2, *box.shape, dtype=observations.dtype(box)) for box in inputs.values())
+    example += tuple(torch.zeros(2, *shape) for shape in state.values())
+    names = list(inputs) + list(state)
+    outputs = ["action"] + [name[: -len("_in")] + "_out" for name in state]
     try:
         module(*example)
     except NotImplementedError as err:
@@ -257,6 +328,7 @@ def export_policy(
             buffer = io.BytesIO()
             with warnings.catch_warnings():  # torch 2.9+ deprecates TorchScript; a libtorch program still loads it
                 warnings.simplefilter("ignore", DeprecationWarning)
+                warnings.simplefilter("ignore", torch.jit.TracerWarning)  # torch's RNNs check shapes in Python
                 torch.jit.save(
                     torch.jit.freeze(torch.jit.trace(module, example)),  # positional inputs, in order
                     buffer,
@@ -264,12 +336,12 @@ def export_policy(
                 )
             data = buffer.getvalue()
         else:
-            data = _onnx_bytes(module, example, list(inputs), metadata)
+            data = _onnx_bytes(module, example, names, outputs, metadata)
     return write_bytes(path, data)
 
 
 def _onnx_bytes(
-    module: nn.Module, example: tuple[torch.Tensor, ...], names: list[str], metadata: dict[str, Any]
+    module: nn.Module, example: tuple[torch.Tensor, ...], names: list[str], outputs: list[str], metadata: dict[str, Any]
 ) -> bytes:
     """``torch.onnx.export`` (the torch.export-based exporter) with a dynamic batch and the metadata: the file's bytes."""
     missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
@@ -285,7 +357,7 @@ def _onnx_bytes(
             module,
             example,
             input_names=names,
-            output_names=["action"],
+            output_names=outputs,
             dynamic_shapes=(tuple({0: batch} for _ in example),),
             dynamo=True,
             verbose=False,
@@ -331,7 +403,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy = run.build_policy(env)
         output = Path(cfg.output) if cfg.output else run.checkpoint.with_name(run.checkpoint.stem + FORMATS[cfg.format])
         inputs = input_spaces(policy, env.single_observation_space)
-        metadata = metadata_of(env, run.checkpoint, run.global_step, cfg.format, inputs)
+        try:
+            state = state_spaces(policy)
+        except ValueError as err:
+            raise SavedRunError(str(err)) from None
+        metadata = metadata_of(env, run.checkpoint, run.global_step, cfg.format, inputs, state)
         action_space, action_start = env.single_action_space, int(env.action_start)
         env.close()
         try:
@@ -347,8 +423,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{name} {observations.dtype(box)} [B, {', '.join(map(str, box.shape))}]".replace("torch.", "")
         for name, box in inputs.items()
     )
+    if state:
+        shown += ", " + ", ".join(f"{name} float32 [B, {', '.join(map(str, shape))}]" for name, shape in state.items())
+    after = "".join(f", {name[: -len('_in')]}_out" for name in state)
     print(
-        f"rlchain-export: wrote {path} ({cfg.format}; {shown} -> action; "
+        f"rlchain-export: wrote {path} ({cfg.format}; {shown} -> action{after}; "
         f"{run.checkpoint}, global_step {run.global_step:,})",
         flush=True,
     )

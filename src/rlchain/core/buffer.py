@@ -14,7 +14,7 @@ from rlchain.utils import check_positive
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["RolloutBuffer", "minibatches"]
+__all__ = ["RolloutBuffer", "minibatches", "sequence_minibatches"]
 
 
 class RolloutBuffer:
@@ -48,6 +48,12 @@ class RolloutBuffer:
     episode_return      f64 [T,N]           undiscounted return so far, incl. this step
     episode_length      i64 [T,N]           steps so far, incl. this step
     success             bool [T,N]          the env reported success on this step
+    hidden              f32 [T,N,...]       recurrent policy only: its state before step
+                                            ``t`` (zeros at an episode's first step), a
+                                            TensorDict of the keys of ``initial_state``
+    final_hidden        f32 [T,N,...]       recurrent critic only: on done rows, the
+                                            critic's state after the step, the one
+                                            that would see ``final_obs`` (bootstrapping)
     ==================  ==================  =============================================
 
     Args:
@@ -58,6 +64,9 @@ class RolloutBuffer:
         final_obs_groups: the groups of a ``Dict`` observation space that ``final_obs`` keeps: those the critic
             reads (its bootstrap values are all that ``final_obs`` is for); None: every group. An actor's camera
             image that the critic does not read then takes no second copy.
+        hidden: a recurrent policy's state of the ``N`` envs (:meth:`~rlchain.core.policies.Policy.initial_state`),
+            or None: no ``hidden`` storage.
+        final_hidden_keys: the keys of ``hidden`` that ``final_hidden`` keeps (the critic's); empty: none.
 
     Raises:
         SettingError: a non-positive ``rollout_steps``.
@@ -71,6 +80,8 @@ class RolloutBuffer:
         action_space: gym.Space,
         device: torch.device | str,
         final_obs_groups: Sequence[str] | None = None,
+        hidden: TensorDict | None = None,
+        final_hidden_keys: Sequence[str] = (),
     ) -> None:
         from tensordict import TensorDict  # imported where used: see rlchain.config
 
@@ -102,6 +113,10 @@ class RolloutBuffer:
             batch_size=[t, n],
             device=device,
         )
+        if hidden is not None:
+            self.data["hidden"] = hidden.expand(t, n).clone().zero_()
+            if final_hidden_keys:
+                self.data["final_hidden"] = self.data["hidden"].select(*final_hidden_keys).clone()
 
 
 def minibatches(data: TensorDict, batch_size: int, generator: torch.Generator) -> Iterator[TensorDict]:
@@ -120,6 +135,40 @@ def minibatches(data: TensorDict, batch_size: int, generator: torch.Generator) -
     perm = torch.randperm(flat.batch_size[0], generator=generator, device=generator.device)
     for start in range(0, perm.numel(), batch_size):
         yield flat[perm[start : start + batch_size].to(flat.device)]
+
+
+def sequence_minibatches(
+    data: TensorDict, seq_len: int, batch_size: int, generator: torch.Generator | None
+) -> Iterator[TensorDict]:
+    """Yield minibatches of whole sequences covering every step of a rollout once (a recurrent policy's update).
+
+    The ``[T, N]`` rollout is cut into ``(T / seq_len) * N`` sequences, env ``n``'s steps ``c * seq_len`` to
+    ``(c + 1) * seq_len - 1`` each; a minibatch is ``S = max(1, batch_size // seq_len)`` of them, time first:
+    ``[seq_len, S]`` (the last may hold fewer sequences).
+
+    Args:
+        data: the ``[T, N]`` TensorDict.
+        seq_len: steps per sequence; divides ``T``.
+        batch_size: samples per minibatch, rounded down to whole sequences (at least one).
+        generator: seeds the order of the sequences (on ``data``'s device); None: in order.
+
+    Raises:
+        ValueError: a ``seq_len`` that does not divide ``T``.
+    """
+    steps, n = data.batch_size
+    if steps % seq_len:
+        raise ValueError(f"seq_len={seq_len} does not divide the rollout's {steps} steps")
+    count = steps // seq_len * n
+    if generator is None:
+        order = torch.arange(count, device=data.device)
+    else:
+        order = torch.randperm(count, generator=generator, device=generator.device).to(data.device)
+    per = max(1, batch_size // seq_len)
+    offsets = torch.arange(seq_len, device=data.device)[:, None]
+    for start in range(0, count, per):
+        chosen = order[start : start + per]
+        rows = torch.div(chosen, n, rounding_mode="floor") * seq_len
+        yield data[rows[None, :] + offsets, (chosen % n)[None, :].expand(seq_len, -1)]
 
 
 def _final_obs_zeros(

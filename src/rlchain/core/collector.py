@@ -17,7 +17,7 @@ from rlchain.settings import SettingError
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["EpisodeWindow", "Episodes", "Rollout", "SyncCollector", "step_env"]
+__all__ = ["EpisodeWindow", "Episodes", "Rollout", "SyncCollector", "kept_state", "step_env"]
 
 #: The rollout keys the step loop copies when the policy has acted, and when the env has stepped (``done`` it
 #: computes in place); ``obs`` stands for every group of a grouped observation, ``final_obs`` for the critic's.
@@ -81,6 +81,16 @@ def step_env(env: VecEnv, obs: Obs, action: torch.Tensor) -> tuple:
         ) from err
 
 
+def kept_state(hidden: TensorDict, keep: torch.Tensor) -> TensorDict:
+    """A recurrent policy's state ``hidden`` (batch size ``[N]``) zeroed in the envs where ``keep`` (bool or 0/1
+    ``[N]``) is false, those whose episode ended (their next observation is a new episode's first): new tensors, no
+    host sync."""
+    from tensordict import TensorDict  # imported where used: see rlchain.commands.config
+
+    kept = {k: v * keep.view(-1, *(1,) * (v.dim() - 1)) for k, v in hidden.items()}
+    return TensorDict(kept, batch_size=hidden.batch_size)
+
+
 @dataclass
 class Episodes:
     """Finished episodes, in step order: undiscounted ``returns``, ``lengths`` (steps), ``successes``."""
@@ -121,6 +131,14 @@ class SyncCollector:
     :class:`~rlchain.core.envs.base.VecEnv` contract gives ``final_obs`` a meaning.
     Algorithms multiply it by ``1 - terminated``, so time-limit truncations
     bootstrap and true terminations do not.
+
+    A recurrent policy (:attr:`~rlchain.core.policies.Policy.is_recurrent`)
+    acts from each env's state, which the collector carries from step to
+    step and across rollouts, stores before each step (``hidden``) and zeroes
+    where an episode ended (the state that sees the auto-reset's first
+    observation is fresh); a reset of every env zeroes it too. A done row's
+    ``V(final_obs)`` reads the critic's state after that step
+    (``final_hidden``), the state that would have seen ``final_obs``.
 
     Args:
         env: a :class:`rlchain.core.envs.base.VecEnv`.
@@ -183,6 +201,10 @@ class SyncCollector:
         if self._groups is not None:
             critic = getattr(policy, "critic_groups", None) if policy.has_critic else ()
             self._final_groups = tuple(g for g in self._groups if critic is None or g in critic)
+        self.recurrent = bool(getattr(policy, "is_recurrent", False))
+        """Whether the policy carries a state per env (``hidden``)."""
+        hidden = policy.initial_state(env.num_envs, env.device) if self.recurrent else None
+        final_keys = tuple(k for k in hidden.keys() if k.startswith("critic_")) if hidden is not None else ()
         self.buffer = RolloutBuffer(
             rollout_steps,
             env.num_envs,
@@ -190,12 +212,22 @@ class SyncCollector:
             env.single_action_space,
             env.device,
             final_obs_groups=self._final_groups,
+            hidden=hidden,
+            final_hidden_keys=final_keys if policy.has_critic else (),
         )
         # The storage's rows, one view per step and key, made once: each step is written into place.
         data = self.buffer.data
         self._acted_rows = _rows(data, _ACT_KEYS, {"obs": self._groups})
         self._stepped_rows = _rows(data, _STEP_KEYS, {"final_obs": self._final_groups})
         self._tally_rows = list(zip(*(data[key].unbind(0) for key in ("done", "episode_return", "episode_length"))))
+        self._hidden: TensorDict | None = hidden
+        """Each env's state before the next step (a recurrent policy's; None otherwise)."""
+        self._hidden_keys = tuple(hidden.keys()) if hidden is not None else ()
+        self._final_hidden_keys = final_keys if "final_hidden" in data.keys() else ()
+        self._hidden_rows = _rows(data, ("hidden",), {"hidden": self._hidden_keys}) if hidden is not None else []
+        self._final_hidden_rows = (
+            _rows(data, ("final_hidden",), {"final_hidden": self._final_hidden_keys}) if self._final_hidden_keys else []
+        )
         n, dev = env.num_envs, env.device
         self._obs: Obs | None = None
         self._episode_return = torch.zeros(n, dtype=torch.float64, device=dev)  # float64: long sums do not drift
@@ -212,12 +244,10 @@ class SyncCollector:
         Raises:
             Exception: what compiling raises (e.g. torch's ``InductorError`` without a C++ compiler).
         """
-        from tensordict import TensorDict  # imported where used: see rlchain.commands.config
-
         self.act = torch.compile(self.policy.get_action)
         obs = self.buffer.data["obs"][0].clone().zero_()
         with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
-            self.act(TensorDict({"obs": obs}, batch_size=[self.env.num_envs]))
+            self.act(self._acting(obs, self._hidden))
 
     @torch.no_grad()
     def collect(self) -> Rollout:
@@ -239,15 +269,13 @@ class SyncCollector:
                 or an ``info["rewards"]``/``info["metrics"]`` term that some
                 step lacks.
         """
-        from tensordict import TensorDict  # imported where used: see rlchain.commands.config
-
         env, data = self.env, self.buffer.data
         if self.reset_options is not None or self._obs is None:
             self._obs, _ = env.reset(options=self.reset_options)
             if self.spread_episode_starts:
                 env.spread_episode_starts()
             self._restart_episodes()
-        obs, n = self._obs, env.num_envs
+        obs, hidden = self._obs, self._hidden
         # Step t's episode return and length: the previous step's times `running` (0 where an
         # episode ended there), plus this step's reward and 1; before step 0, the carried episode.
         ret, length, running = self._episode_return, self._episode_length, self._running.fill_(1)
@@ -255,10 +283,15 @@ class SyncCollector:
         for t, (acted, stepped, (done_row, ret_row, length_row)) in enumerate(
             zip(self._acted_rows, self._stepped_rows, self._tally_rows)
         ):
-            step = self.act(TensorDict({"obs": obs}, batch_size=[n]))
+            step = self.act(self._acting(obs, hidden))
             action = step["action"]
             # Stored before the env steps: an env may reuse its buffers for the next step.
             torch._foreach_copy_(acted, (*leaves(obs, self._groups), action, step["sample_log_prob"], step["value"]))
+            if hidden is not None:
+                torch._foreach_copy_(self._hidden_rows[t], leaves(hidden, self._hidden_keys))
+                hidden = step["next_hidden"]
+                if self._final_hidden_rows:
+                    torch._foreach_copy_(self._final_hidden_rows[t], leaves(hidden, self._final_hidden_keys))
             next_obs, reward, terminated, truncated, info = step_env(env, obs, action)
             torch._foreach_copy_(
                 stepped,
@@ -267,12 +300,14 @@ class SyncCollector:
             ret = torch.addcmul(reward, ret, running, out=ret_row)
             length = torch.addcmul(self._one, length, running, out=length_row)
             torch.logical_not(torch.logical_or(terminated, truncated, out=done_row), out=running)
+            if hidden is not None:  # a fresh state where an episode ended (the env reset it in this step)
+                hidden = kept_state(hidden, running)
             _add_terms(term_sums, info, first=t == 0)
             obs = next_obs
         # The carries into the next rollout: zero where an episode just ended.
         torch.mul(ret, running, out=self._episode_return)
         torch.mul(length, running, out=self._episode_length)
-        self._obs = obs
+        self._obs, self._hidden = obs, hidden
         self._bootstrap_values(data, obs)
 
         # One host read per rollout: the counted episodes and the term means.
@@ -291,24 +326,33 @@ class SyncCollector:
             data: the rollout, with ``value``, ``done`` and ``final_obs`` filled.
             last_obs: ``[N, *obs_shape]`` (or a TensorDict of groups), the observation after the rollout's last step.
         """
-        from tensordict import TensorDict  # imported where used: see rlchain.commands.config
-
         next_value = data["next_value"]
         if not self.policy.has_critic:
             next_value.zero_()
             return
-        value = lambda x: self.policy.get_value(TensorDict({"obs": x}, batch_size=x.shape[:1]))["value"]  # noqa: E731
+        value = lambda x, h: self.policy.get_value(self._acting(x, h))["value"]  # noqa: E731
         next_value[:-1].copy_(data["value"][1:])
-        next_value[-1].copy_(value(last_obs))
+        next_value[-1].copy_(value(last_obs, self._hidden))
         # One host read per rollout: which rows ended (their count sizes the forward).
         ended = data["done"].nonzero(as_tuple=True)
         if ended[0].numel():
-            next_value[ended] = value(data["final_obs"][ended])
+            final_hidden = data["final_hidden"][ended] if self._final_hidden_keys else None
+            next_value[ended] = value(data["final_obs"][ended], final_hidden)
+
+    @staticmethod
+    def _acting(obs: Obs, hidden: TensorDict | None) -> TensorDict:
+        """The policy's input: ``obs`` ``[B, ...]`` and, for a recurrent policy, its state ``hidden``."""
+        from tensordict import TensorDict  # imported where used: see rlchain.commands.config
+
+        batch = [leaves(obs)[0].shape[0]]
+        return TensorDict({"obs": obs} if hidden is None else {"obs": obs, "hidden": hidden}, batch_size=batch)
 
     def _restart_episodes(self) -> None:
-        """Carry no episode into the next rollout (every env was just reset)."""
+        """Carry no episode (and no recurrent state) into the next rollout (every env was just reset)."""
         self._episode_return.zero_()
         self._episode_length.zero_()
+        if self._hidden is not None:
+            self._hidden = self._hidden.clone().zero_()
 
     def restart(self) -> None:
         """Start afresh: reset every env before the next rollout and carry no episode into it.
@@ -322,13 +366,29 @@ class SyncCollector:
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue collecting exactly where this collector stopped."""
         obs = observations.to_state(self._obs)
-        return {"obs": obs, "episode_return": self._episode_return, "episode_length": self._episode_length}
+        state = {"obs": obs, "episode_return": self._episode_return, "episode_length": self._episode_length}
+        if self._hidden is not None:
+            state["hidden"] = observations.to_state(self._hidden)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output."""
+        """Restore :meth:`state_dict` output.
+
+        Raises:
+            ValueError: a recurrent policy's collector from a state without the policy's ``hidden`` keys (one
+                saved with another policy), naming the keys.
+        """
         self._obs = observations.from_state(state["obs"], self.env.num_envs, self.env.device)
         self._episode_return.copy_(state["episode_return"])
         self._episode_length.copy_(state["episode_length"])
+        if self._hidden is not None:
+            saved = state.get("hidden") or {}
+            if set(saved) != set(self._hidden_keys):
+                raise ValueError(
+                    f"the collector's saved recurrent state has keys {sorted(saved)}, the policy's are "
+                    f"{sorted(self._hidden_keys)}: it was saved with another policy"
+                )
+            self._hidden = observations.from_state(saved, self.env.num_envs, self.env.device)
 
 
 class EpisodeWindow:

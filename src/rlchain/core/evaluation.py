@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from rlchain.console import error_line
-from rlchain.core.collector import step_env
+from rlchain.core.collector import kept_state, step_env
 from rlchain.core.envs.base import VecEnv
 from rlchain.core.policies import Policy
 from rlchain.settings import SettingError
@@ -164,7 +164,8 @@ def evaluate(
     Args:
         env: the evaluation env (``N = env.num_envs``).
         policy: acts with ``get_action(..., deterministic=deterministic)``;
-            ``deterministic=False`` samples from torch's global RNG.
+            ``deterministic=False`` samples from torch's global RNG. A recurrent
+            policy acts from each env's state, fresh (zeros) at every episode's start.
         num_episodes: episodes wanted (rounded up to a multiple of ``N``).
         seed: the reset seed.
         video_episodes: record the first episode of envs ``0 .. video_episodes - 1``
@@ -189,6 +190,7 @@ def evaluate(
     policy.eval()
     per_env = math.ceil(num_episodes / n)
     obs, _ = env.reset(seed=seed)
+    hidden = policy.initial_state(n, dev) if getattr(policy, "is_recurrent", False) else None
     ret, length = torch.zeros(n, device=dev), torch.zeros(n, device=dev)
     finished = torch.zeros(n, dtype=torch.int64, device=dev)
     # One row per episode: episode k of env i is row k * n + i.
@@ -200,10 +202,12 @@ def evaluate(
     max_steps = per_env * episode_limit  # every env ends an episode at least every max_episode_steps steps
     for step in range(1, max_steps + 1):
         video.capture()
-        td = TensorDict({"obs": obs}, batch_size=[n])
-        action = policy.get_action(td, deterministic=deterministic)["action"]
-        obs, reward, terminated, truncated, info = step_env(env, obs, action)
+        td = TensorDict({"obs": obs} if hidden is None else {"obs": obs, "hidden": hidden}, batch_size=[n])
+        td = policy.get_action(td, deterministic=deterministic)
+        obs, reward, terminated, truncated, info = step_env(env, obs, td["action"])
         done = terminated | truncated
+        if hidden is not None:  # a fresh state where an episode ended (the env reset it)
+            hidden = kept_state(td["next_hidden"], ~done)
         video.ended(done)
         counts = done & (finished < per_env)
         row = finished.clamp(max=per_env - 1) * n + columns

@@ -50,11 +50,16 @@ __all__ = [
     "ActorOnlyConfig",
     "CNNEncoder",
     "MLP",
+    "Memory",
     "Policy",
     "RunningMeanStd",
     "SpatialSoftmax",
     "bounded",
 ]
+
+#: The recurrent cores a policy can have (``rnn_type``): the GRU (Cho et al. 2014) or the LSTM (Hochreiter and
+#: Schmidhuber 1997).
+RNN_TYPES = ("gru", "lstm")
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU,
@@ -104,8 +109,29 @@ class ActorCriticConfig(Settings):
     'spatial_softmax', each channel's expected image position, x and y in [-1, 1] (Levine et al. 2016): where
     things are, what manipulation from pixels needs."""
 
+    rnn_type: str | None = setting(None, choices=RNN_TYPES)
+    """The recurrent core before the MLPs: 'gru' or 'lstm' (a policy with memory, for what one observation does
+    not show: velocities, contacts, latency); None: feed-forward."""
+    rnn_hidden_size: int = setting(256, gt=0)
+    """Features of the recurrent core's state, per layer."""
+    rnn_num_layers: int = setting(1, gt=0)
+    """Stacked recurrent layers."""
+    rnn_actor: bool = True
+    """Whether the actor has the recurrent core (with rnn_type)."""
+    rnn_critic: bool = True
+    """Whether the critic has one (its own; with rnn_type): a recurrent actor with a feed-forward critic, or the
+    reverse."""
+
     def check(self) -> None:
-        """``log_std_min <= init_log_std <= log_std_max``; one kernel size and one stride per CNN layer."""
+        """``log_std_min <= init_log_std <= log_std_max``; one kernel size and one stride per CNN layer; a
+        ``rnn_type`` for at least one of the actor and the critic."""
+        if self.rnn_type is not None and not (self.rnn_actor or self.rnn_critic):
+            raise SettingError(
+                "rnn_type",
+                self.rnn_type,
+                " is not allowed with rnn_actor=False and rnn_critic=False: expected None (feed-forward), or true for "
+                "either",
+            )
         for name in ("cnn_kernel_sizes", "cnn_strides"):
             if len(getattr(self, name)) != len(self.cnn_channels):
                 raise SettingError(
@@ -327,6 +353,69 @@ class SpatialSoftmax(nn.Module):
         return torch.cat(((p * self.xs).sum(-1), (p * self.ys).sum(-1)), dim=-1)
 
 
+class Memory(nn.Module):
+    """A recurrent core, GRU (Cho et al. 2014) or LSTM (Hochreiter and Schmidhuber 1997): ``torch.nn.GRU`` or
+    ``torch.nn.LSTM`` with orthogonal weights and zero biases (as CleanRL's ``ppo_atari_lstm``).
+
+    Its state is a tuple of float32 tensors ``[B, num_layers, hidden_size]``, batch first (rollout storage keeps
+    ``[T, N, ...]``): ``(h,)`` for a GRU, ``(h, c)`` for an LSTM (:attr:`state_names`). Zeros are the state before
+    an episode's first observation.
+
+    Args:
+        rnn_type: ``gru`` or ``lstm``.
+        in_dim: input features.
+        hidden_size: state features per layer (and output features).
+        num_layers: stacked layers.
+    """
+
+    def __init__(self, rnn_type: str, in_dim: int, hidden_size: int, num_layers: int) -> None:
+        super().__init__()
+        self.rnn = (nn.GRU if rnn_type == "gru" else nn.LSTM)(in_dim, hidden_size, num_layers)
+        for name, param in self.rnn.named_parameters():
+            if name.startswith("weight"):
+                nn.init.orthogonal_(param, 1.0)
+            else:
+                nn.init.zeros_(param)
+        self.state_names = ("h",) if rnn_type == "gru" else ("h", "c")
+        """The names of the state's tensors, in order."""
+        self.state_shape = (num_layers, hidden_size)
+        """One env's shape of each state tensor."""
+
+    def step(self, x: torch.Tensor, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """One step: input ``[B, in_dim]`` and state -> output ``[B, hidden_size]`` and the next state."""
+        out, new = self.rnn(x.unsqueeze(0), self._native(state))
+        return out.squeeze(0), self._batch_first(new)
+
+    def sequence(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, ...], starts: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Steps ``x`` ``[L, S, in_dim]`` (``S`` sequences, time first) from ``state`` (each ``[S, num_layers,
+        hidden_size]``, the state before step 0), zeroing the state before step ``t > 0`` where ``starts[t]``
+        (bool ``[L, S]``: the observation of step ``t`` begins an episode; ``starts[0]`` is not read, ``state``
+        already holds that reset). Returns the outputs ``[L, S, hidden_size]`` and the state after the last step.
+
+        The same computation as :meth:`step` applied ``L`` times with those resets: the recurrence runs one step at
+        a time, so an episode that begins inside a sequence starts from zeros exactly as it did in collection.
+        """
+        native = self._native(state)
+        keep = (~starts).to(x.dtype).unsqueeze(-1)  # [L, S, 1]
+        outs = []
+        for t in range(x.shape[0]):
+            if t:
+                native = tuple(s * keep[t] for s in native) if isinstance(native, tuple) else native * keep[t]
+            out, native = self.rnn(x[t : t + 1], native)
+            outs.append(out)
+        return torch.cat(outs), self._batch_first(native)
+
+    def _native(self, state: tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The state as torch's RNN takes it: ``[num_layers, B, hidden_size]``, one tensor (GRU) or a pair (LSTM)."""
+        native = tuple(s.transpose(0, 1).contiguous() for s in state)
+        return native[0] if len(native) == 1 else native
+
+    def _batch_first(self, native: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return tuple(s.transpose(0, 1) for s in (native if isinstance(native, tuple) else (native,)))
+
+
 class RunningMeanStd(nn.Module):
     """Running mean and variance of a stream of batches (Chan et al. 1979 parallel update).
 
@@ -370,7 +459,20 @@ class Policy(nn.Module):
       the attributes ``observation_space`` and ``action_space``.
     * optional, with their defaults here: ``has_critic`` (True),
       :meth:`deterministic_action` (raises ``NotImplementedError``: such a
-      policy cannot be exported), :meth:`update_obs_normalizer` (nothing).
+      policy cannot be exported), :meth:`update_obs_normalizer` (nothing),
+      ``is_recurrent`` (False) and :meth:`initial_state` (None).
+
+    A recurrent policy (``is_recurrent``) keeps a state per env, a TensorDict
+    of batch size ``[B]`` (:meth:`initial_state`: zeros, the state before an
+    episode's first observation). :meth:`get_action` reads it as
+    ``td["hidden"]`` and writes the state after the step as
+    ``td["next_hidden"]``; :meth:`get_value` reads ``td["hidden"]``;
+    :meth:`evaluate_actions` takes sequences, a TensorDict ``[L, S]`` (time
+    first) with ``hidden`` (only ``hidden[0]``, the state before each
+    sequence's first step, is read) and ``done`` (bool: the state is zeroed
+    after a done step), and returns ``[L, S]``. The collector zeroes the state
+    of an env whose episode ended, stores it with the rollout, and the
+    algorithms cut rollouts into whole sequences.
 
     Attributes:
         observation_space: gymnasium Box of one env's observation (flat).
@@ -383,6 +485,12 @@ class Policy(nn.Module):
     observation_space: gym.spaces.Box
     action_space: gym.spaces.Box | gym.spaces.Discrete
     has_critic: bool = True
+    is_recurrent: bool = False
+
+    def initial_state(self, batch: int, device: torch.device | str | None = None) -> TensorDict | None:
+        """The state of ``batch`` envs before an episode's first observation (zeros), a TensorDict of batch size
+        ``[batch]`` on ``device``; None for a feed-forward policy."""
+        return None
 
     def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
         """Write ``action``, ``sample_log_prob`` and ``value`` for ``td["obs"]`` into ``td`` and return it.
@@ -414,7 +522,8 @@ class Policy(nn.Module):
 
 
 class ActorCritic(Policy):
-    """MLP actor and MLP critic with a Gaussian (Box) or Categorical (Discrete) head.
+    """MLP actor and MLP critic with a Gaussian (Box) or Categorical (Discrete) head, each optionally behind a
+    recurrent core (:class:`Memory`).
 
     Observation groups (a ``Dict`` observation space, :mod:`rlchain.core.observations`): the actor sees the
     groups ``actor_obs`` names and the critic those of ``critic_obs``, each vector group through its own running
@@ -422,6 +531,11 @@ class ActorCritic(Policy):
     learns values from state the actor does not observe (asymmetric actor-critic, Pinto et al. 2018). An image
     group (uint8, or 3-D: :func:`rlchain.core.observations.is_image`) goes through a :class:`CNNEncoder`, the
     actor's and the critic's each their own, whose ``cnn_features`` join the vectors in the named order.
+
+    With ``rnn_type`` the actor (``rnn_actor``) and the critic (``rnn_critic``) each read those features through
+    their own :class:`Memory` before their MLP; the state (:meth:`initial_state`) holds ``actor_h`` (and
+    ``actor_c`` for an LSTM) and ``critic_h`` (``critic_c``), each float32 ``[B, rnn_num_layers,
+    rnn_hidden_size]``.
 
     Args:
         observation_space: one env's flat ``gymnasium.spaces.Box`` (a vector, or one image), or a ``Dict`` of
@@ -434,7 +548,8 @@ class ActorCritic(Policy):
             nor a Dict of Box groups, an action space other than 1-D Box or Discrete; a setting out of its range (an
             unknown activation, a non-positive hidden size, an ``init_log_std`` outside ``[log_std_min,
             log_std_max]``, an ``actor_obs`` or ``critic_obs`` group the env does not have, an image the CNN
-            encoder cannot take: see :class:`CNNEncoder`), naming it.
+            encoder cannot take: see :class:`CNNEncoder`), naming it; an ``rnn_type`` that no network takes (the
+            actor's off with ``rnn_actor=False``, and no critic).
     """
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, **settings: Any) -> None:
@@ -487,14 +602,32 @@ class ActorCritic(Policy):
         """Features of the actor's MLP input (an image group counts its encoder's cnn_features)."""
         self.act_dim = act_out
         mlp = dict(hidden_sizes=cfg.hidden_sizes, activation=cfg.activation, layer_norm=cfg.layer_norm)
-        self.actor = MLP(self.obs_dim, out_dim=act_out, output_gain=0.01, **mlp)
+        critic_dim = width(self.critic_groups) if self.has_critic else 0
+
+        def memory(wanted: bool, in_dim: int) -> Memory | None:
+            if cfg.rnn_type is None or not wanted:
+                return None
+            return Memory(cfg.rnn_type, in_dim, cfg.rnn_hidden_size, cfg.rnn_num_layers)
+
+        self.actor_memory = memory(cfg.rnn_actor, self.obs_dim)
+        self.critic_memory = memory(cfg.rnn_critic and self.has_critic, critic_dim)
+        self.is_recurrent = self.actor_memory is not None or self.critic_memory is not None
+        if cfg.rnn_type is not None and not self.is_recurrent:
+            raise SettingError(
+                "rnn_actor",
+                False,
+                f" is not allowed with rnn_type={cfg.rnn_type!r}: {type(self).__name__} has no critic, so no "
+                "network would be recurrent; expected true (or rnn_type=None)",
+            )
+        actor_in = cfg.rnn_hidden_size if self.actor_memory is not None else self.obs_dim
+        self.actor = MLP(actor_in, out_dim=act_out, output_gain=0.01, **mlp)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_out,), cfg.init_log_std))
-        critic_dim = width(self.critic_groups) if self.has_critic else 0
         self._shared_input = not self.has_critic or (self.critic_groups == self.actor_groups and not self.image_groups)
         """Whether the critic's input is the actor's (the same vector groups, or no critic): computed once per
         forward. Images are not shared: the actor and the critic each have their own encoder."""
-        self.critic = MLP(critic_dim, out_dim=1, output_gain=1.0, **mlp) if self.has_critic else None
+        critic_in = cfg.rnn_hidden_size if self.critic_memory is not None else critic_dim
+        self.critic = MLP(critic_in, out_dim=1, output_gain=1.0, **mlp) if self.has_critic else None
         self.obs_normalizer: RunningMeanStd | nn.ModuleDict | None = None
         """One flat observation's normaliser, or (grouped) one per vector group the networks see, by group name
         (images are scaled by their encoder instead)."""
@@ -547,41 +680,115 @@ class ActorCritic(Policy):
             return torch.zeros(x.shape[:-1], device=x.device, dtype=x.dtype)
         return self.critic(x).squeeze(-1)
 
+    def _memories(self) -> list[tuple[str, Memory]]:
+        """``(network name, its core)`` of the recurrent networks, actor first."""
+        return [(net, m) for net, m in (("actor", self.actor_memory), ("critic", self.critic_memory)) if m is not None]
+
+    def _state(self, hidden: TensorDict, net: str) -> tuple[torch.Tensor, ...]:
+        """The state of ``net``'s core in ``hidden``: ``hidden[f"{net}_{name}"]`` in the core's order."""
+        memory = self.actor_memory if net == "actor" else self.critic_memory
+        return tuple(hidden[f"{net}_{name}"] for name in memory.state_names)
+
+    def _recur(
+        self, x: torch.Tensor, critic_x: torch.Tensor, td: TensorDict, sequences: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """The actor's and the critic's inputs through their cores from ``td["hidden"]``: one step (``[B]``), or
+        ``sequences`` ``[L, S]`` replayed from ``td["hidden"][0]`` with resets after ``td["done"]``; also the state
+        after them, by key."""
+        if not self.is_recurrent:
+            return x, critic_x, {}
+        hidden, new = td["hidden"], {}
+        starts = None
+        if sequences:
+            hidden, done = hidden[0], td["done"]
+            starts = torch.cat((torch.zeros_like(done[:1]), done[:-1]))
+        outs = []
+        for net, memory, features in (("actor", self.actor_memory, x), ("critic", self.critic_memory, critic_x)):
+            if memory is None:
+                outs.append(features)
+                continue
+            state = self._state(hidden, net)
+            out, state = memory.sequence(features, state, starts) if sequences else memory.step(features, state)
+            outs.append(out)
+            new.update({f"{net}_{name}": s for name, s in zip(memory.state_names, state)})
+        return outs[0], outs[1], new
+
     # ----------------------------------------------------------- interface
+    def initial_state(self, batch: int, device: torch.device | str | None = None) -> TensorDict | None:
+        """Zeros: ``actor_h``, ``critic_h`` (an LSTM's ``actor_c``, ``critic_c`` too) of the recurrent networks,
+        float32 ``[batch, rnn_num_layers, rnn_hidden_size]`` each; None for a feed-forward policy."""
+        from tensordict import TensorDict  # imported where used: see rlchain.commands.config
+
+        if not self.is_recurrent:
+            return None
+        if device is None:
+            device = next(self.parameters()).device
+        zeros = {
+            f"{net}_{name}": torch.zeros(batch, *memory.state_shape, device=device)
+            for net, memory in self._memories()
+            for name in memory.state_names
+        }
+        return TensorDict(zeros, batch_size=[batch], device=device)
+
     def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
-        """Write ``action``, ``sample_log_prob [B]`` and ``value [B]`` for ``td["obs"]`` into ``td`` and return it.
+        """Write ``action``, ``sample_log_prob [B]`` and ``value [B]`` for ``td["obs"]`` into ``td`` and return it;
+        a recurrent policy reads ``td["hidden"]`` and writes ``td["next_hidden"]``.
 
         ``deterministic`` takes the Gaussian mean or the most likely category.
         """
         x, critic_x = self._inputs(td["obs"])
+        x, critic_x, new = self._recur(x, critic_x, td, sequences=False)
         dist = self._distribution(x)
         if deterministic:
             action = dist.probs.argmax(-1) if self.discrete else dist.mean
         else:
             action = dist.sample()
         td["action"], td["sample_log_prob"], td["value"] = action, self._log_prob(dist, action), self._value(critic_x)
+        if self.is_recurrent:
+            td["next_hidden"] = type(td)(new, batch_size=td.batch_size)
         return td
 
     def deterministic_action(self, obs: Obs | dict[str, torch.Tensor]) -> torch.Tensor:
         """The Gaussian's mean (Box, ``[B, act_dim]``) or the most likely category (Discrete, ``[B]`` int64) for
         ``obs`` ``[B, obs_dim]`` (grouped: a dict or TensorDict holding at least the actor's groups),
-        observation normalisation included."""
+        observation normalisation included.
+
+        Raises:
+            NotImplementedError: a recurrent actor (it acts through :meth:`deterministic_step`).
+        """
+        if self.actor_memory is not None:
+            raise NotImplementedError("a recurrent actor acts through deterministic_step(obs, state)")
         out = self.actor(self._features(obs, self.actor_groups, self.actor_encoders))
         return out.argmax(-1) if self.discrete else out
 
+    def deterministic_step(
+        self, obs: Obs | dict[str, torch.Tensor], state: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """:meth:`deterministic_action` of a recurrent actor, from plain tensors: ``obs`` and the actor's state
+        (``actor_h``, and an LSTM's ``actor_c``, each float32 ``[B, rnn_num_layers, rnn_hidden_size]``) -> the
+        action and the actor's next state (traceable by ``torch.jit.trace`` and ``torch.onnx.export``)."""
+        x, state = self.actor_memory.step(self._features(obs, self.actor_groups, self.actor_encoders), state)
+        out = self.actor(x)
+        return (out.argmax(-1) if self.discrete else out), state
+
     def get_value(self, td: TensorDict) -> TensorDict:
-        """Write ``value`` ``[B]`` into ``td`` and return it."""
+        """Write ``value`` ``[B]`` into ``td`` and return it (a recurrent critic reads ``td["hidden"]``)."""
         if self.critic is None:  # zeros of the batch's shape
             td["value"] = self._value(self._features(td["obs"], self.actor_groups, self.actor_encoders))
-        else:
-            td["value"] = self._value(self._features(td["obs"], self.critic_groups, self.critic_encoders))
+            return td
+        x = self._features(td["obs"], self.critic_groups, self.critic_encoders)
+        if self.critic_memory is not None:
+            x, _ = self.critic_memory.step(x, self._state(td["hidden"], "critic"))
+        td["value"] = self._value(x)
         return td
 
     def evaluate_actions(self, td: TensorDict) -> TensorDict:
-        """Return a new TensorDict with differentiable ``sample_log_prob``, ``entropy``, ``value`` ``[B]``."""
+        """Return a new TensorDict with differentiable ``sample_log_prob``, ``entropy``, ``value`` of ``td``'s
+        batch shape: ``[B]``, or for a recurrent policy ``[L, S]`` sequences (see :class:`Policy`)."""
         from tensordict import TensorDict  # imported where used: see rlchain.commands.config
 
         x, critic_x = self._inputs(td["obs"])
+        x, critic_x, _ = self._recur(x, critic_x, td, sequences=True)
         dist = self._distribution(x)
         log_prob, entropy = self._log_prob(dist, td["action"]), self._entropy(dist)
         return TensorDict(

@@ -219,6 +219,7 @@ class Trainer:
         self.config = run_config or {}
         self.world: World = world()
         algorithm.check_env(env)
+        algorithm.check_rollout(cfg.rollout_steps)
         self.collector = SyncCollector(
             env, policy, cfg.rollout_steps, algorithm.reset_options, spread_episode_starts=cfg.spread_episode_starts
         )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlchain.console import notice
-from rlchain.core.buffer import minibatches
+from rlchain.core.buffer import minibatches, sequence_minibatches
 from rlchain.core.policies import Policy
 from rlchain.distributed import world
 from rlchain.settings import SettingError, Settings, setting
@@ -66,7 +66,8 @@ class AlgorithmConfig(Settings):
     n_epochs: int = setting(5, gt=0)
     """Passes over each rollout."""
     batch_size: int = setting(8192, gt=0)
-    """Samples (env transitions) per minibatch."""
+    """Samples (env transitions) per minibatch; for a recurrent policy, rounded down to whole sequences of
+    seq_len steps."""
     gamma: float = setting(0.99, ge=0, le=1)
     """Discount factor."""
     clip_coef: float = setting(0.2, gt=0)
@@ -83,6 +84,10 @@ class AlgorithmConfig(Settings):
     """Length of the linear schedule in updates (the trainer's iterations; read by the linear schedule only)."""
     seed: int = setting(0, ge=0, le=MAX_SEED)
     """Seed of the minibatch permutation."""
+    seq_len: int | None = setting(None, gt=0)
+    """Steps per training sequence of a recurrent policy (policy.rnn_type), each replayed from the state stored
+    at its first step; divides trainer.rollout_steps. None: whole rollouts (rollout_steps). Refused with a
+    feed-forward policy."""
 
     def check(self) -> None:
         """A schedule needs its parameter (adaptive a ``target_kl``, linear a ``total_iterations``), and a
@@ -168,12 +173,30 @@ class Algorithm:
     #: continue the episodes in progress; the trainer builds its collector with them.
     reset_options: dict[str, Any] | None = None
 
+    #: Whether :meth:`update` trains a recurrent policy on whole sequences (its minibatches from :meth:`_optimise`,
+    #: which cuts sequences for such a policy); an algorithm that does not is refused one.
+    trains_sequences: bool = False
+
     #: Float ``[B]`` keys the update adds to the rollout's before its minibatches (PPO's ``advantages`` and
     #: ``returns``); :meth:`compile`'s example minibatch has them as zeros.
     update_keys: tuple[str, ...] = ()
 
     def __init__(self, policy: Policy, cfg: AlgorithmConfig) -> None:
         self.policy, self.cfg = policy, cfg
+        self.recurrent = bool(getattr(policy, "is_recurrent", False))
+        """Whether the policy is recurrent: minibatches are whole sequences (:func:`~rlchain.core.buffer.sequence_minibatches`)."""
+        if self.recurrent and not self.trains_sequences:
+            rnn = getattr(getattr(policy, "cfg", None), "rnn_type", None)
+            raise SettingError(
+                "policy.rnn_type",
+                rnn,
+                f" is not allowed with {type(self).__name__}: its update trains on single steps, not on whole "
+                "sequences (Algorithm.trains_sequences); expected None (a feed-forward policy), or algorithm=ppo or grpo",
+            )
+        if cfg.seq_len is not None and not self.recurrent:
+            raise SettingError(
+                "seq_len", cfg.seq_len, " is not allowed with a feed-forward policy: expected None (or policy.rnn_type)"
+            )
         # fused: one kernel for every parameter's Adam step (on the CPU too).
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
         device = next(policy.parameters()).device
@@ -211,27 +234,74 @@ class Algorithm:
             lr = min(1e-2, lr * 1.5)
         self._set_lr(lr)
 
+    def check_rollout(self, rollout_steps: int) -> None:
+        """Raise :class:`~rlchain.settings.SettingError` if a recurrent policy's sequences cannot be cut from
+        rollouts of ``rollout_steps`` steps: a ``seq_len`` that does not divide them, or a ``batch_size`` below one
+        sequence. Nothing for a feed-forward policy."""
+        if not self.recurrent:
+            return
+        seq_len = self.seq_len(rollout_steps)
+        if rollout_steps % seq_len:
+            divisors = [d for d in range(1, rollout_steps + 1) if rollout_steps % d == 0]
+            raise SettingError(
+                "algorithm.seq_len",
+                seq_len,
+                f" does not divide trainer.rollout_steps={rollout_steps}: a recurrent policy trains on whole "
+                f"sequences; expected one of {divisors[-8:]} (or None: the whole rollout)",
+            )
+        if self.cfg.batch_size < seq_len:
+            raise SettingError(
+                "algorithm.batch_size",
+                self.cfg.batch_size,
+                f" is smaller than one sequence (seq_len {seq_len}): a recurrent policy's minibatches are whole "
+                f"sequences; expected batch_size >= {seq_len}, or a smaller algorithm.seq_len",
+            )
+
+    def seq_len(self, rollout_steps: int) -> int:
+        """Steps per training sequence: ``seq_len``, or the whole rollout."""
+        return self.cfg.seq_len if self.cfg.seq_len is not None else rollout_steps
+
+    def _minibatches(self, data: TensorDict, shuffled: bool = True):
+        """The update's minibatches of a ``[T, N]`` rollout: seeded random samples ``[B]``, or for a recurrent
+        policy whole sequences ``[seq_len, S]``; in order (every sample once, not shuffled) for ``shuffled=False``."""
+        if self.recurrent:
+            steps = data.batch_size[0]
+            generator = self.generator if shuffled else None
+            return sequence_minibatches(data, self.seq_len(steps), self.cfg.batch_size, generator)
+        if shuffled:
+            return minibatches(data, self.cfg.batch_size, self.generator)
+        flat = data.reshape(-1)
+        return (
+            flat[start : start + self.cfg.batch_size] for start in range(0, flat.batch_size[0], self.cfg.batch_size)
+        )
+
+    def _rollout_keys(self) -> tuple[str, ...]:
+        """The rollout keys a recurrent policy's update replays its sequences with (``hidden``, ``done``); none
+        for a feed-forward policy."""
+        return ("hidden", "done") if self.recurrent else ()
+
     @torch.no_grad()
     def _update_kl(self, data: TensorDict, weight: torch.Tensor | None) -> float:
         """Mean KL(rollout policy || current policy) over ``data``'s samples, weighted by ``weight``.
 
         Uses the ``(r - 1) - log r`` estimator (Schulman 2020) of the
         probability ratio ``r`` of each stored action; one forward pass over
-        ``data`` in chunks of ``batch_size``.
+        ``data`` in the update's minibatches, in order (a recurrent policy's whole sequences).
 
         Args:
-            data: the samples (any batch shape), with ``sample_log_prob`` at collection.
+            data: the ``[T, N]`` rollout's samples, with ``sample_log_prob`` at collection.
             weight: float, ``data``'s batch shape: each sample's weight (GRPO's live
                 mask), or None for every sample alike. 0 when every weight is 0.
         """
-        flat = data.reshape(-1)
-        weights = torch.ones(flat.batch_size, device=flat.device) if weight is None else weight.reshape(-1)
-        total = torch.zeros((), device=flat.device)
-        for start in range(0, flat.batch_size[0], self.cfg.batch_size):
-            chunk = flat[start : start + self.cfg.batch_size]
+        if weight is None:
+            weight = torch.ones(data.batch_size, device=data.device)
+        data = data.clone(False)
+        data.set("kl_weight", weight)
+        total = torch.zeros((), device=data.device)
+        for chunk in self._minibatches(data, shuffled=False):
             log_ratio = self.policy.evaluate_actions(chunk)["sample_log_prob"] - chunk["sample_log_prob"]
-            total += ((torch.expm1(log_ratio) - log_ratio) * weights[start : start + self.cfg.batch_size]).sum()
-        total, count = world().sum(torch.stack([total, weights.sum()]), "the all-reduce of update_kl")
+            total += ((torch.expm1(log_ratio) - log_ratio) * chunk["kl_weight"]).sum()
+        total, count = world().sum(torch.stack([total, weight.sum()]), "the all-reduce of update_kl")
         return float(total / count) if float(count) > 0 else 0.0
 
     def _step(self, loss: torch.Tensor) -> torch.Tensor:
@@ -304,7 +374,7 @@ class Algorithm:
         totals: dict[str, torch.Tensor] = {}
         count, epochs = 0, 0
         for _ in range(self.cfg.n_epochs):
-            for batch in minibatches(data, self.cfg.batch_size, self.generator):
+            for batch in self._minibatches(data):
                 terms = minibatch_loss(batch)
                 terms["grad_norm"] = self._step(terms.pop("loss"))
                 for key, value in terms.items():
@@ -340,8 +410,7 @@ class Algorithm:
         Raises:
             Exception: what compiling raises (e.g. torch's ``InductorError`` without a C++ compiler).
         """
-        flat = rollout.reshape(-1)
-        example = flat[: min(self.cfg.batch_size, flat.batch_size[0])].clone()
+        example = next(iter(self._minibatches(rollout, shuffled=False))).clone()
         for key in self.update_keys:
             example.set(key, torch.zeros(example.batch_size, device=example.device))
         self.minibatch_loss = torch.compile(self._minibatch_loss)

@@ -95,6 +95,7 @@ class GRPO(Algorithm):
             norm, reported term or parameter (see :class:`Algorithm`).
     """
 
+    trains_sequences = True
     update_keys = ("advantages", "mask")
 
     def __init__(self, policy: Policy, **settings: Any) -> None:
@@ -129,7 +130,7 @@ class GRPO(Algorithm):
     def update(self, rollout: TensorDict) -> dict[str, float]:
         """One GRPO update on a ``[T, N]`` rollout of an env that :meth:`check_env` accepted; see the class docstring."""
         advantages, mask = self.advantages(rollout)
-        data = rollout.select("obs", "action", "sample_log_prob").clone(False)
+        data = rollout.select("obs", "action", "sample_log_prob", *self._rollout_keys()).clone(False)
         data.set("advantages", advantages)
         data.set("mask", mask.float())
         stats, _ = self._optimise(data, self.minibatch_loss, weight=data["mask"])

@@ -129,6 +129,7 @@ class PPO(Algorithm):
             norm, reported term or parameter (see :class:`Algorithm`).
     """
 
+    trains_sequences = True
     update_keys = ("advantages", "returns")
 
     def __init__(self, policy: Policy, **settings: Any) -> None:
@@ -166,7 +167,7 @@ class PPO(Algorithm):
         if cfg.norm_adv:  # over every rank's rollout
             mean, var, _ = moments(advantages.reshape(-1), "the all-reduce of the advantages' mean and std")
             advantages = (advantages - mean) / (var.sqrt() + 1e-8)
-        data = rollout.select("obs", "action", "sample_log_prob", "value").clone(False)
+        data = rollout.select("obs", "action", "sample_log_prob", "value", *self._rollout_keys()).clone(False)
         data.set("advantages", advantages)
         data.set("returns", returns)
 

@@ -8,7 +8,10 @@ a pole of half-length 0.5 m and mass 0.1 kg on a 1 kg cart, a force of
 leaves +-2.4 m or the pole leans beyond +-12 degrees, and is truncated after
 500 steps. Every step, including the terminating one, earns reward 1.
 
-Observation ``[x (m), x_dot (m/s), theta (rad), theta_dot (rad/s)]``, float32.
+Observation ``[x (m), x_dot (m/s), theta (rad), theta_dot (rad/s)]``, float32;
+with ``hide_velocities`` only ``[x (m), theta (rad)]`` (sb3-contrib's
+``CartPoleNoVel-v1``: a task that needs memory, the velocities inferred from
+successive observations).
 Actions:
 
 * ``action_mode="discrete"``: ``Discrete(2)``, 0 pushes left and 1 right, as in
@@ -81,6 +84,8 @@ class CartPoleConfig(VecEnvConfig):
     """Time limit in steps (CartPole-v1: 500)."""
     force_mag: float = setting(10.0, gt=0)
     """Force of a full push, N."""
+    hide_velocities: bool = False
+    """Observe [x, theta] only (sb3-contrib's CartPoleNoVel-v1): a policy needs memory to infer the velocities."""
 
 
 GRAVITY = 9.8  # m/s^2
@@ -116,7 +121,7 @@ class CartPoleEnv(TorchVecEnv):
             ``device``, ``seed``, ``render_mode``, ``action_mode`` (see the module docstring),
             ``max_episode_steps``, ``force_mag``.
 
-    Shapes: observations float32 ``[N, 4]``; actions int64 ``[N]`` in {0, 1}
+    Shapes: observations float32 ``[N, 4]`` (``[N, 2]`` with ``hide_velocities``); actions int64 ``[N]`` in {0, 1}
     (discrete) or float32 ``[N, 1]`` (continuous); rewards float32 ``[N]``;
     terminated/truncated/success bool ``[N]``; frames of :meth:`render`
     (``render_mode="rgb_array"``) uint8 ``[K, 256, 384, 3]`` on ``device``.
@@ -145,6 +150,8 @@ class CartPoleEnv(TorchVecEnv):
         self.render_mode = cfg.render_mode
         self._canvas: tuple[torch.Tensor, ...] | None = None
         high = np.array([X_THRESHOLD * 2, np.inf, THETA_THRESHOLD * 2, np.inf], dtype=np.float32)
+        if cfg.hide_velocities:
+            high, self.observation_names = high[[0, 2]], ("x", "theta")
         action_space = (
             gym.spaces.Discrete(2) if cfg.action_mode == "discrete" else gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
         )
@@ -177,6 +184,8 @@ class CartPoleEnv(TorchVecEnv):
     observation_names = ("x", "x_dot", "theta", "theta_dot")
 
     def _observe(self) -> torch.Tensor:
+        if self.cfg.hide_velocities:
+            return torch.stack((self.x, self.theta), dim=-1)
         return torch.stack((self.x, self.x_dot, self.theta, self.theta_dot), dim=-1)
 
     # ------------------------------------------------------------------- step
