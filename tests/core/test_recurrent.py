@@ -256,3 +256,22 @@ def test_what_cannot_keep_sequences_whole_is_refused_naming_it():
         recurrent(env, cls=ActorOnly, rnn_actor=False)
     with pytest.raises(SettingError, match=r"rnn_type='lstm' is not allowed with rnn_actor=False and rnn_critic"):
         recurrent(env, "lstm", rnn_actor=False, rnn_critic=False)
+
+
+def test_a_recurrent_camera_actor_with_a_privileged_critic_replays_its_sequences():
+    """Groups and images: the actor's image encoder and vector group feed its LSTM, the privileged critic's state
+    feeds its own; collection and sequence replay agree."""
+    from rlchain.core.envs import PushCubeEnv
+
+    env = PushCubeEnv(num_envs=4, obs_mode="pixels_state", privileged_critic=True, image_size=32, episode_length=6)
+    cnn = dict(cnn_channels=[8, 8], cnn_kernel_sizes=[4, 3], cnn_strides=[2, 2], cnn_features=16)
+    policy = recurrent(env, "lstm", actor_obs=["image", "state"], **cnn)
+    assert set(policy.actor_encoders) == {"image"} and policy.critic_groups == ["critic"]
+    collector = SyncCollector(env, policy, 12)
+    data = collector.collect().data
+    assert data["obs"]["image"].dtype == torch.uint8 and data["done"][:-1].any()
+    (batch,) = sequence_minibatches(data, 12, 48, generator=None)
+    replayed = policy.evaluate_actions(batch)
+    torch.testing.assert_close(replayed["sample_log_prob"], data["sample_log_prob"])
+    torch.testing.assert_close(replayed["value"], data["value"])
+    PPO(policy, batch_size=24, n_epochs=1, seq_len=6).update(data)

@@ -17,6 +17,11 @@ log-std (as in PPO, Schulman et al. 2017); the sampled action is stored
 unclipped so its log-probability is exact, and the env clips it. Discrete
 actions use a Categorical over logits.
 
+A recurrent policy (``rnn_type``: a GRU or an LSTM before the actor's and/or the critic's MLP, :class:`Memory`)
+also reads its state ``td["hidden"]`` (a TensorDict ``[B]``) and writes ``td["next_hidden"]``; its
+``evaluate_actions`` takes sequences ``[L, S]`` (see :class:`Policy`), and
+:meth:`ActorCritic.deterministic_step` is what ``rlchain-export`` traces.
+
 Running observation normalisation (``obs_normalization=True``) keeps a mean
 and variance of the observations in buffers, so they travel with the
 ``state_dict`` and every checkpoint; they change only through
@@ -394,17 +399,20 @@ class Memory(nn.Module):
         (bool ``[L, S]``: the observation of step ``t`` begins an episode; ``starts[0]`` is not read, ``state``
         already holds that reset). Returns the outputs ``[L, S, hidden_size]`` and the state after the last step.
 
-        The same computation as :meth:`step` applied ``L`` times with those resets: the recurrence runs one step at
-        a time, so an episode that begins inside a sequence starts from zeros exactly as it did in collection.
+        The same computation as :meth:`step` applied ``L`` times with those resets: torch's RNN runs over the
+        steps between two steps where some sequence begins an episode, and the state is zeroed there (one host
+        read finds those steps).
         """
         native = self._native(state)
         keep = (~starts).to(x.dtype).unsqueeze(-1)  # [L, S, 1]
-        outs = []
-        for t in range(x.shape[0]):
-            if t:
-                native = tuple(s * keep[t] for s in native) if isinstance(native, tuple) else native * keep[t]
-            out, native = self.rnn(x[t : t + 1], native)
+        cuts = (starts[1:].any(-1).nonzero().flatten() + 1).tolist()
+        outs, begin = [], 0
+        for end in [*cuts, x.shape[0]]:
+            if begin:
+                native = tuple(s * keep[begin] for s in native) if isinstance(native, tuple) else native * keep[begin]
+            out, native = self.rnn(x[begin:end], native)
             outs.append(out)
+            begin = end
         return torch.cat(outs), self._batch_first(native)
 
     def _native(self, state: tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -766,7 +774,13 @@ class ActorCritic(Policy):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """:meth:`deterministic_action` of a recurrent actor, from plain tensors: ``obs`` and the actor's state
         (``actor_h``, and an LSTM's ``actor_c``, each float32 ``[B, rnn_num_layers, rnn_hidden_size]``) -> the
-        action and the actor's next state (traceable by ``torch.jit.trace`` and ``torch.onnx.export``)."""
+        action and the actor's next state (traceable by ``torch.jit.trace`` and ``torch.onnx.export``).
+
+        Raises:
+            NotImplementedError: a feed-forward actor (it acts through :meth:`deterministic_action`).
+        """
+        if self.actor_memory is None:
+            raise NotImplementedError("a feed-forward actor acts through deterministic_action(obs)")
         x, state = self.actor_memory.step(self._features(obs, self.actor_groups, self.actor_encoders), state)
         out = self.actor(x)
         return (out.argmax(-1) if self.discrete else out), state
