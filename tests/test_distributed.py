@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -344,8 +345,17 @@ def test_ctrl_c_at_torchrun_stops_both_ranks_after_the_same_iteration_and_saves_
     )
     wait_for(lambda: Path(f"{hold}.waiting").exists(), "rank 1 to hold its step", proc)
     proc.send_signal(signal.SIGINT)
+    # Rank 1 is let go once torchrun has forwarded the signal to both ranks (its log says so): released at once,
+    # it could end its iteration before the signal reached it.
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: [lines.append(line) for line in proc.stderr], daemon=True)
+    reader.start()
+    wait_for(lambda: "".join(lines).count("closing signal SIGINT") == 2, "torchrun to forward SIGINT", proc)
     hold.unlink()
-    out, err = proc.communicate(timeout=120)
+    out = proc.stdout.read()
+    proc.wait(120)
+    reader.join(120)
+    err = "".join(lines)
     assert proc.returncode != 0
     run = tmp_path / "run"
     summary = summary_of(run)

@@ -94,7 +94,7 @@ def test_help_and_cfg_job(tmp_path):
     for text in (
         "algorithm: grpo, ppo\n",
         "env: cart_pole, gym, maniskill, mjlab, push_cube\n",
-        "experiment: cart_pole_grpo, cart_pole_ppo, gym_cart_pole_ppo, gym_half_cheetah_ppo, gym_hopper_ppo, "
+        "experiment: cart_pole_grpo, cart_pole_no_vel_ppo, cart_pole_ppo, gym_cart_pole_ppo, gym_half_cheetah_ppo, gym_hopper_ppo, "
         "gym_pendulum_ppo, gym_walker2d_ppo, maniskill_push_cube_ppo, mjlab_cartpole_balance_ppo, "
         "mjlab_cartpole_swingup_ppo, mjlab_go1_flat_ppo, mjlab_lift_cube_ppo, push_cube_grpo, push_cube_pixels_ppo, "
         "push_cube_ppo",

@@ -240,7 +240,7 @@ class Algorithm:
         sequence. Nothing for a feed-forward policy."""
         if not self.recurrent:
             return
-        seq_len = self.seq_len(rollout_steps)
+        seq_len = self._seq_len(rollout_steps)
         if rollout_steps % seq_len:
             divisors = [d for d in range(1, rollout_steps + 1) if rollout_steps % d == 0]
             raise SettingError(
@@ -257,7 +257,7 @@ class Algorithm:
                 f"sequences; expected batch_size >= {seq_len}, or a smaller algorithm.seq_len",
             )
 
-    def seq_len(self, rollout_steps: int) -> int:
+    def _seq_len(self, rollout_steps: int) -> int:
         """Steps per training sequence: ``seq_len``, or the whole rollout."""
         return self.cfg.seq_len if self.cfg.seq_len is not None else rollout_steps
 
@@ -267,7 +267,7 @@ class Algorithm:
         if self.recurrent:
             steps = data.batch_size[0]
             generator = self.generator if shuffled else None
-            return sequence_minibatches(data, self.seq_len(steps), self.cfg.batch_size, generator)
+            return sequence_minibatches(data, self._seq_len(steps), self.cfg.batch_size, generator)
         if shuffled:
             return minibatches(data, self.cfg.batch_size, self.generator)
         flat = data.reshape(-1)
