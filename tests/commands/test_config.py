@@ -305,6 +305,8 @@ def test_task_presets_train_with_a_tiny_budget(compose_cfg, preset):
     cfg.env["episode_length" if "episode_length" in cfg.env else "max_episode_steps"] = 8
     if cfg.env._target_.endswith("MjlabEnv"):  # the robots' 4096 envs are for a GPU: 16 here
         cfg.env.num_envs, cfg.algorithm.batch_size = 16, 64
+    if cfg.env._target_.endswith("ManiSkillEnv"):  # a process per env on the CPU: 2 here
+        cfg.env.num_envs = 2
     summary = build(cfg).train()
     assert summary.status == "completed" and summary.global_step == 2 * 8 * cfg.env.num_envs
     assert summary.objective == summary.final[summary.objective_name]

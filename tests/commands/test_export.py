@@ -292,18 +292,10 @@ def test_a_grouped_policy_whose_one_group_is_named_obs_exports_it_as_a_group(tmp
 def _recurrent_cart_pole(rnn_type: str):
     """CartPole without velocities (continuous force) and a recurrent policy whose actions its state moves."""
     from rlchain.core.envs import CartPoleEnv
-    from rlchain.core.policies import ActorCritic
+    from tests.helpers.recurrent import recurrent
 
     env = CartPoleEnv(num_envs=3, seed=0, hide_velocities=True, action_mode="continuous")
-    torch.manual_seed(0)
-    policy = ActorCritic(
-        env.single_observation_space,
-        env.single_action_space,
-        rnn_type=rnn_type,
-        rnn_hidden_size=8,
-        rnn_num_layers=2,
-        hidden_sizes=[16],
-    )
+    policy = recurrent(env, rnn_type)
     with torch.no_grad():
         policy.actor[-1].weight.mul_(100.0)  # the head's initial gain is 0.01: actions that depend on the state
         policy.obs_normalizer.update(torch.randn(64, 2) * 0.1)

@@ -16,6 +16,7 @@ from rlchain.core.evaluation import evaluate
 from rlchain.core.policies import ActorCritic, ActorOnly
 from rlchain.run.trainer import Trainer
 from rlchain.settings import SettingError
+from tests.helpers.recurrent import recurrent
 
 #: actor and critic recurrent, only the actor, only the critic.
 NETWORKS = [dict(), dict(rnn_critic=False), dict(rnn_actor=False)]
@@ -24,19 +25,6 @@ NETWORKS = [dict(), dict(rnn_critic=False), dict(rnn_actor=False)]
 def no_velocities(num_envs: int = 6, seed: int = 0, **settings) -> CartPoleEnv:
     """CartPole without its velocities; a 10-step limit, so that rollouts hold truncations as well as falls."""
     return CartPoleEnv(num_envs=num_envs, seed=seed, hide_velocities=True, max_episode_steps=10, **settings)
-
-
-def recurrent(env, rnn_type: str = "gru", cls=ActorCritic, **settings):
-    torch.manual_seed(0)
-    return cls(
-        env.single_observation_space,
-        env.single_action_space,
-        rnn_type=rnn_type,
-        rnn_hidden_size=8,
-        rnn_num_layers=2,
-        hidden_sizes=[16],
-        **settings,
-    )
 
 
 def magnitude(state: TensorDict) -> float:
