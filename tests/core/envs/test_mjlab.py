@@ -235,10 +235,12 @@ def test_a_run_on_a_task_trains_with_videos_and_is_evaluated_and_exported_withou
     assert json.loads((run / "summary.json").read_text())["status"] == "completed"
     (video,) = sorted((run / "videos").glob("*.mp4"))[-1:]
     assert iio.imread(video).shape[1:] == (240, 320, 3)  # every frame: the task's viewer size
-    evaluated = run_cli([str(run), "num_episodes=4"], tmp_path, module="rlchain.commands.eval", timeout=600)
-    assert evaluated.returncode == 0, evaluated.stderr
-    exported = run_cli([str(run), "format=torchscript"], tmp_path, module="rlchain.commands.export", timeout=600)
-    assert exported.returncode == 0, exported.stderr
+    # rlchain-eval and rlchain-export in this process (the commands' own subprocesses are tested elsewhere)
+    from rlchain.commands import eval as eval_command
+    from rlchain.commands import export as export_command
+
+    assert eval_command.main([str(run), "num_episodes=4"]) == 0
+    assert export_command.main([str(run), "format=torchscript"]) == 0
     files = {"rlchain.json": ""}
     torch.jit.load(str(run / "checkpoints" / "best.torchscript.pt"), _extra_files=files)
     metadata = json.loads(files["rlchain.json"])
