@@ -220,6 +220,11 @@ def _space(space: gym.Space) -> dict[str, Any]:
     }
 
 
+def _state_output(name: str) -> str:
+    """The output that returns the next value of a state input: ``h_in`` -> ``h_out``."""
+    return name.removesuffix("_in") + "_out"
+
+
 def metadata_of(
     env: Any,
     checkpoint: Path,
@@ -252,7 +257,7 @@ def metadata_of(
         "meaning": "the likeliest category" if discrete else "the Gaussian's mean, clipped to the Box",
     }
     state_in = [{"name": n, "dtype": "float32", "shape": ["B", *shape]} for n, shape in (state or {}).items()]
-    state_out = [{**entry, "name": entry["name"][: -len("_in")] + "_out"} for entry in state_in]
+    state_out = [{**entry, "name": _state_output(entry["name"])} for entry in state_in]
     recurrent = {
         "inputs": state_in,
         "outputs": state_out,
@@ -318,7 +323,7 @@ def export_policy(
     example = tuple(torch.zeros(2, *box.shape, dtype=observations.dtype(box)) for box in inputs.values())
     example += tuple(torch.zeros(2, *shape) for shape in state.values())
     names = list(inputs) + list(state)
-    outputs = ["action"] + [name[: -len("_in")] + "_out" for name in state]
+    outputs = ["action"] + [_state_output(name) for name in state]
     try:
         module(*example)
     except NotImplementedError as err:
@@ -425,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if state:
         shown += ", " + ", ".join(f"{name} float32 [B, {', '.join(map(str, shape))}]" for name, shape in state.items())
-    after = "".join(f", {name[: -len('_in')]}_out" for name in state)
+    after = "".join(f", {_state_output(name)}" for name in state)
     print(
         f"rlchain-export: wrote {path} ({cfg.format}; {shown} -> action{after}; "
         f"{run.checkpoint}, global_step {run.global_step:,})",

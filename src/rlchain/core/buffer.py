@@ -51,8 +51,8 @@ class RolloutBuffer:
     hidden              f32 [T,N,...]       recurrent policy only: its state before step
                                             ``t`` (zeros at an episode's first step), a
                                             TensorDict of the keys of ``initial_state``
-    final_hidden        f32 [T,N,...]       recurrent critic only: on done rows, the
-                                            critic's state after the step, the one
+    final_hidden        f32 [T,N,...]       recurrent policy with a critic only: on done
+                                            rows, the state after the step, the one
                                             that would see ``final_obs`` (bootstrapping)
     ==================  ==================  =============================================
 
@@ -66,7 +66,7 @@ class RolloutBuffer:
             image that the critic does not read then takes no second copy.
         hidden: a recurrent policy's state of the ``N`` envs (:meth:`~rlchain.core.policies.Policy.initial_state`),
             or None: no ``hidden`` storage.
-        final_hidden_keys: the keys of ``hidden`` that ``final_hidden`` keeps (the critic's); empty: none.
+        final_hidden: with ``hidden``, whether to store ``final_hidden`` too (a policy with a critic).
 
     Raises:
         SettingError: a non-positive ``rollout_steps``.
@@ -81,7 +81,7 @@ class RolloutBuffer:
         device: torch.device | str,
         final_obs_groups: Sequence[str] | None = None,
         hidden: TensorDict | None = None,
-        final_hidden_keys: Sequence[str] = (),
+        final_hidden: bool = False,
     ) -> None:
         from tensordict import TensorDict  # imported where used: see rlchain.config
 
@@ -115,8 +115,8 @@ class RolloutBuffer:
         )
         if hidden is not None:
             self.data["hidden"] = hidden.expand(t, n).clone().zero_()
-            if final_hidden_keys:
-                self.data["final_hidden"] = self.data["hidden"].select(*final_hidden_keys).clone()
+            if final_hidden:
+                self.data["final_hidden"] = self.data["hidden"].clone()
 
 
 def minibatches(data: TensorDict, batch_size: int, generator: torch.Generator) -> Iterator[TensorDict]:

@@ -17,7 +17,7 @@ from rlchain.settings import SettingError
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["EpisodeWindow", "Episodes", "Rollout", "SyncCollector", "kept_state", "step_env"]
+__all__ = ["EpisodeWindow", "Episodes", "Rollout", "SyncCollector", "kept_state", "policy_input", "step_env"]
 
 #: The rollout keys the step loop copies when the policy has acted, and when the env has stepped (``done`` it
 #: computes in place); ``obs`` stands for every group of a grouped observation, ``final_obs`` for the critic's.
@@ -81,6 +81,15 @@ def step_env(env: VecEnv, obs: Obs, action: torch.Tensor) -> tuple:
         ) from err
 
 
+def policy_input(obs: Obs, hidden: TensorDict | None) -> TensorDict:
+    """What the policy acts on: ``obs`` ``[B, ...]`` (a tensor or a TensorDict of groups) and, for a recurrent
+    policy, its state ``hidden`` (None for a feed-forward one), a TensorDict of batch size ``[B]``."""
+    from tensordict import TensorDict  # imported where used: see rlchain.commands.config
+
+    batch = [leaves(obs)[0].shape[0]]
+    return TensorDict({"obs": obs} if hidden is None else {"obs": obs, "hidden": hidden}, batch_size=batch)
+
+
 def kept_state(hidden: TensorDict, keep: torch.Tensor) -> TensorDict:
     """A recurrent policy's state ``hidden`` (batch size ``[N]``) zeroed in the envs where ``keep`` (bool or 0/1
     ``[N]``) is false, those whose episode ended (their next observation is a new episode's first): new tensors, no
@@ -137,8 +146,8 @@ class SyncCollector:
     step and across rollouts, stores before each step (``hidden``) and zeroes
     where an episode ended (the state that sees the auto-reset's first
     observation is fresh); a reset of every env zeroes it too. A done row's
-    ``V(final_obs)`` reads the critic's state after that step
-    (``final_hidden``), the state that would have seen ``final_obs``.
+    ``V(final_obs)`` reads the state after that step (``final_hidden``), the
+    state that would have seen ``final_obs``.
 
     Args:
         env: a :class:`rlchain.core.envs.base.VecEnv`.
@@ -201,10 +210,8 @@ class SyncCollector:
         if self._groups is not None:
             critic = getattr(policy, "critic_groups", None) if policy.has_critic else ()
             self._final_groups = tuple(g for g in self._groups if critic is None or g in critic)
-        self.recurrent = bool(getattr(policy, "is_recurrent", False))
-        """Whether the policy carries a state per env (``hidden``)."""
-        hidden = policy.initial_state(env.num_envs, env.device) if self.recurrent else None
-        final_keys = tuple(k for k in hidden.keys() if k.startswith("critic_")) if hidden is not None else ()
+        recurrent = getattr(policy, "is_recurrent", False)
+        hidden = policy.initial_state(env.num_envs, env.device) if recurrent else None
         self.buffer = RolloutBuffer(
             rollout_steps,
             env.num_envs,
@@ -213,7 +220,7 @@ class SyncCollector:
             env.device,
             final_obs_groups=self._final_groups,
             hidden=hidden,
-            final_hidden_keys=final_keys if policy.has_critic else (),
+            final_hidden=policy.has_critic,
         )
         # The storage's rows, one view per step and key, made once: each step is written into place.
         data = self.buffer.data
@@ -223,10 +230,9 @@ class SyncCollector:
         self._hidden: TensorDict | None = hidden
         """Each env's state before the next step (a recurrent policy's; None otherwise)."""
         self._hidden_keys = tuple(hidden.keys()) if hidden is not None else ()
-        self._final_hidden_keys = final_keys if "final_hidden" in data.keys() else ()
         self._hidden_rows = _rows(data, ("hidden",), {"hidden": self._hidden_keys}) if hidden is not None else []
         self._final_hidden_rows = (
-            _rows(data, ("final_hidden",), {"final_hidden": self._final_hidden_keys}) if self._final_hidden_keys else []
+            _rows(data, ("final_hidden",), {"final_hidden": self._hidden_keys}) if "final_hidden" in data.keys() else []
         )
         n, dev = env.num_envs, env.device
         self._obs: Obs | None = None
@@ -247,7 +253,7 @@ class SyncCollector:
         self.act = torch.compile(self.policy.get_action)
         obs = self.buffer.data["obs"][0].clone().zero_()
         with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
-            self.act(self._acting(obs, self._hidden))
+            self.act(policy_input(obs, self._hidden))
 
     @torch.no_grad()
     def collect(self) -> Rollout:
@@ -283,7 +289,7 @@ class SyncCollector:
         for t, (acted, stepped, (done_row, ret_row, length_row)) in enumerate(
             zip(self._acted_rows, self._stepped_rows, self._tally_rows)
         ):
-            step = self.act(self._acting(obs, hidden))
+            step = self.act(policy_input(obs, hidden))
             action = step["action"]
             # Stored before the env steps: an env may reuse its buffers for the next step.
             torch._foreach_copy_(acted, (*leaves(obs, self._groups), action, step["sample_log_prob"], step["value"]))
@@ -291,7 +297,7 @@ class SyncCollector:
                 torch._foreach_copy_(self._hidden_rows[t], leaves(hidden, self._hidden_keys))
                 hidden = step["next_hidden"]
                 if self._final_hidden_rows:
-                    torch._foreach_copy_(self._final_hidden_rows[t], leaves(hidden, self._final_hidden_keys))
+                    torch._foreach_copy_(self._final_hidden_rows[t], leaves(hidden, self._hidden_keys))
             next_obs, reward, terminated, truncated, info = step_env(env, obs, action)
             torch._foreach_copy_(
                 stepped,
@@ -330,22 +336,14 @@ class SyncCollector:
         if not self.policy.has_critic:
             next_value.zero_()
             return
-        value = lambda x, h: self.policy.get_value(self._acting(x, h))["value"]  # noqa: E731
+        value = lambda x, h: self.policy.get_value(policy_input(x, h))["value"]  # noqa: E731
         next_value[:-1].copy_(data["value"][1:])
         next_value[-1].copy_(value(last_obs, self._hidden))
         # One host read per rollout: which rows ended (their count sizes the forward).
         ended = data["done"].nonzero(as_tuple=True)
         if ended[0].numel():
-            final_hidden = data["final_hidden"][ended] if self._final_hidden_keys else None
+            final_hidden = data["final_hidden"][ended] if self._final_hidden_rows else None
             next_value[ended] = value(data["final_obs"][ended], final_hidden)
-
-    @staticmethod
-    def _acting(obs: Obs, hidden: TensorDict | None) -> TensorDict:
-        """The policy's input: ``obs`` ``[B, ...]`` and, for a recurrent policy, its state ``hidden``."""
-        from tensordict import TensorDict  # imported where used: see rlchain.commands.config
-
-        batch = [leaves(obs)[0].shape[0]]
-        return TensorDict({"obs": obs} if hidden is None else {"obs": obs, "hidden": hidden}, batch_size=batch)
 
     def _restart_episodes(self) -> None:
         """Carry no episode (and no recurrent state) into the next rollout (every env was just reset)."""

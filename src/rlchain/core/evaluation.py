@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from rlchain.console import error_line
-from rlchain.core.collector import kept_state, step_env
+from rlchain.core.collector import kept_state, policy_input, step_env
 from rlchain.core.envs.base import VecEnv
 from rlchain.core.policies import Policy
 from rlchain.settings import SettingError
@@ -179,8 +179,6 @@ def evaluate(
             ``max_episode_steps`` steps.
         ValueError: ``video_episodes`` above ``N``.
     """
-    from tensordict import TensorDict  # imported where used: see rlchain.commands.config
-
     n, dev = env.num_envs, env.device
     if video_episodes > n:
         raise ValueError(
@@ -202,8 +200,7 @@ def evaluate(
     max_steps = per_env * episode_limit  # every env ends an episode at least every max_episode_steps steps
     for step in range(1, max_steps + 1):
         video.capture()
-        td = TensorDict({"obs": obs} if hidden is None else {"obs": obs, "hidden": hidden}, batch_size=[n])
-        td = policy.get_action(td, deterministic=deterministic)
+        td = policy.get_action(policy_input(obs, hidden), deterministic=deterministic)
         obs, reward, terminated, truncated, info = step_env(env, obs, td["action"])
         done = terminated | truncated
         if hidden is not None:  # a fresh state where an episode ended (the env reset it)
