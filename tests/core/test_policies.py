@@ -88,6 +88,29 @@ def test_actor_only_has_no_critic_and_zero_value():
         PPO(policy)
 
 
+@pytest.mark.parametrize("ortho_init", [True, False])
+def test_mlp_init_is_orthogonal_or_torchs_default(ortho_init):
+    # ortho_init=False keeps nn.Linear's own init (rsl_rl's networks): the same seed gives the same weights as
+    # plain nn.Linear layers made in the same order; the default is orthogonal (gain sqrt 2, heads 0.01 and 1,
+    # zero biases).
+    obs_space, act_space = gym.spaces.Box(-1, 1, (5,), np.float32), gym.spaces.Box(-1, 1, (2,), np.float32)
+    torch.manual_seed(3)
+    policy = ActorCritic(obs_space, act_space, hidden_sizes=[16, 8], ortho_init=ortho_init, obs_normalization=False)
+    torch.manual_seed(3)
+    plain = [torch.nn.Linear(i, o) for i, o in ((5, 16), (16, 8), (8, 2), (5, 16), (16, 8), (8, 1))]
+    layers = [m for net in (policy.actor, policy.critic) for m in net if isinstance(m, torch.nn.Linear)]
+    assert len(layers) == len(plain)
+    for layer, reference in zip(layers, plain):
+        assert torch.equal(layer.weight, reference.weight) == (not ortho_init)
+        assert torch.equal(layer.bias, reference.bias) == (not ortho_init)
+    if ortho_init:
+        for layer, gain in zip(layers, (math.sqrt(2), math.sqrt(2), 0.01, math.sqrt(2), math.sqrt(2), 1.0)):
+            w = layer.weight
+            rows_orthonormal = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w  # gain^2 * identity
+            torch.testing.assert_close(rows_orthonormal, gain**2 * torch.eye(min(w.shape)))
+            assert not layer.bias.any()
+
+
 def test_log_std_is_clamped():
     policy = ActorCritic(
         gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32), log_std_max=0.5

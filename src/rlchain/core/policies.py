@@ -87,6 +87,9 @@ class ActorCriticConfig(Settings):
     """One of relu, elu, tanh, gelu, silu, leaky_relu."""
     layer_norm: bool = False
     """LayerNorm after every hidden linear layer."""
+    ortho_init: bool = True
+    """Orthogonal weights and zero biases in the actor's and the critic's MLP (see :class:`MLP`; CleanRL's and
+    SB3's init); false: PyTorch's default init of ``nn.Linear`` (rsl_rl's, which mjlab registers for its tasks)."""
     init_log_std: float = -0.5
     """Initial log standard deviation of the Gaussian (Box actions)."""
     log_std_min: float = -5.0
@@ -200,11 +203,12 @@ def bounded(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
 
 
 class MLP(nn.Sequential):
-    """Multi-layer perceptron with orthogonal initialisation.
+    """Multi-layer perceptron, orthogonally initialised by default.
 
-    Hidden layers get orthogonal weights with gain sqrt(2) and zero biases; the
-    output layer gets gain ``output_gain`` (0.01 for policy heads, 1 for value
-    heads, as in CleanRL's PPO).
+    With ``ortho_init``, hidden layers get orthogonal weights with gain sqrt(2) and zero biases, and the output
+    layer gain ``output_gain`` (0.01 for policy heads, 1 for value heads, as in CleanRL's PPO and SB3); without,
+    every layer keeps PyTorch's default init of ``nn.Linear`` (weights and biases uniform in
+    ``±1/sqrt(fan_in)``, as rsl_rl's networks).
 
     Args:
         in_dim: input features.
@@ -212,7 +216,8 @@ class MLP(nn.Sequential):
         out_dim: output features.
         activation: name in :data:`ACTIVATIONS`.
         layer_norm: LayerNorm after every hidden linear layer.
-        output_gain: orthogonal gain of the last layer.
+        output_gain: orthogonal gain of the last layer (with ``ortho_init``).
+        ortho_init: orthogonal init (see above); False: PyTorch's default.
 
     Shapes: ``[B, in_dim] -> [B, out_dim]``.
     """
@@ -225,21 +230,24 @@ class MLP(nn.Sequential):
         activation: str = "elu",
         layer_norm: bool = False,
         output_gain: float = 1.0,
+        ortho_init: bool = True,
     ) -> None:
         layers: list[nn.Module] = []
         last = in_dim
         for width in hidden_sizes:
             linear = nn.Linear(last, width)
-            nn.init.orthogonal_(linear.weight, math.sqrt(2))
-            nn.init.zeros_(linear.bias)
+            if ortho_init:
+                nn.init.orthogonal_(linear.weight, math.sqrt(2))
+                nn.init.zeros_(linear.bias)
             layers.append(linear)
             if layer_norm:
                 layers.append(nn.LayerNorm(width))
             layers.append(ACTIVATIONS[activation]())
             last = width
         head = nn.Linear(last, out_dim)
-        nn.init.orthogonal_(head.weight, output_gain)
-        nn.init.zeros_(head.bias)
+        if ortho_init:
+            nn.init.orthogonal_(head.weight, output_gain)
+            nn.init.zeros_(head.bias)
         layers.append(head)
         super().__init__(*layers)
 
@@ -609,7 +617,12 @@ class ActorCritic(Policy):
         self.obs_dim = width(self.actor_groups)
         """Features of the actor's MLP input (an image group counts its encoder's cnn_features)."""
         self.act_dim = act_out
-        mlp = dict(hidden_sizes=cfg.hidden_sizes, activation=cfg.activation, layer_norm=cfg.layer_norm)
+        mlp = dict(
+            hidden_sizes=cfg.hidden_sizes,
+            activation=cfg.activation,
+            layer_norm=cfg.layer_norm,
+            ortho_init=cfg.ortho_init,
+        )
         critic_dim = width(self.critic_groups) if self.has_critic else 0
 
         def memory(wanted: bool, in_dim: int) -> Memory | None:
