@@ -41,6 +41,7 @@ PPO_SETTINGS = dict(n_epochs=2, learning_rate=1e-3, ent_coef=0.01)
 GROUPS = {"privileged_critic": True, "obs_noise_std": 0.05}
 #: A recurrent policy (an LSTM actor and critic), trained on whole rollouts of each env.
 RECURRENT = {"rnn_type": "lstm", "rnn_hidden_size": 16}
+ADAPTIVE = {"lr_schedule": "adaptive_minibatch", "target_kl": 1e-4}
 
 
 def _free_port() -> int:
@@ -60,14 +61,24 @@ def _rollout_and_policy(policy_settings=None, **env_settings):
     return collector.collect().data.clone(), policy
 
 
-def _updates(policy, data, batch_size: int) -> list[dict]:
-    """``UPDATES`` PPO updates on ``data``; the parameters and buffers after each, and the update's terms."""
-    ppo = PPO(policy, batch_size=batch_size, **PPO_SETTINGS)
+def _updates(policy, data, batch_size: int, **settings) -> list[dict]:
+    """``UPDATES`` PPO updates on ``data`` (:data:`PPO_SETTINGS`, then ``settings``); the parameters and buffers
+    after each, and the update's terms."""
+    ppo = PPO(policy, batch_size=batch_size, **{**PPO_SETTINGS, **settings})
     after = []
     for _ in range(UPDATES):
         stats = ppo.update(data)
         after.append({"state": {k: v.clone() for k, v in policy.state_dict().items()}, "stats": stats})
     return after
+
+
+def _skewed_rollout_and_policy() -> tuple[TensorDict, ActorCritic]:
+    """The rollout of :func:`_rollout_and_policy` with the log-probs of rank 1's half raised by 0.5: the KL from the
+    rollout policy is 0 on rank 0's half before the first step and about 0.1 on rank 1's, so rsl_rl's schedule raises
+    the rate on rank 0's KL alone and lowers it on rank 1's alone or on their mean."""
+    data, policy = _rollout_and_policy()
+    data["sample_log_prob"][:, NUM_ENVS // 2 :] += 0.5
+    return data, policy
 
 
 def _grpo_rollout() -> TensorDict:
@@ -120,6 +131,10 @@ def _rank(rank: int, port: int, out: str) -> None:
     data, policy = _rollout_and_policy(RECURRENT)
     mine = data[:, rank * half : (rank + 1) * half].clone()
     torch.save(_updates(policy, mine, batch_size=STEPS * half), Path(out) / f"recurrent{rank}.pt")
+    # rsl_rl's schedule: the rate of every step from the minibatch's KL, the mean over the ranks.
+    data, policy = _skewed_rollout_and_policy()
+    mine = data[:, rank * half : (rank + 1) * half].clone()
+    torch.save(_updates(policy, mine, batch_size=STEPS * half, **ADAPTIVE), Path(out) / f"adaptive{rank}.pt")
     distributed.shutdown()
 
 
@@ -178,6 +193,16 @@ def test_two_ranks_keep_one_policy_and_update_as_one_process_on_all_the_envs(tmp
         for name, value in ref["state"].items():
             assert torch.equal(a["state"][name], b["state"][name]), (update, name)
             torch.testing.assert_close(a["state"][name], value, rtol=0, atol=1e-6, msg=f"recurrent {update}: {name}")
+    data, policy = _skewed_rollout_and_policy()
+    reference = _updates(policy, data, batch_size=STEPS * NUM_ENVS, **ADAPTIVE)
+    adaptive0, adaptive1 = (torch.load(tmp_path / f"adaptive{r}.pt", weights_only=True) for r in range(2))
+    rates = [ref["stats"]["learning_rate"] for ref in reference]
+    assert len(set(rates)) > 1  # the rate moved
+    for update, (a, b, ref) in enumerate(zip(adaptive0, adaptive1, reference)):
+        assert a["stats"]["learning_rate"] == b["stats"]["learning_rate"] == pytest.approx(rates[update], rel=1e-9)
+        for name, value in ref["state"].items():
+            assert torch.equal(a["state"][name], b["state"][name]), (update, name)
+            torch.testing.assert_close(a["state"][name], value, rtol=0, atol=1e-6, msg=f"adaptive {update}: {name}")
 
 
 @pytest.mark.slow

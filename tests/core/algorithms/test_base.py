@@ -59,6 +59,51 @@ def test_the_adaptive_rate_follows_the_kl_the_update_caused(algo):
     assert stats["update_kl"] == pytest.approx(kl.mean().item(), rel=1e-2) and stats["update_kl"] > 1e-9
 
 
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_adaptive_minibatch_sets_each_steps_rate_from_that_minibatchs_kl(algo):
+    # rsl_rl's rule, against a plain replay of it: before every optimiser step the rate is multiplied by 1.5 when
+    # the minibatch's KL from the rollout policy is below target/2, divided by 1.5 above 2 * target, clamped to
+    # [1e-5, 1e-2]. A tiny target makes it fall within the update, as soon as the first step has moved the policy.
+    torch.manual_seed(0)
+    make = ActorCritic if algo == "ppo" else ActorOnly
+    env = LineEnv(num_envs=8, max_episode_steps=4)
+    policy = make(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    reset = {"group_size": 4} if algo == "grpo" else None
+    rollout = SyncCollector(env, policy, 4, reset_options=reset).collect().data
+    settings = dict(learning_rate=1e-3, lr_schedule="adaptive_minibatch", target_kl=1e-6, batch_size=8, n_epochs=2)
+    algorithm = PPO(policy, **settings) if algo == "ppo" else GRPO(policy, group_size=4, **settings)
+    kls, rates = [], []
+    loss = algorithm.minibatch_loss
+
+    def recording_loss(batch):
+        terms = loss(batch)
+        kls.append(terms["approx_kl"].item())
+        return terms
+
+    step = algorithm.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        rates.append(algorithm.current_lr)
+        return step(*args, **kwargs)
+
+    algorithm.minibatch_loss, algorithm.optimizer.step = recording_loss, recording_step
+    stats = algorithm.update(rollout)
+    assert len(kls) == len(rates) == 8 and "update_kl" not in stats
+    expected, lr = [], 1e-3
+    for kl in kls:
+        lr = max(1e-5, lr / 1.5) if kl > 2e-6 else min(1e-2, lr * 1.5) if kl < 0.5e-6 else lr
+        expected.append(lr)
+    assert rates == pytest.approx(expected, rel=1e-12)
+    assert kls[0] == pytest.approx(0.0, abs=1e-7) and rates[0] == pytest.approx(1.5e-3)  # the rollout policy
+    assert rates[-1] < rates[0] and stats["learning_rate"] == pytest.approx(rates[-1])
+
+
+def test_adaptive_minibatch_needs_a_target_kl():
+    policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32))
+    with pytest.raises(ValueError, match=r"^target_kl=None is not allowed with lr_schedule='adaptive_minibatch'"):
+        PPO(policy, lr_schedule="adaptive_minibatch")
+
+
 # 4. stop_at_target_kl tests the KL of the epoch's last minibatch (CleanRL), not the epoch's mean.
 def test_the_kl_stop_reads_the_epochs_last_minibatch():
     policy = ActorCritic(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32))

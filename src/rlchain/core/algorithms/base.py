@@ -53,7 +53,9 @@ def first_non_finite(tensors: dict[str, torch.Tensor]) -> tuple[str, float] | No
         return name, value[~torch.isfinite(value)].flatten()[0].item()
 
 
-LR_SCHEDULES = ("constant", "linear", "adaptive")
+LR_SCHEDULES = ("constant", "linear", "adaptive", "adaptive_minibatch")
+ADAPTIVE = ("adaptive", "adaptive_minibatch")
+"""The schedules that adapt the rate on ``target_kl`` (see :class:`Algorithm`)."""
 
 
 @dataclass
@@ -77,7 +79,8 @@ class AlgorithmConfig(Settings):
     max_grad_norm: float = setting(1.0, gt=0)
     """Global gradient-norm clip."""
     lr_schedule: str = setting("constant", choices=LR_SCHEDULES)
-    """constant, linear (decay to 0 over total_iterations) or adaptive (on target_kl)."""
+    """constant, linear (decay to 0 over total_iterations), adaptive (on target_kl, once per update, from the KL
+    the update caused) or adaptive_minibatch (rsl_rl's rule: on target_kl, before every minibatch's step)."""
     target_kl: float | None = setting(None, gt=0)
     """KL target of the adaptive schedule (and of PPO's stop_at_target_kl); refused where no setting reads it."""
     total_iterations: int | None = None
@@ -92,8 +95,10 @@ class AlgorithmConfig(Settings):
     def check(self) -> None:
         """A schedule needs its parameter (adaptive a ``target_kl``, linear a ``total_iterations``), and a
         ``target_kl`` needs a setting that reads it (:meth:`target_kl_readers`)."""
-        if self.lr_schedule == "adaptive" and self.target_kl is None:
-            raise SettingError("target_kl", None, " is not allowed with lr_schedule='adaptive': expected a number > 0")
+        if self.lr_schedule in ADAPTIVE and self.target_kl is None:
+            raise SettingError(
+                "target_kl", None, f" is not allowed with lr_schedule={self.lr_schedule!r}: expected a number > 0"
+            )
         if self.lr_schedule == "linear" and (self.total_iterations is None or self.total_iterations <= 0):
             raise SettingError(
                 "total_iterations",
@@ -112,7 +117,7 @@ class AlgorithmConfig(Settings):
 
     def target_kl_readers(self) -> dict[str, tuple[bool, str]]:
         """The settings that read ``target_kl``: ``{name: (whether it reads it now, the value that would)}``."""
-        return {"lr_schedule": (self.lr_schedule == "adaptive", "lr_schedule='adaptive'")}
+        return {"lr_schedule": (self.lr_schedule in ADAPTIVE, "lr_schedule='adaptive' or 'adaptive_minibatch'")}
 
 
 class Algorithm:
@@ -143,29 +148,34 @@ class Algorithm:
     optimiser steps, so collection and update of one rollout see the same
     statistics). Settings: ``self.cfg`` (:class:`AlgorithmConfig`). Shared here: Adam, the learning-rate schedule
     (``constant``, ``linear`` decay to 0 over ``total_iterations``, or
-    ``adaptive``, the rule of rsl_rl: divided by 1.5 when the KL of an update
-    exceeds ``2 * target_kl``, multiplied by 1.5 when it is below
+    ``adaptive`` and ``adaptive_minibatch``: the rule of rsl_rl, divided by 1.5
+    when a KL exceeds ``2 * target_kl``, multiplied by 1.5 when it is below
     ``target_kl / 2``, clamped to [1e-5, 1e-2]), the seeded minibatch
     generator, a non-finite loss check and ``state_dict`` /
     ``load_state_dict`` covering optimiser, schedule and generator.
 
-    The adaptive rule reads ``update_kl``, the KL from the rollout policy to
-    the updated one averaged over the rollout's samples, measured once after
-    each update and applied to the next. The KL a minibatch sees before its
-    own step would not do: on an update's first minibatch the policy is still
-    the rollout policy, so that KL is 0 whatever ``target_kl`` is.
+    The two adaptive schedules differ in the KL they read. ``adaptive`` reads
+    ``update_kl``, the KL from the rollout policy to the updated one averaged
+    over the rollout's samples, measured once after each update and applied
+    to the next. ``adaptive_minibatch`` is rsl_rl's schedule (which mjlab and
+    Isaac Lab register for their tasks): before each minibatch's step it reads
+    that minibatch's ``approx_kl`` from the rollout policy (the mean over the
+    ranks in a multi-process run) and sets the rate of this step, so an update
+    that starts to move the policy too far is slowed within the update. It is
+    0 on an update's first minibatch, so the rate grows by 1.5 there
+    whatever ``target_kl`` is; its ``target_kl`` is rsl_rl's ``desired_kl``.
 
     A resumed run (:meth:`load_state_dict`) takes the rate of its config under
     ``constant`` and ``linear`` and goes on from the checkpoint's rate under
-    ``adaptive``, saying in one line when the rate it goes on with differs
+    the adaptive ones, saying in one line when the rate it goes on with differs
     from the checkpoint's (``constant``: the rate in use there; ``linear``:
-    the configured start of its decay), or when ``adaptive`` leaves a changed
+    the configured start of its decay), or when an adaptive one leaves a changed
     ``learning_rate`` unused.
 
     Raises:
         SettingError: from the settings (:class:`AlgorithmConfig`): a value out
             of its range, an unknown schedule, ``linear`` without
-            ``total_iterations``, ``adaptive`` without ``target_kl``, a
+            ``total_iterations``, an adaptive one without ``target_kl``, a
             ``target_kl`` that no setting reads.
     """
 
@@ -216,21 +226,22 @@ class Algorithm:
             group["lr"] = lr
 
     def _scheduled_lr(self) -> float:
-        """The rate of the next update under ``constant`` or ``linear`` (from the config; not for ``adaptive``)."""
+        """The rate of the next update under ``constant`` or ``linear`` (from the config; not the adaptive ones)."""
         if self.cfg.lr_schedule == "linear":
             return self.cfg.learning_rate * max(0.0, 1.0 - self.iteration / self.cfg.total_iterations)
         return self.cfg.learning_rate
 
     def _schedule_before_update(self) -> None:
-        if self.cfg.lr_schedule != "adaptive":
+        if self.cfg.lr_schedule not in ADAPTIVE:
             self._set_lr(self._scheduled_lr())
 
-    def _schedule_after_update(self, update_kl: float) -> None:
-        """The adaptive rule (see the class docstring) on the KL an update caused."""
+    def _adapt_lr(self, kl: float) -> None:
+        """The adaptive rule (see the class docstring) on ``kl``: an update's ``update_kl`` or a minibatch's
+        ``approx_kl``."""
         lr = self.current_lr
-        if update_kl > 2.0 * self.cfg.target_kl:
+        if kl > 2.0 * self.cfg.target_kl:
             lr = max(1e-5, lr / 1.5)
-        elif update_kl < self.cfg.target_kl / 2.0:
+        elif kl < self.cfg.target_kl / 2.0:
             lr = min(1e-2, lr * 1.5)
         self._set_lr(lr)
 
@@ -376,6 +387,10 @@ class Algorithm:
         for _ in range(self.cfg.n_epochs):
             for batch in self._minibatches(data):
                 terms = minibatch_loss(batch)
+                if self.cfg.lr_schedule == "adaptive_minibatch":  # one host read per minibatch, as rsl_rl's
+                    self._adapt_lr(
+                        world().mean(terms["approx_kl"].detach(), "the all-reduce of the minibatch KL").item()
+                    )
                 terms["grad_norm"] = self._step(terms.pop("loss"))
                 for key, value in terms.items():
                     totals[key] = totals.get(key, 0.0) + value.detach()
@@ -392,7 +407,7 @@ class Algorithm:
         self._check_finite(stats)
         if self.cfg.lr_schedule == "adaptive":
             stats["update_kl"] = self._update_kl(data, weight)
-            self._schedule_after_update(stats["update_kl"])
+            self._adapt_lr(stats["update_kl"])
         return stats, epochs
 
     def _minibatch_loss(self, batch: TensorDict) -> dict[str, torch.Tensor]:  # pragma: no cover - abstract
@@ -463,10 +478,10 @@ class Algorithm:
         self.generator.set_state(state["generator"].cpu())  # generator states are CPU byte tensors
         schedule, configured = self.cfg.lr_schedule, state.get("learning_rate")
         changed = configured is not None and not math.isclose(configured, self.cfg.learning_rate, rel_tol=1e-9)
-        if schedule == "adaptive":
+        if schedule in ADAPTIVE:
             if changed:
                 notice(
-                    f"lr_schedule='adaptive' goes on from the checkpoint's rate {self.current_lr:g}; "
+                    f"lr_schedule={schedule!r} goes on from the checkpoint's rate {self.current_lr:g}; "
                     f"algorithm.learning_rate={self.cfg.learning_rate:g} starts fresh runs only"
                 )
             return
