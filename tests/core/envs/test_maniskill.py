@@ -182,10 +182,12 @@ def test_a_camera_actor_trains_evaluates_and_exports(tmp_path):
     args = ["env=maniskill", *camera, *groups, *in_process, "env.max_episode_steps=8", *TINY]
     proc = run_cli([*args, f"hydra.run.dir={run}"], tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    evaluated = run_cli([str(run), "num_episodes=2"], tmp_path, module="rlchain.commands.eval", timeout=600)
-    assert evaluated.returncode == 0, evaluated.stderr
-    exported = run_cli([str(run), "format=torchscript"], tmp_path, module="rlchain.commands.export", timeout=600)
-    assert exported.returncode == 0, exported.stderr
+    # rlchain-eval and rlchain-export in this process (the commands' own subprocesses are tested elsewhere)
+    from rlchain.commands import eval as eval_command
+    from rlchain.commands import export as export_command
+
+    assert eval_command.main([str(run), "num_episodes=2"]) == 0
+    assert export_command.main([str(run), "format=torchscript"]) == 0
     files = {"rlchain.json": ""}
     torch.jit.load(str(run / "checkpoints" / "best.torchscript.pt"), _extra_files=files)
     metadata = json.loads(files["rlchain.json"])
