@@ -72,6 +72,20 @@ def _updates(policy, data, batch_size: int, **settings) -> list[dict]:
     return after
 
 
+def _assert_one_policy(rank0: list[dict], rank1: list[dict], reference: list[dict], label: str) -> None:
+    """Each update's parameters and buffers (``{name: tensor}``, one per update): the same on both ranks, and within
+    1e-6 of one process's ``reference``."""
+    for update, (a, b, ref) in enumerate(zip(rank0, rank1, reference)):
+        for name, value in ref.items():
+            assert torch.equal(a[name], b[name]), (label, update, name)
+            torch.testing.assert_close(a[name], value, rtol=0, atol=1e-6, msg=f"{label} {update}: {name}")
+
+
+def _states(updates: list[dict]) -> list[dict]:
+    """The parameters and buffers after each update of :func:`_updates`."""
+    return [update["state"] for update in updates]
+
+
 def _skewed_rollout_and_policy() -> tuple[TensorDict, ActorCritic]:
     """The rollout of :func:`_rollout_and_policy` with the log-probs of rank 1's half raised by 0.5: the KL from the
     rollout policy is 0 on rank 0's half before the first step and about 0.1 on rank 1's, so rsl_rl's schedule raises
@@ -159,10 +173,8 @@ def test_two_ranks_keep_one_policy_and_update_as_one_process_on_all_the_envs(tmp
     data, policy = _rollout_and_policy()
     reference = _updates(policy, data, batch_size=STEPS * NUM_ENVS)
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2))
+    _assert_one_policy(_states(rank0), _states(rank1), _states(reference), "update")
     for update, (a, b, ref) in enumerate(zip(rank0, rank1, reference)):
-        for name, value in ref["state"].items():
-            assert torch.equal(a["state"][name], b["state"][name]), (update, name)
-            torch.testing.assert_close(a["state"][name], value, rtol=0, atol=1e-6, msg=f"update {update}: {name}")
         assert a["stats"] == b["stats"]
         for key in ("policy_loss", "value_loss", "approx_kl", "clipfrac", "explained_variance"):
             assert a["stats"][key] == pytest.approx(ref["stats"][key], rel=1e-4, abs=1e-6), (update, key)
@@ -171,38 +183,27 @@ def test_two_ranks_keep_one_policy_and_update_as_one_process_on_all_the_envs(tmp
     # GRPO's masked means weigh each rank by its live samples: the ranks' mean gradient is the one process's.
     reference = _grpo_updates(_grpo_rollout(), batch_size=STEPS * NUM_ENVS)
     full0, full1 = (torch.load(tmp_path / f"grpo_full{r}.pt", weights_only=True) for r in range(2))
-    for update, (a, b, ref) in enumerate(zip(full0, full1, reference)):
-        for name, value in ref.items():
-            assert torch.equal(a[name], b[name]), (update, name)
-            torch.testing.assert_close(a[name], value, rtol=0, atol=1e-6, msg=f"GRPO update {update}: {name}")
+    _assert_one_policy(full0, full1, reference, "GRPO update")
     first, last = rank0[0]["state"], rank0[-1]["state"]
     assert all(not torch.equal(first[name], last[name]) for name in first if name.endswith("weight"))  # it learnt
     data, policy = _rollout_and_policy(**GROUPS)
     reference = _updates(policy, data, batch_size=STEPS * NUM_ENVS)
     groups0, groups1 = (torch.load(tmp_path / f"groups{r}.pt", weights_only=True) for r in range(2))
     assert {"obs_normalizer.actor.mean", "obs_normalizer.critic.var"} <= set(reference[0]["state"])
-    for update, (a, b, ref) in enumerate(zip(groups0, groups1, reference)):
-        for name, value in ref["state"].items():
-            assert torch.equal(a["state"][name], b["state"][name]), (update, name)
-            torch.testing.assert_close(a["state"][name], value, rtol=0, atol=1e-6, msg=f"groups {update}: {name}")
+    _assert_one_policy(_states(groups0), _states(groups1), _states(reference), "groups")
     data, policy = _rollout_and_policy(RECURRENT)
     reference = _updates(policy, data, batch_size=STEPS * NUM_ENVS)
     recurrent0, recurrent1 = (torch.load(tmp_path / f"recurrent{r}.pt", weights_only=True) for r in range(2))
     assert "actor_memory.rnn.weight_hh_l0" in reference[0]["state"]
-    for update, (a, b, ref) in enumerate(zip(recurrent0, recurrent1, reference)):
-        for name, value in ref["state"].items():
-            assert torch.equal(a["state"][name], b["state"][name]), (update, name)
-            torch.testing.assert_close(a["state"][name], value, rtol=0, atol=1e-6, msg=f"recurrent {update}: {name}")
+    _assert_one_policy(_states(recurrent0), _states(recurrent1), _states(reference), "recurrent")
     data, policy = _skewed_rollout_and_policy()
     reference = _updates(policy, data, batch_size=STEPS * NUM_ENVS, **ADAPTIVE)
     adaptive0, adaptive1 = (torch.load(tmp_path / f"adaptive{r}.pt", weights_only=True) for r in range(2))
     rates = [ref["stats"]["learning_rate"] for ref in reference]
     assert len(set(rates)) > 1  # the rate moved
-    for update, (a, b, ref) in enumerate(zip(adaptive0, adaptive1, reference)):
+    for update, (a, b) in enumerate(zip(adaptive0, adaptive1)):
         assert a["stats"]["learning_rate"] == b["stats"]["learning_rate"] == pytest.approx(rates[update], rel=1e-9)
-        for name, value in ref["state"].items():
-            assert torch.equal(a["state"][name], b["state"][name]), (update, name)
-            torch.testing.assert_close(a["state"][name], value, rtol=0, atol=1e-6, msg=f"adaptive {update}: {name}")
+    _assert_one_policy(_states(adaptive0), _states(adaptive1), _states(reference), "adaptive")
 
 
 @pytest.mark.slow

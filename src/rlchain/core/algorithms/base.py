@@ -93,7 +93,7 @@ class AlgorithmConfig(Settings):
     feed-forward policy."""
 
     def check(self) -> None:
-        """A schedule needs its parameter (adaptive a ``target_kl``, linear a ``total_iterations``), and a
+        """A schedule needs its parameter (an adaptive one a ``target_kl``, linear a ``total_iterations``), and a
         ``target_kl`` needs a setting that reads it (:meth:`target_kl_readers`)."""
         if self.lr_schedule in ADAPTIVE and self.target_kl is None:
             raise SettingError(
@@ -117,7 +117,7 @@ class AlgorithmConfig(Settings):
 
     def target_kl_readers(self) -> dict[str, tuple[bool, str]]:
         """The settings that read ``target_kl``: ``{name: (whether it reads it now, the value that would)}``."""
-        return {"lr_schedule": (self.lr_schedule in ADAPTIVE, "lr_schedule='adaptive' or 'adaptive_minibatch'")}
+        return {"lr_schedule": (self.lr_schedule in ADAPTIVE, "lr_schedule=" + " or ".join(map(repr, ADAPTIVE)))}
 
 
 class Algorithm:
