@@ -30,8 +30,10 @@ worker exits at once.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
+import gc
 import logging
 import multiprocessing
 import os
@@ -134,10 +136,12 @@ def init_worker(environ: dict[str, str], num_threads: int, launcher_pid: int, ra
     for ``OMP_NUM_THREADS``: its thread count is then set here. The worker
     leaves the launcher's process group (Ctrl-C at the terminal reaches the
     launcher only; it forwards to busy workers) and starts a daemon thread
-    that stops it when the launcher is gone (:func:`_watch_launcher`).
+    that stops it when the launcher is gone (:func:`_watch_launcher`). At its exit it freezes what is
+    alive, as the commands do (see :mod:`_rlchain_cli`).
     """
     global _ranks
     _ranks = ranks
+    atexit.register(gc.freeze)
     os.environ.update(environ)
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -353,8 +357,9 @@ def run_rank(job: bytes, context: bytes, environ: dict[str, str], worker_pid: in
     Hydra's ``run_job`` is not run (rank 0 writes the job's files); the
     config's ``hydra.runtime.output_dir`` is the job's directory. The rank
     exits when its worker is gone; a stop signal reaches it only through
-    rank 0 (the ranks agree to stop).
+    rank 0 (the ranks agree to stop). At its exit it freezes what is alive, as the commands do.
     """
+    atexit.register(gc.freeze)
     os.environ.update(environ)
     os.setpgrp()  # out of the launcher's way: signals reach rank 0, which tells the others
     threading.Thread(target=_watch_worker, args=(worker_pid,), name="rlchain-watch-worker", daemon=True).start()

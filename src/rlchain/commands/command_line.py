@@ -182,26 +182,23 @@ class _Check:
             config_name=self.config_name, overrides=list(overrides), run_mode=self.mode, from_shell=True
         )
 
-    def missing(self, overrides: Sequence[str]) -> tuple[int, str] | None:
-        """``(index in overrides, the missing key)`` of the override the composition fails on for a key the
-        config lacks; None when it composes or fails for another reason."""
+    def missing(self, err: Exception, overrides: Sequence[str]) -> tuple[int, str] | None:
+        """``(index in overrides, the missing key)`` of the override that the composition of ``overrides`` failed
+        on with ``err`` for a key the config lacks; None when it failed for another reason."""
         from hydra.core.override_parser.overrides_parser import OverridesParser
         from hydra.errors import ConfigCompositionException
         from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-        try:
-            self.compose(overrides)
-        except Exception as err:  # noqa: BLE001 - whatever the composition raises is Hydra's to report, but a missing key
-            if not isinstance(err, ConfigCompositionException):
-                return None
-            cause = err.__cause__
-            if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)) or not cause.full_key:
-                return None
-            full_key = cause.full_key
-            for i, o in enumerate(OverridesParser.create().parse_overrides(list(overrides))):
-                plain = not (o.is_add() or o.is_force_add() or o.is_delete())
-                if plain and (o.key_or_group == full_key or o.key_or_group.startswith(full_key + ".")):
-                    return i, full_key
+        if not isinstance(err, ConfigCompositionException):
+            return None
+        cause = err.__cause__
+        if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)) or not cause.full_key:
+            return None
+        full_key = cause.full_key
+        for i, o in enumerate(OverridesParser.create().parse_overrides(list(overrides))):
+            plain = not (o.is_add() or o.is_force_add() or o.is_delete())
+            if plain and (o.key_or_group == full_key or o.key_or_group.startswith(full_key + ".")):
+                return i, full_key
         return None
 
     def lines(self, overrides: list[str], swept: Sequence[str] = ()) -> list[str]:
@@ -210,13 +207,16 @@ class _Check:
         rest of the command line does not compose (Hydra then reports it)."""
         bad: list[tuple[str, str]] = []
         rest = list(overrides)
-        while (found := self.missing(rest)) is not None:
-            i, full_key = found
-            bad.append((rest.pop(i), full_key))
-        try:
-            cfg = self.compose(rest)
-        except Exception:  # noqa: BLE001 - Hydra's to report
-            return []
+        while True:
+            try:
+                cfg = self.compose(rest)
+                break
+            except Exception as err:  # noqa: BLE001 - whatever the composition raises is Hydra's to report, but a missing key
+                found = self.missing(err, rest)
+                if found is None:
+                    return []
+                i, full_key = found
+                bad.append((rest.pop(i), full_key))
         for line in swept:
             full_key = _missing_key(cfg, line.partition("=")[0])
             if full_key is not None and line in rest:
