@@ -8,10 +8,10 @@ during which Python would otherwise answer Ctrl-C with a traceback. Once the
 trainer runs, its own handler takes SIGINT (see :mod:`rlchain.run.stopping`).
 
 Each command freezes the objects still alive when it ends (:func:`gc.freeze`):
-Python's exit then skips its last garbage collection over them (torch and the
-``torch._dynamo`` that ``torch.optim`` imports: about a second per process).
-Nothing is lost by it: the commands close their own files, and ``atexit``
-handlers (logging's flush among them) still run.
+Python's exit then skips its last garbage collection over them (torch's modules
+and the ``torch._dynamo`` that ``torch.optim`` imports; benchmarks/README.md
+says what that saves). Nothing is lost by it: the commands close their own
+files, and ``atexit`` handlers (logging's flush among them) still run.
 """
 
 from __future__ import annotations
