@@ -62,7 +62,7 @@ def test_the_adaptive_rate_follows_the_kl_the_update_caused(algo):
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
 def test_adaptive_minibatch_sets_each_steps_rate_from_that_minibatchs_kl(algo):
     # rsl_rl's rule, against a plain replay of it: before every optimiser step the rate is multiplied by 1.5 when
-    # the minibatch's KL from the rollout policy is below target/2, divided by 1.5 above 2 * target, clamped to
+    # the minibatch's KL from the rollout policy is in (0, target/2), divided by 1.5 above 2 * target, clamped to
     # [1e-5, 1e-2]. A tiny target makes it fall within the update, as soon as the first step has moved the policy.
     torch.manual_seed(0)
     make = ActorCritic if algo == "ppo" else ActorOnly
@@ -91,11 +91,48 @@ def test_adaptive_minibatch_sets_each_steps_rate_from_that_minibatchs_kl(algo):
     assert len(kls) == len(rates) == 8 and "update_kl" not in stats
     expected, lr = [], 1e-3
     for kl in kls:
-        lr = max(1e-5, lr / 1.5) if kl > 2e-6 else min(1e-2, lr * 1.5) if kl < 0.5e-6 else lr
+        lr = max(1e-5, lr / 1.5) if kl > 2e-6 else min(1e-2, lr * 1.5) if 0 < kl < 0.5e-6 else lr
         expected.append(lr)
     assert rates == pytest.approx(expected, rel=1e-12)
-    assert kls[0] == pytest.approx(0.0, abs=1e-7) and rates[0] == pytest.approx(1.5e-3)  # the rollout policy
+    assert kls[0] == 0.0 and rates[0] == 1e-3  # the rollout policy: a KL of 0 leaves the rate
     assert rates[-1] < rates[0] and stats["learning_rate"] == pytest.approx(rates[-1])
+
+
+@pytest.mark.parametrize("schedule", ["adaptive", "adaptive_minibatch"])
+def test_a_kl_of_zero_leaves_the_adaptive_rate_unchanged(schedule):
+    # rsl_rl raises the rate only on 0 < KL < target/2: a KL of exactly 0 says that nothing has moved yet.
+    # adaptive_minibatch: one minibatch, one epoch; its KL is read before its step, from the rollout policy itself.
+    # adaptive: a loss without gradient leaves the policy as it was, so the update_kl after the update is 0.
+    torch.manual_seed(0)
+    env = LineEnv(num_envs=8)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    rollout = SyncCollector(env, policy, 4).collect().data
+    algorithm = PPO(policy, learning_rate=1e-3, lr_schedule=schedule, target_kl=0.01, batch_size=32, n_epochs=1)
+    kls = []
+    if schedule == "adaptive_minibatch":
+        loss = algorithm.minibatch_loss
+
+        def recording_loss(batch):
+            terms = loss(batch)
+            kls.append(terms["approx_kl"].item())
+            return terms
+
+        algorithm.minibatch_loss = recording_loss
+        stats = algorithm.update(rollout)
+    else:
+        before = [p.detach().clone() for p in policy.parameters()]
+
+        def still_loss(batch):
+            zero = sum(p.sum() for p in policy.parameters()) * 0.0
+            return {"loss": zero, "approx_kl": zero.detach()}
+
+        stats, _ = algorithm._optimise(rollout, still_loss)
+        assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
+        kls.append(stats["update_kl"])
+    assert kls == [0.0]
+    assert algorithm.current_lr == 1e-3  # was 1.5e-3: the rate grew on a KL of 0
+    if schedule == "adaptive_minibatch":
+        assert stats["learning_rate"] == 1e-3
 
 
 def test_adaptive_minibatch_needs_a_target_kl():

@@ -149,8 +149,8 @@ class Algorithm:
     statistics). Settings: ``self.cfg`` (:class:`AlgorithmConfig`). Shared here: Adam, the learning-rate schedule
     (``constant``, ``linear`` decay to 0 over ``total_iterations``, or
     ``adaptive`` and ``adaptive_minibatch``: the rule of rsl_rl, divided by 1.5
-    when a KL exceeds ``2 * target_kl``, multiplied by 1.5 when it is below
-    ``target_kl / 2``, clamped to [1e-5, 1e-2]), the seeded minibatch
+    when a KL exceeds ``2 * target_kl``, multiplied by 1.5 when it lies in
+    ``(0, target_kl / 2)``, clamped to [1e-5, 1e-2]), the seeded minibatch
     generator, a non-finite loss check and ``state_dict`` /
     ``load_state_dict`` covering optimiser, schedule and generator.
 
@@ -161,9 +161,18 @@ class Algorithm:
     Isaac Lab register for their tasks): before each minibatch's step it reads
     that minibatch's ``approx_kl`` from the rollout policy (the mean over the
     ranks in a multi-process run) and sets the rate of this step, so an update
-    that starts to move the policy too far is slowed within the update. It is
-    0 on an update's first minibatch, so the rate grows by 1.5 there
-    whatever ``target_kl`` is; its ``target_kl`` is rsl_rl's ``desired_kl``.
+    that starts to move the policy too far is slowed within the update; its
+    ``target_kl`` is rsl_rl's ``desired_kl``. Under both, a KL of exactly 0
+    leaves the rate as it is, as in rsl_rl (5.4.2, ``algorithms/ppo.py``): it
+    says that nothing has moved yet. An update's first minibatch, read before
+    any step, gives it wherever the update's forward pass reproduces the
+    log-probabilities of the collection (the observation statistics move only
+    after the optimiser steps), and ``update_kl`` after an update that left
+    the policy as it was. One difference from rsl_rl remains: rsl_rl reads
+    the analytic KL between the rollout's and the current Gaussians, rlchain
+    the mean of the sampled ``(r - 1) - log r`` estimate (Schulman 2020) over
+    the stored actions, which holds for any action distribution (Categorical
+    included) and is noisier.
 
     A resumed run (:meth:`load_state_dict`) takes the rate of its config under
     ``constant`` and ``linear`` and goes on from the checkpoint's rate under
@@ -241,7 +250,7 @@ class Algorithm:
         lr = self.current_lr
         if kl > 2.0 * self.cfg.target_kl:
             lr = max(1e-5, lr / 1.5)
-        elif kl < self.cfg.target_kl / 2.0:
+        elif 0.0 < kl < self.cfg.target_kl / 2.0:  # a KL of 0 (nothing moved yet) says nothing: rsl_rl's guard
             lr = min(1e-2, lr * 1.5)
         self._set_lr(lr)
 
