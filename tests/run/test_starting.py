@@ -482,6 +482,27 @@ def test_a_resume_refuses_what_would_change_the_saved_run_and_writes_nothing(tmp
     assert _saved_files(run) == saved and (run / "summary.json").read_bytes() == summary
 
 
+@pytest.mark.slow
+def test_a_resume_told_to_write_elsewhere_is_refused_naming_the_runs_directory(tmp_path):
+    # The resume went on in the saved run's directory, exit 0, and the hydra.run.dir given was ignored without a word.
+    run, other = tmp_path / "run", tmp_path / "other"
+    assert run_cli([*USER, f"hydra.run.dir={run}"], tmp_path).returncode == 0
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    proc = run_cli([f"trainer.resume_from={run / 'checkpoints' / 'latest.pt'}", f"hydra.run.dir={other}"], tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line == (
+        f"rlchain: hydra.run.dir={other} is not allowed when resuming {run}: a resumed run goes on in its own "
+        f"directory; drop hydra.run.dir or set it to {run}"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no other directory, no outputs/
+    assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before
+    # Naming the run's own directory (relative here) resumes it.
+    same = run_cli([f"trainer.resume_from={run}", "hydra.run.dir=run", "trainer.iterations=3"], tmp_path)
+    assert same.returncode == 0, same.stderr
+    assert summary_of(run).iteration == 3 and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
 def test_a_resume_from_a_path_that_does_not_exist_is_one_line_and_leaves_nothing(tmp_path):
     proc = run_cli([*USER, f"trainer.resume_from={tmp_path / 'nope'}"], tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Error in call to target" not in proc.stderr

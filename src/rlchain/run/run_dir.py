@@ -18,7 +18,9 @@
   ``latest.pt``) rebuilds the run from its own ``.hydra/config.yaml`` and goes on
   in its directory (:func:`resume_in_place`): the overrides it needs are none
   but those it changes (``trainer.*``, ``algorithm.*``, ``device``), and the
-  run's saved config, overrides and Hydra config are never rewritten.
+  run's saved config, overrides and Hydra config are never rewritten. A
+  ``hydra.run.dir`` on the command line naming another directory is refused
+  in one line, with nothing written to either directory.
 * A run that never took a step (refused after composition: an invalid value,
   a missing checkpoint) holds no run: its directory does not block the
   corrected command, and a single run refused before its first step leaves
@@ -206,6 +208,30 @@ def _resume_may_set(key: str) -> bool:
     )
 
 
+def _check_run_dir_named(config: DictConfig, run: Path) -> None:
+    """Refuse a ``hydra.run.dir`` on the command line that is not the saved ``run``'s directory: a resume goes on in
+    the run's own directory, and would otherwise leave the directory the user named unused without a word.
+
+    Hydra's default run directory (no ``hydra.run.dir`` on the command line) is replaced by the run's own.
+
+    Raises:
+        RunDirError: ``hydra.run.dir`` names another directory (naming it and the run's).
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    hydra_overrides = OmegaConf.select(config, "hydra.overrides.hydra", default=None) or []
+    named = [
+        o.input_line
+        for o in OverridesParser.create().parse_overrides(list(hydra_overrides))
+        if o.key_or_group == "hydra.run.dir"
+    ]
+    if named and Path(str(config.hydra.run.dir)).resolve() != run.resolve():
+        raise RunDirError(
+            f"rlchain: {named[-1]} is not allowed when resuming {run}: a resumed run goes on in its own directory; "
+            f"drop hydra.run.dir or set it to {run}"
+        )
+
+
 def resume_in_place(config: DictConfig) -> Path | None:
     """Make ``config`` (the composed config, Hydra's node included) the resume of the saved run that
     ``trainer.resume_from`` names (see :func:`_saved_run`); return its directory, or None when it names none.
@@ -216,11 +242,14 @@ def resume_in_place(config: DictConfig) -> Path | None:
     it did (``exp_name``, the top-level keys its groups added); an override that chooses the option the saved run
     has (``algorithm=grpo`` for a run of the ``push_cube_grpo`` preset, so that ``algorithm.group_size=16``
     composes) changes nothing and is let through. The run goes on in its own directory
-    (``hydra.run.dir``), and Hydra writes no ``.hydra/`` files there: the saved ones stay the run's.
+    (``hydra.run.dir``), and Hydra writes no ``.hydra/`` files there: the saved ones stay the run's. A
+    ``hydra.run.dir`` on the command line that names another directory is refused (:func:`_check_run_dir_named`),
+    before anything is written anywhere.
 
     Raises:
-        RunDirError: see :func:`_saved_run`; an override that changes what a resume cannot (naming it, the run
-            and what may be set), or a key the saved config does not have.
+        RunDirError: see :func:`_saved_run`; a ``hydra.run.dir`` on the command line other than the run's
+            directory; an override that changes what a resume cannot (naming it, the run and what may be set), or
+            a key the saved config does not have.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -228,6 +257,7 @@ def resume_in_place(config: DictConfig) -> Path | None:
     if found is None:
         return None
     run, checkpoint = found
+    _check_run_dir_named(config, run)
     hydra_dir = run / ".hydra"
     saved = OmegaConf.load(hydra_dir / "config.yaml")
     original = (
