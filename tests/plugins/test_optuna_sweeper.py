@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import optuna
@@ -99,6 +100,30 @@ def test_search_space_shuffle_fixed_values_and_command_line():
     ) == {"a": [3, 6, 9], "b": [0.0, 0.5, 1.0], "c": ["p", "q"]}
     with pytest.raises(SweeperError, match="sampler=grid"):
         grid_of({"x": FloatDistribution(0, 1)})
+
+
+@pytest.mark.parametrize(
+    "expression, points",
+    [
+        ("range(0.1, 0.3, 0.1)", [0.1, 0.2, 0.3]),  # float sums: 0.30000000000000004, above the range's end
+        ("range(-0.3, 0.3, 0.1)", [-0.3, -0.2, -0.1, 0.0, 0.1, 0.2, 0.3]),
+        ("range(0.7, 1.0, 0.1)", [0.7, 0.8, 0.9, 1.0]),  # float sums: 0.7999999999999999, 0.8999999999999999
+        ("range(0.05, 0.35, 0.05)", [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35]),
+        ("range(1e-4, 5e-4, 1e-4)", [1e-4, 2e-4, 3e-4, 4e-4, 5e-4]),
+        ("range(0, 1, 0.25)", [0.0, 0.25, 0.5, 0.75, 1.0]),
+    ],
+)
+def test_a_float_grid_holds_the_points_a_user_writes_within_the_range(expression, points):
+    (distribution,) = search_space({"x": expression}, [])[0].values()
+    grid = grid_of({"x": distribution})["x"]
+    assert grid == points and all(distribution.low <= x <= distribution.high for x in grid)
+    # Optuna takes each point as it is, without its warning of a value out of the distribution's range.
+    study = optuna.create_study(sampler=optuna.samplers.GridSampler({"x": grid}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for x in grid:
+            study.enqueue_trial({"x": x})
+            assert study.ask({"x": distribution}).params["x"] == x
 
 
 @pytest.mark.parametrize(
@@ -282,20 +307,23 @@ def test_a_search_whose_trials_all_fail_gives_up(tmp_path):
 
 def test_a_grid_search_runs_each_point_once_and_ends_cleanly(tmp_path):
     """Optuna's grid sampler stops its study once the grid is covered, which raises outside Study.optimize;
-    the sweeper ends the search itself, at the grid's size."""
+    the sweeper ends the search itself, at the grid's size. A float range's points are the ones a user writes
+    (0.3, not 0.1 + 2 * 0.1 = 0.30000000000000004, outside the range, which Optuna warned about at every trial)."""
     done = app(
         tmp_path,
         "hydra/launcher=basic",
         "hydra.sweeper.sampler=grid",
-        "x=choice(0.1, 0.5)",
-        "y=range(0, 1)",
+        "x=range(0.1, 0.3, 0.1)",
+        "y=choice(0, 1)",
         "hydra.sweeper.n_trials=10",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     study = load(str(tmp_path / "sweep" / "optuna_journal.log"))
-    assert sorted((t.params["x"], t.params["y"]) for t in study.trials) == [(0.1, 0), (0.1, 1), (0.5, 0), (0.5, 1)]
+    points = [(x, y) for x in (0.1, 0.2, 0.3) for y in (0, 1)]
+    assert sorted((t.params["x"], t.params["y"]) for t in study.trials) == points
     assert {t.state for t in study.trials} == {TrialState.COMPLETE}
-    assert "n_trials: 4" in (tmp_path / "sweep" / "optimization_results.yaml").read_text()
+    assert "n_trials: 6" in (tmp_path / "sweep" / "optimization_results.yaml").read_text()
+    assert "out of range" not in done.stdout + done.stderr
 
 
 def test_a_grid_point_whose_trial_failed_runs_again(tmp_path):

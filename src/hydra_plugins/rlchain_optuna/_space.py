@@ -19,6 +19,7 @@ a value                            a fixed value: passed to every trial as it is
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -106,8 +107,19 @@ def search_space(params: Mapping[str, Any] | None, arguments: Sequence[str]) -> 
     return distributions, fixed
 
 
+def _float_steps(low: float, high: float, step: float) -> list[float]:
+    """``low, low + step, ...`` up to ``high`` (included), each in decimal arithmetic on the bounds as written:
+    ``0.1, 0.2, 0.3`` for ``(0.1, 0.3, 0.1)``, where float sums give ``0.30000000000000004``, outside the range
+    (Optuna warns on such a point). Optuna's ``FloatDistribution`` already cut ``high`` to ``low + k * step`` the
+    same way; each point is clamped to ``[low, high]`` all the same."""
+    d_low, d_step = Decimal(str(low)), Decimal(str(step))
+    count = int((Decimal(str(high)) - d_low) // d_step) + 1
+    return [min(high, max(low, float(d_low + i * d_step))) for i in range(count)]
+
+
 def grid_of(distributions: Mapping[str, Any]) -> dict[str, list[Any]]:
-    """Every value of each distribution, for the grid sampler: choices, and each step of a range (its end included).
+    """Every value of each distribution, for the grid sampler: choices, and each step of a range (its end included;
+    a float range's points as written in decimal, ``0.1, 0.2, 0.3``, within its bounds).
 
     Raises:
         SweeperError: a continuous ``interval`` (no grid), naming it.
@@ -121,8 +133,7 @@ def grid_of(distributions: Mapping[str, Any]) -> dict[str, list[Any]]:
         elif isinstance(dist, IntDistribution) and not dist.log:
             grid[key] = list(range(dist.low, dist.high + 1, dist.step))
         elif isinstance(dist, FloatDistribution) and dist.step is not None:
-            n = int(round((dist.high - dist.low) / dist.step))
-            grid[key] = [dist.low + i * dist.step for i in range(n + 1)]
+            grid[key] = _float_steps(dist.low, dist.high, dist.step)
         else:
             raise SweeperError(
                 f"hydra.sweeper.params.{key} is not allowed with hydra.sweeper.sampler=grid: the grid "
