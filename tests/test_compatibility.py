@@ -19,7 +19,7 @@ import torch
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from tests.helpers.runs import run_cli, summary_of
+from tests.helpers.runs import TINY, run_cli, summary_of
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run_0.1.0"
 
@@ -82,6 +82,24 @@ def test_the_targets_of_a_0_1_0_config_name_todays_classes():
     }
     for target in targets.values():
         assert get_class(target) is _get(PUBLIC_NAMES[target])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("module", "launch", "world_size"),
+    [
+        ("rlchain.train", [], 1),
+        ("torch.distributed.run", ["--standalone", "--nproc_per_node=2", "-m", "rlchain.train"], 2),
+    ],
+    ids=["python -m rlchain.train", "torchrun -m rlchain.train"],
+)
+def test_the_0_1_0_module_name_trains(tmp_path, module, launch, world_size):
+    # Both forms crashed before composing: runpy gave the old name's module no file, so sys.argv[0] was None and
+    # Hydra's argparse raised a TypeError.
+    proc = run_cli([*launch, *TINY, "device=cpu", "hydra.run.dir=run"], tmp_path, module=module, OMP_NUM_THREADS="1")
+    assert proc.returncode == 0, proc.stderr
+    summary = summary_of(tmp_path / "run")
+    assert (summary.status, summary.world_size, summary.global_step) == ("completed", world_size, world_size * 256)
 
 
 def test_a_moved_module_keeps_its_own_name_and_spec():

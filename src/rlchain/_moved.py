@@ -6,7 +6,8 @@ configs that release wrote name their classes by the old paths (``_target_: rlch
 ``rlchain.trainer.Trainer``), and users import them, so ``import rlchain`` installs a finder that answers an old
 name, or a name below one, with the module of the new name: the same module object, under a second key of
 ``sys.modules`` (its ``__name__`` and ``__spec__`` stay its own, so pickling, ``python -m`` and tracebacks
-name the new path). ``python -m rlchain.train`` runs ``rlchain.commands.train`` as ``__main__``.
+name the new path). ``python -m rlchain.train`` (and ``torchrun -m rlchain.train``) runs ``rlchain.commands.train``
+as ``__main__``, as ``python -m rlchain.commands.train`` does.
 """
 
 from __future__ import annotations
@@ -71,7 +72,11 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         real = importlib.util.find_spec(new)
         if real is None:
             return None
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=real.submodule_search_locations is not None)
+        # The new module's file as the origin: ``python -m <old name>`` (runpy) makes it ``sys.argv[0]`` and the
+        # ``__file__`` of ``__main__``, which argparse and Hydra read.
+        return importlib.machinery.ModuleSpec(
+            fullname, self, origin=real.origin, is_package=real.submodule_search_locations is not None
+        )
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         module = importlib.import_module(new_name(spec.name))  # type: ignore[arg-type]
