@@ -36,11 +36,12 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from rlchain import distributed, tuning
+from rlchain import distributed
 from rlchain.commands.command_line import register_help_resolver
 from rlchain.commands.config import RunConfig, check_top_level_keys
 from rlchain.console import error_line, logged_warnings, show
 from rlchain.distributed import CollectiveError, rank_seed
+from rlchain.run import tuning
 from rlchain.run.run_dir import remove_if_unused
 from rlchain.run.starting import start
 from rlchain.run.stopping import in_submitit_job, requeue_signal
