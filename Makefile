@@ -1,5 +1,5 @@
 # rlchain developer commands. `make train` and `make test` each install what
-# they need first; `.ci/run` runs `make test`.
+# they need first; `.ci/run` (CI) runs `make test`.
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
@@ -7,7 +7,7 @@ PIP := $(PYTHON) -m pip
 
 help:
 	@echo "make train   install, then train GRPO on push_cube (the main job)"
-	@echo "make test    install, then check the code with ruff, build the docs strictly and run the test suite"
+	@echo "make test    install, add a Vulkan driver where none is (.ci/vulkan), then ruff, the strict docs build and the test suite"
 	@echo "make lint    ruff: the code is formatted (ruff format --check) and passes its lint rules (ruff check)"
 	@echo "make docs    build the docs site strictly into a temporary directory (mkdocs serve to read it)"
 	@echo "make bench   install, then run the speed benchmarks under benchmarks/"
@@ -25,9 +25,12 @@ install:
 train: install
 	rlchain-train algorithm=grpo env=push_cube
 
-# ruff and the docs first (seconds), so that pytest's summary stays the last line. Two pytest workers, one per
-# core of the 2-core CI machine: most tests wait on the processes they start.
+# .ci/vulkan gives ManiSkill's simulator a Vulkan device (Mesa's CPU driver on a Debian 12 machine run as root
+# that has none; elsewhere one line saying what is missing, and the ManiSkill tests skip). Then ruff and the docs
+# (seconds), so that pytest's summary stays the last line. Two pytest workers, one per core of the 2-core CI
+# machine: most tests wait on the processes they start.
 test: install
+	.ci/vulkan
 	$(MAKE) --no-print-directory lint PYTHON=$(PYTHON)
 	$(MAKE) --no-print-directory docs PYTHON=$(PYTHON)
 	$(PYTHON) -m pytest -n 2

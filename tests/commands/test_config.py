@@ -25,6 +25,7 @@ from rlchain.core.policies import ActorCritic, ActorOnly
 from rlchain.run.summary import RunSummary
 from rlchain.run.trainer import Trainer
 from rlchain.settings import Settings, setting
+from tests.helpers.maniskill import skip_without_maniskill
 from tests.helpers.runs import HELPERS, TINY, run_cli
 from tests.helpers.toy_env import LineEnv
 
@@ -306,6 +307,7 @@ def test_task_presets_train_with_a_tiny_budget(compose_cfg, preset):
     if cfg.env._target_.endswith("MjlabEnv"):  # the robots' 4096 envs are for a GPU: 16 here
         cfg.env.num_envs, cfg.algorithm.batch_size = 16, 64
     if cfg.env._target_.endswith("ManiSkillEnv"):  # a process per env on the CPU: 2 here
+        skip_without_maniskill()
         cfg.env.num_envs = 2
     summary = build(cfg).train()
     assert summary.status == "completed" and summary.global_step == 2 * 8 * cfg.env.num_envs

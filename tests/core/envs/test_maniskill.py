@@ -1,6 +1,7 @@
 """env=maniskill: ManiSkill3's tasks on the CPU (one env per worker process) against the VecEnv contract, GRPO's
 group starts, training, evaluation and export, and the one-line errors. Skipped, with the reason, on a machine
-without mani-skill or without a Vulkan device (``.ci/vulkan`` installs Mesa's CPU driver)."""
+without mani-skill or without a Vulkan device (:mod:`tests.helpers.maniskill`; ``make test`` installs Mesa's CPU
+driver first where it can)."""
 
 from __future__ import annotations
 
@@ -14,21 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("mani_skill")
+from tests.helpers.maniskill import skip_without_maniskill
 
-
-def _vulkan_error() -> str | None:
-    import sapien
-
-    try:
-        sapien.render.RenderSystem()
-    except RuntimeError as err:
-        return str(err)
-    return None
-
-
-if _vulkan_error() is not None:
-    pytest.skip(f"no Vulkan device ({_vulkan_error()}): run .ci/vulkan", allow_module_level=True)
+skip_without_maniskill()
 
 from rlchain.core.envs import ManiSkillEnv, check_vec_env  # noqa: E402
 from rlchain.core.envs.maniskill_adapter import ManiSkillBatchedEnv, SuccessOnce  # noqa: E402

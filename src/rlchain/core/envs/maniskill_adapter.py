@@ -29,7 +29,8 @@ SAPIEN's camera frames).
 
 SAPIEN needs a Vulkan device even for state observations. On a machine without a GPU that is Mesa's CPU driver
 (lavapipe) from Mesa 24.3 on (Debian 12: ``mesa-vulkan-drivers`` from bookworm-backports; the repository's
-``.ci/vulkan`` installs it); without one, building the env is one line that says what to install.
+``.ci/vulkan``, which ``make test`` runs, installs it); without one, building the env is one line that says what
+to install (:func:`vulkan_error` is that check).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ __all__ = [
     "ManiSkillEnvConfig",
     "SeededResets",
     "SuccessOnce",
+    "vulkan_error",
 ]
 
 #: What to install for env=maniskill.
@@ -152,18 +154,37 @@ def _check_maniskill(cfg: ManiSkillEnvConfig) -> None:
         )
     try:
         import mani_skill.envs  # noqa: F401  (registers ManiSkill's task ids with gymnasium)
-        import sapien
     except ImportError as err:
         if err.name == "mani_skill":  # mani-skill itself; an error inside an installed one keeps its traceback
             raise missing from None
         raise
 
+    err = vulkan_error()
+    if err is not None:
+        raise SettingError(
+            "env.id", cfg.id, f": ManiSkill's simulator SAPIEN found no Vulkan device ({err}); {VULKAN_HINT}"
+        )
+
+
+def vulkan_error() -> str | None:
+    """Why SAPIEN (ManiSkill's simulator) finds no Vulkan device on this machine, or None where it finds one.
+
+    SAPIEN needs the device even for state observations. The check builds SAPIEN's render system once (cheap
+    beside importing SAPIEN, which a ManiSkill env imports anyway), in this process.
+
+    Returns:
+        SAPIEN's own message (e.g. ``failed to find a rendering device``), or None.
+
+    Raises:
+        ImportError: mani-skill (which brings SAPIEN) is not installed.
+    """
+    import sapien
+
     try:
         sapien.render.RenderSystem()
     except RuntimeError as err:
-        raise SettingError(
-            "env.id", cfg.id, f": ManiSkill's simulator SAPIEN found no Vulkan device ({err}); {VULKAN_HINT}"
-        ) from None
+        return str(err)
+    return None
 
 
 class ManiSkillEnv(GymVecEnv):
