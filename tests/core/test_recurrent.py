@@ -16,7 +16,7 @@ from rlchain.core.evaluation import evaluate
 from rlchain.core.policies import ActorCritic, ActorOnly
 from rlchain.run.trainer import Trainer
 from rlchain.settings import SettingError
-from tests.helpers.recurrent import recurrent
+from tests.helpers.recurrent import masked, recurrent, step_by_step
 
 #: actor and critic recurrent, only the actor, only the critic.
 NETWORKS = [dict(), dict(rnn_critic=False), dict(rnn_actor=False)]
@@ -31,31 +31,6 @@ def magnitude(state: TensorDict) -> float:
     return float(sum(v.abs().sum() for v in state.values()))
 
 
-def masked(state: TensorDict, done: torch.Tensor) -> TensorDict:
-    return state.apply(lambda h: torch.where(done.view(-1, 1, 1), torch.zeros_like(h), h))
-
-
-@torch.no_grad()
-def step_by_step(policy, data: TensorDict):
-    """The plain reference: one step at a time from ``data["hidden"][0]``, each step's state the one the previous
-    step left, zeroed after a done step. Returns the log-probabilities and values of the stored actions ``[T, N]``,
-    the state each step acted from and the state after each step (before any reset)."""
-    h = data["hidden"][0]
-    log_probs, values, states, after = [], [], [], []
-    for t in range(data.batch_size[0]):
-        step = TensorDict(
-            {"obs": data["obs"][t], "hidden": h, "action": data["action"][t], "done": data["done"][t]},
-            data.batch_size[1:],
-        )
-        out = policy.evaluate_actions(step.unsqueeze(0))  # a sequence of one step
-        log_probs.append(out["sample_log_prob"][0])
-        values.append(out["value"][0])
-        states.append(h)
-        after.append(policy.get_action(step.clone())["next_hidden"])
-        h = masked(after[-1], data["done"][t])
-    return torch.stack(log_probs), torch.stack(values), torch.stack(states), torch.stack(after)
-
-
 def collected(rnn_type="gru", steps=24, **settings):
     env = no_velocities()
     policy = recurrent(env, rnn_type, **settings)
@@ -68,6 +43,8 @@ def collected(rnn_type="gru", steps=24, **settings):
 @pytest.mark.parametrize("rnn_type", ["gru", "lstm"])
 def test_collection_stores_the_state_each_step_acted_from_fresh_after_an_episode_ended(rnn_type, networks):
     policy, collector, data = collected(rnn_type, **networks)
+    # The state after each step is kept only for a critic that bootstraps from it.
+    assert ("final_hidden" in data.keys()) == networks.get("rnn_critic", True)
     assert data["done"][:-1].any() and magnitude(data["hidden"][0]) > 0  # episodes end inside; states carried over
     log_probs, values, states, _ = step_by_step(policy, data)
     torch.testing.assert_close(data["hidden"], states)
@@ -76,8 +53,15 @@ def test_collection_stores_the_state_each_step_acted_from_fresh_after_an_episode
     t, n = data["done"][:-1].nonzero(as_tuple=True)
     for key in data["hidden"].keys():
         assert (data["hidden"][key][t + 1, n] == 0).all()
-    if networks.get("rnn_critic", True):
-        assert "final_hidden" in data.keys()
+
+
+def test_a_policy_says_whether_its_critic_reads_the_state():
+    env = no_velocities()
+    spaces = (env.single_observation_space, env.single_action_space)
+    for settings, reads in zip(NETWORKS, (True, False, True)):
+        assert recurrent(env, **settings).recurrent_critic is reads
+    assert recurrent(env, cls=ActorOnly).recurrent_critic is False  # no critic
+    assert ActorCritic(*spaces).recurrent_critic is False  # feed-forward
 
 
 @pytest.mark.parametrize("rnn_type", ["gru", "lstm"])
@@ -104,9 +88,10 @@ def test_sequences_replay_like_the_step_by_step_reference_across_episode_ends(rn
     assert crossed >= 1  # a chunk with an episode end inside its sequences
 
 
+@pytest.mark.parametrize("networks", NETWORKS, ids=["both", "actor", "critic"])
 @pytest.mark.parametrize("rnn_type", ["gru", "lstm"])
-def test_a_done_rows_bootstrap_value_reads_the_critics_state_after_that_step(rnn_type):
-    policy, _, data = collected(rnn_type)
+def test_a_done_rows_bootstrap_value_reads_the_critics_state_after_that_step(rnn_type, networks):
+    policy, _, data = collected(rnn_type, **networks)
     _, _, _, after = step_by_step(policy, data)
     truncated = data["truncated"] & ~data["terminated"]
     t, n = truncated.nonzero(as_tuple=True)
@@ -116,7 +101,10 @@ def test_a_done_rows_bootstrap_value_reads_the_critics_state_after_that_step(rnn
         expected = policy.get_value(final)["value"]
         fresh = policy.get_value(final.set("hidden", after[t, n].clone().zero_()))["value"]
     torch.testing.assert_close(data["next_value"][t, n], expected)
-    assert not torch.allclose(expected, fresh)  # the state matters: a zero one gives other values
+    if networks.get("rnn_critic", True):  # the state matters: a zero one gives other values
+        assert not torch.allclose(expected, fresh)
+    else:  # a feed-forward critic reads no state: none is stored for it
+        torch.testing.assert_close(expected, fresh)
 
 
 def test_ppos_first_minibatch_replays_the_rollout_policy_exactly():
@@ -207,9 +195,7 @@ def test_a_resumed_recurrent_run_continues_exactly_like_an_uninterrupted_one(tmp
             env, policy, algo, iterations=iterations, rollout_steps=16, save_freq=100, output_dir=str(out),
             seed=3, progress=False, resume_from=resume_from, eval_freq=100,
         )  # fmt: skip
-        from rlchain.run.starting import start
-
-        start(trainer)
+        trainer.start()
         return trainer
 
     straight = make(tmp_path / "a", 3)

@@ -51,9 +51,9 @@ class RolloutBuffer:
     hidden              f32 [T,N,...]       recurrent policy only: its state before step
                                             ``t`` (zeros at an episode's first step), a
                                             TensorDict of the keys of ``initial_state``
-    final_hidden        f32 [T,N,...]       recurrent policy with a critic only: on done
-                                            rows, the state after the step, the one
-                                            that would see ``final_obs`` (bootstrapping)
+    final_hidden        f32 [T,N,...]       recurrent critic only: on done rows, the
+                                            state after the step, the one that would
+                                            see ``final_obs`` (bootstrapping)
     ==================  ==================  =============================================
 
     Args:
@@ -66,7 +66,8 @@ class RolloutBuffer:
             image that the critic does not read then takes no second copy.
         hidden: a recurrent policy's state of the ``N`` envs (:meth:`~rlchain.core.policies.Policy.initial_state`),
             or None: no ``hidden`` storage.
-        final_hidden: with ``hidden``, whether to store ``final_hidden`` too (a policy with a critic).
+        final_hidden: with ``hidden``, whether to store ``final_hidden`` too (a critic that reads the state:
+            :attr:`~rlchain.core.policies.Policy.recurrent_critic`).
 
     Raises:
         SettingError: a non-positive ``rollout_steps``.

@@ -147,7 +147,8 @@ class SyncCollector:
     where an episode ended (the state that sees the auto-reset's first
     observation is fresh); a reset of every env zeroes it too. A done row's
     ``V(final_obs)`` reads the state after that step (``final_hidden``), the
-    state that would have seen ``final_obs``.
+    state that would have seen ``final_obs``; it is stored only for a critic
+    that reads a state (:attr:`~rlchain.core.policies.Policy.recurrent_critic`).
 
     Args:
         env: a :class:`rlchain.core.envs.base.VecEnv`.
@@ -220,7 +221,7 @@ class SyncCollector:
             env.device,
             final_obs_groups=self._final_groups,
             hidden=hidden,
-            final_hidden=policy.has_critic,
+            final_hidden=bool(getattr(policy, "recurrent_critic", recurrent and policy.has_critic)),
         )
         # The storage's rows, one view per step and key, made once: each step is written into place.
         data = self.buffer.data

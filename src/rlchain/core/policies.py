@@ -476,7 +476,8 @@ class Policy(nn.Module):
     * optional, with their defaults here: ``has_critic`` (True),
       :meth:`deterministic_action` (raises ``NotImplementedError``: such a
       policy cannot be exported), :meth:`update_obs_normalizer` (nothing),
-      ``is_recurrent`` (False) and :meth:`initial_state` (None).
+      ``is_recurrent`` (False), :meth:`initial_state` (None) and
+      :attr:`recurrent_critic` (``is_recurrent and has_critic``).
 
     A recurrent policy (``is_recurrent``) keeps a state per env, a TensorDict
     of batch size ``[B]`` (:meth:`initial_state`: zeros, the state before an
@@ -502,6 +503,14 @@ class Policy(nn.Module):
     action_space: gym.spaces.Box | gym.spaces.Discrete
     has_critic: bool = True
     is_recurrent: bool = False
+
+    @property
+    def recurrent_critic(self) -> bool:
+        """Whether :meth:`get_value` reads the state ``td["hidden"]``: the collector then stores, for the
+        bootstrap values of done rows, the state after each step (``final_hidden``). Here ``is_recurrent and
+        has_critic``; a policy whose critic is feed-forward (:class:`ActorCritic` with ``rnn_critic=False``) says
+        False."""
+        return self.is_recurrent and self.has_critic
 
     def initial_state(self, batch: int, device: torch.device | str | None = None) -> TensorDict | None:
         """The state of ``batch`` envs before an episode's first observation (zeros), a TensorDict of batch size
@@ -735,6 +744,11 @@ class ActorCritic(Policy):
         return outs[0], outs[1], new
 
     # ----------------------------------------------------------- interface
+    @property
+    def recurrent_critic(self) -> bool:
+        """Whether the critic has a recurrent core (``rnn_type`` with ``rnn_critic`` and a critic)."""
+        return self.critic_memory is not None
+
     def initial_state(self, batch: int, device: torch.device | str | None = None) -> TensorDict | None:
         """Zeros: ``actor_h``, ``critic_h`` (an LSTM's ``actor_c``, ``critic_c`` too) of the recurrent networks,
         float32 ``[batch, rnn_num_layers, rnn_hidden_size]`` each; None for a feed-forward policy."""

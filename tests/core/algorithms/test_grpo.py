@@ -12,9 +12,11 @@ from rlchain.core.algorithms.functional import (
     first_done_mask,
     group_relative_advantages,
 )
+from rlchain.core.collector import SyncCollector
 from rlchain.core.envs import CartPoleEnv, PushCubeEnv
 from rlchain.core.policies import ActorCritic, ActorOnly
 from rlchain.run.trainer import Trainer
+from tests.helpers.recurrent import recurrent, step_by_step
 from tests.helpers.references import reference_group_advantages
 from tests.helpers.runs import run_cli
 from tests.helpers.toy_env import LineEnv
@@ -78,6 +80,50 @@ def test_grpo_reference_policy_is_frozen_with_its_observation_normaliser():
     policy.update_obs_normalizer(torch.randn(64, 2) * 5 + 3)  # the live statistics move
     torch.testing.assert_close(grpo.ref_policy.evaluate_actions(batch)["sample_log_prob"], before)
     assert not torch.equal(policy.obs_normalizer.mean, grpo.ref_policy.obs_normalizer.mean)
+
+
+@pytest.mark.parametrize("rnn_type", ["gru", "lstm", None])
+def test_the_reference_kl_reads_the_reference_stepped_from_its_own_state(rnn_type):
+    """The reference KL against a plain step-by-step replay of the reference from its own zero state.
+
+    A recurrent reference used to be evaluated per minibatch from the state the trained policy stored at
+    collection: from another network's state at the start of every sequence but each env's first, so with
+    ``seq_len < rollout_steps`` its log-probabilities erred by about 0.1 from the second sequence on, and the
+    reported KL was about two thirds too high here.
+    One epoch of one minibatch of every sample: the reported KL is the one before the step, the trained policy's
+    log-probabilities there are those of collection.
+    """
+    env = CartPoleEnv(num_envs=8, seed=0, hide_velocities=True, max_episode_steps=20)
+    if rnn_type is None:
+        torch.manual_seed(0)
+        policy = ActorOnly(env.single_observation_space, env.single_action_space, hidden_sizes=[16])
+    else:
+        policy = recurrent(env, rnn_type, cls=ActorOnly)
+    with torch.no_grad():  # actions that the state moves (the head's initial gain is 0.01)
+        policy.actor[-1].weight.mul_(100.0)
+    seq_len = 5 if rnn_type else None
+    grpo = GRPO(policy, batch_size=160, n_epochs=1, group_size=4, kl_coef=0.1, seq_len=seq_len)
+    with torch.no_grad():  # the trained policy moves away from its reference
+        for p in policy.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    data = SyncCollector(env, policy, 20, reset_options=grpo.reset_options).collect().data
+    ref = grpo.ref_policy
+    if rnn_type is None:
+        with torch.no_grad():
+            expected = torch.stack([ref.evaluate_actions(data[t])["sample_log_prob"] for t in range(20)])
+    else:
+        assert all((v[0] == 0).all() for v in data["hidden"].values())  # every rollout starts from a reset
+        own = data.clone().set("hidden", ref.initial_state(8).expand(20, 8).clone())  # zeros: a reset's state
+        expected = step_by_step(ref, own)[0]
+        with torch.no_grad():  # the trained policy's states are not the reference's
+            stored = torch.cat([ref.evaluate_actions(data[c : c + 5])["sample_log_prob"] for c in range(0, 20, 5)])
+        assert (stored - expected).abs().max() > 0.05
+    mask = first_done_mask(data["done"]).double()
+    q = expected.double() - data["sample_log_prob"].double()
+    kl = float(((q.exp() - q - 1) * mask).sum() / mask.sum())
+    assert 0 < mask.mean() < 1 and kl > 5e-4
+    assert grpo.update(data)["approx_ref_kl"] == pytest.approx(kl, rel=1e-4)
+    torch.testing.assert_close(grpo.reference_log_prob(data), expected)  # every step's, masked ones included
 
 
 def test_grpo_rejects_bad_group_sizes_before_any_step(tmp_path):

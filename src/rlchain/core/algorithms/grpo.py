@@ -19,7 +19,11 @@ start every rollout from one shared initial state (``env.reset(options=
    is the reference,
    penalised with the k3 estimator ``exp(q) - q - 1``,
    ``q = log pi_ref(a|s) - log pi(a|s)`` (Schulman 2020, "Approximating KL
-   divergence"), as in the GRPO paper.
+   divergence"), as in the GRPO paper. The reference's log-probabilities of
+   the rollout's actions are computed once per update, before its epochs
+   (``ref_log_prob``); a recurrent reference replays each env's whole rollout
+   from its own zero state (every rollout starts from a reset), zeroed where
+   an episode ended, never from the trained policy's stored state.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from rlchain.core.algorithms.functional import (
     first_done_mask,
     group_relative_advantages,
 )
+from rlchain.core.buffer import sequence_minibatches
 from rlchain.core.envs.base import check_group_size
 from rlchain.core.policies import Policy
 from rlchain.distributed import world
@@ -100,9 +105,12 @@ class GRPO(Algorithm):
 
     def __init__(self, policy: Policy, **settings: Any) -> None:
         super().__init__(policy, GRPOConfig(**settings))
-        # Every rollout starts from a group reset: only then do a group's envs share a start.
+        # Every rollout starts from a group reset: only then do a group's envs share a start (and a recurrent
+        # policy's state is zeros at every rollout's first step, the reference's as the trained policy's).
         self.reset_options = {"group_size": self.cfg.group_size}
         self.ref_policy: Policy | None = None
+        if self.cfg.kl_coef > 0:
+            self.update_keys = (*self.update_keys, "ref_log_prob")
         self.reset_reference()
 
     def reset_reference(self) -> None:
@@ -133,6 +141,8 @@ class GRPO(Algorithm):
         data = rollout.select("obs", "action", "sample_log_prob", *self._rollout_keys()).clone(False)
         data.set("advantages", advantages)
         data.set("mask", mask.float())
+        if self.ref_policy is not None:
+            data.set("ref_log_prob", self.reference_log_prob(rollout))
         stats, _ = self._optimise(data, self.minibatch_loss, weight=data["mask"])
         self.policy.update_obs_normalizer(rollout["obs"])
         stats.update(
@@ -141,8 +151,38 @@ class GRPO(Algorithm):
         )
         return stats
 
+    @torch.no_grad()
+    def reference_log_prob(self, rollout: TensorDict) -> torch.Tensor:
+        """The reference policy's log-probabilities of the rollout's actions, float32 ``[T, N]``.
+
+        A recurrent reference steps through each env's whole rollout from its
+        own zero state (:meth:`~rlchain.core.policies.Policy.initial_state`),
+        zeroed after a step that ended an episode, as it would have acted: a
+        GRPO rollout starts from a reset of every env, so zeros are its state
+        at step 0, and the trained policy's stored ``hidden`` is another
+        network's state. Forward passes of at most ``batch_size`` samples (a
+        recurrent one: ``max(1, batch_size // T)`` whole envs).
+
+        Args:
+            rollout: a ``[T, N]`` rollout of the collector with ``obs``, ``action`` and ``done``.
+
+        Raises:
+            RuntimeError: without a reference (``kl_coef == 0``).
+        """
+        if self.ref_policy is None:
+            raise RuntimeError("GRPO has no reference policy: kl_coef is 0")
+        steps, n = rollout.batch_size
+        data = rollout.select("obs", "action", "done")
+        if self.recurrent:  # each env's whole rollout, envs in order, from the reference's zero state
+            data.set("hidden", self.ref_policy.initial_state(n, rollout.device).expand(steps, n))
+            chunks, dim = sequence_minibatches(data, steps, self.cfg.batch_size, generator=None), 1
+        else:
+            chunks, dim = self._minibatches(data, shuffled=False), 0
+        log_prob = torch.cat([self.ref_policy.evaluate_actions(chunk)["sample_log_prob"] for chunk in chunks], dim)
+        return log_prob.reshape(steps, n)
+
     def _minibatch_loss(self, batch: TensorDict) -> dict[str, torch.Tensor]:
-        """Masked clipped surrogate, entropy bonus and reference KL of one minibatch."""
+        """Masked clipped surrogate, entropy bonus and reference KL (from ``ref_log_prob``) of one minibatch."""
         m = batch["mask"]
         # Each rank divides its masked sums by the ranks' mean live count, so the mean of the ranks' gradients (and
         # terms) is the masked mean over every rank's live samples: one process's update on all the envs. The
@@ -160,9 +200,7 @@ class GRPO(Algorithm):
         policy_loss, entropy = masked_mean(surrogate), masked_mean(new["entropy"])
         loss = policy_loss - self.cfg.ent_coef * entropy
         if self.ref_policy is not None:
-            with torch.no_grad():
-                ref_log_prob = self.ref_policy.evaluate_actions(batch)["sample_log_prob"]
-            q = ref_log_prob - new["sample_log_prob"]
+            q = batch["ref_log_prob"] - new["sample_log_prob"]
             ref_kl = masked_mean(q.exp() - q - 1)
             loss = loss + self.cfg.kl_coef * ref_kl
         else:
