@@ -301,3 +301,31 @@ def test_nan_observations_are_reported_as_observations(tmp_path):
         ValueError, match=r"^observation contains NaN or inf: NaNObservations returned a non-finite obs"
     ):
         SyncCollector(env, policy, rollout_steps=8).collect()
+
+
+class DeferredNaNObservations(NaNObservations):
+    """As NaNObservations, but it keeps its action check on the device, as a torch-native task does when its step
+    is compiled or runs on CUDA: only ``check_actions`` raises."""
+
+    def __init__(self, **settings):
+        super().__init__(**settings)
+        self.bad = torch.zeros((), dtype=torch.bool)
+
+    def step(self, action):
+        self.bad |= ~torch.isfinite(action).all()
+        return LineEnv.step(self, action.nan_to_num())
+
+    def check_actions(self):
+        if bool(self.bad):
+            raise ValueError(NON_FINITE_ACTION)
+
+
+def test_a_deferred_action_check_is_read_once_per_rollout_and_traced_to_the_observation():
+    env = DeferredNaNObservations(num_envs=4, max_episode_steps=50)
+    policy = ActorCritic(
+        env.single_observation_space, env.single_action_space, hidden_sizes=[8], obs_normalization=False
+    )
+    with pytest.raises(
+        ValueError, match=r"^observation contains NaN or inf: DeferredNaNObservations returned a non-finite obs"
+    ):
+        SyncCollector(env, policy, rollout_steps=8).collect()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
@@ -17,7 +17,16 @@ from rlchain.settings import SettingError
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["EpisodeWindow", "Episodes", "Rollout", "SyncCollector", "kept_state", "policy_input", "step_env"]
+__all__ = [
+    "EpisodeWindow",
+    "Episodes",
+    "Rollout",
+    "SyncCollector",
+    "check_actions",
+    "kept_state",
+    "policy_input",
+    "step_env",
+]
 
 #: The rollout keys the step loop copies when the policy has acted, and when the env has stepped (``done`` it
 #: computes in place); ``obs`` stands for every group of a grouped observation, ``final_obs`` for the critic's.
@@ -73,12 +82,30 @@ def step_env(env: VecEnv, obs: Obs, action: torch.Tensor) -> tuple:
     try:
         return env.step(action)
     except ValueError as err:
-        if observations.all_finite(obs):
-            raise
-        raise ValueError(
-            f"observation contains NaN or inf: {type(env).__name__} returned a non-finite observation, "
-            f"and the policy's action from it was rejected ({err})"
-        ) from err
+        _trace_rejected_action(env, obs, err)
+
+
+def check_actions(env: VecEnv, obs: Obs) -> None:
+    """``env.check_actions()`` (an env that checks its actions on the device raises here, once per rollout), with
+    the rejection traced to a non-finite observation as :func:`step_env` does; ``obs`` are the observations the
+    policy acted on since the last check (e.g. a rollout's ``[T, N]`` storage).
+
+    Raises:
+        ValueError: the env's error, or one that names the observation when ``obs`` is not finite.
+    """
+    try:
+        env.check_actions()
+    except ValueError as err:
+        _trace_rejected_action(env, obs, err)
+
+
+def _trace_rejected_action(env: VecEnv, obs: Obs, err: ValueError) -> NoReturn:
+    if observations.all_finite(obs):
+        raise err
+    raise ValueError(
+        f"observation contains NaN or inf: {type(env).__name__} returned a non-finite observation, "
+        f"and the policy's action from it was rejected ({err})"
+    ) from err
 
 
 def policy_input(obs: Obs, hidden: TensorDict | None) -> TensorDict:
@@ -315,6 +342,7 @@ class SyncCollector:
         torch.mul(ret, running, out=self._episode_return)
         torch.mul(length, running, out=self._episode_length)
         self._obs, self._hidden = obs, hidden
+        check_actions(env, data["obs"])  # the rollout's one read of an env's deferred action check
         self._bootstrap_values(data, obs)
 
         # One host read per rollout: the counted episodes and the term means.

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from rlchain.console import error_line
-from rlchain.core.collector import kept_state, policy_input, step_env
+from rlchain.core.collector import check_actions, kept_state, policy_input, step_env
 from rlchain.core.envs.base import VecEnv
 from rlchain.core.policies import Policy
 from rlchain.settings import SettingError
@@ -220,8 +220,10 @@ def evaluate(
         finished += done.long()
         ret.masked_fill_(done, 0.0)
         length.masked_fill_(done, 0.0)
-        if step % episode_limit == 0 and bool((finished >= per_env).all()):
-            break
+        if step % episode_limit == 0:
+            check_actions(env, obs)  # an env's deferred action check, read with the episodes' count
+            if bool((finished >= per_env).all()):
+                break
     else:
         if not bool((finished >= per_env).all()):
             raise RuntimeError(

@@ -11,7 +11,7 @@ import torch
 from gymnasium.utils.env_checker import check_env
 
 import tests.helpers.gym_toy_envs  # noqa: F401  (registers the toy gymnasium ids)
-from rlchain.core.envs import CartPoleEnv, GymVecEnv, TorchVecEnv
+from rlchain.core.envs import CartPoleEnv, GymVecEnv
 
 STATE = ("x", "x_dot", "theta", "theta_dot")
 
@@ -93,41 +93,37 @@ def test_cart_pole_truncates_at_the_limit_reports_success_and_resets_in_the_same
         env.step(torch.tensor([0, 1, 2]))
 
 
-def test_invalid_discrete_cart_pole_actions_raise_through_the_device_agnostic_check(monkeypatch):
+def test_invalid_discrete_cart_pole_actions_raise_through_the_device_agnostic_check():
     env = CartPoleEnv(num_envs=3)
     for action in (torch.tensor([0, 1, 2]), torch.tensor([0.0, 1.0, 0.5]), torch.tensor([-1, 0, 0])):
         with pytest.raises(ValueError, match=rf"^{re.escape(INVALID_DISCRETE_ACTION)}$"):
             env.step(action)
-    # The check used to be CPU-only: on CUDA an invalid action pushed left, silently. It now goes
-    # through TorchVecEnv._check_flag, which raises at once on the CPU and without a host sync on CUDA.
-    seen = []
-    monkeypatch.setattr(TorchVecEnv, "_check_flag", lambda self, bad, message: seen.append((bool(bad), message)))
-    env.step(torch.tensor([0, 1, 2]))
-    env.step(torch.tensor([1, 0, 1]))
-    assert seen == [(True, INVALID_DISCRETE_ACTION), (False, INVALID_DISCRETE_ACTION)]
+    env.check_actions()  # each was raised and cleared
+
+
+def test_a_compiled_step_keeps_the_invalid_action_on_the_device_until_check_actions():
+    env = CartPoleEnv(num_envs=3)
+    step = torch.compile(env.step, fullgraph=True, backend="aot_eager")
+    step(torch.tensor([0, 1, 1]))
+    env.check_actions()
+    step(torch.tensor([0, 1, 2]))  # no host read inside the step
+    step(torch.tensor([1, 1, 0]))
+    with pytest.raises(ValueError, match=rf"^{re.escape(INVALID_DISCRETE_ACTION)}$"):
+        env.check_actions()
+    env.check_actions()  # the flag was cleared
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_invalid_discrete_cart_pole_action_raises_on_cuda_a_step_later():
-    env = CartPoleEnv(num_envs=4, device="cuda")
-    env.step(torch.tensor([0, 1, 2, 1], device="cuda"))  # checked without a host sync: no error yet
-    torch.cuda.synchronize()  # the check's flag has reached the host
-    with pytest.raises(ValueError, match=re.escape(INVALID_DISCRETE_ACTION)):
-        env.step(torch.tensor([0, 1, 1, 1], device="cuda"))
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_bad_action_taken_while_a_check_is_in_flight_is_still_caught_on_cuda():
+def test_invalid_discrete_cart_pole_action_on_cuda_raises_at_check_actions():
     env = CartPoleEnv(num_envs=4, device="cuda")
     good = torch.ones(4, dtype=torch.int64, device="cuda")
-    env.step(good)  # its check is in flight
-    env.step(torch.tensor([0, 1, 2, 1], device="cuda"))  # may find that check unfinished: kept on the device
+    env.step(torch.tensor([0, 1, 2, 1], device="cuda"))  # kept on the device: no error yet
+    env.step(good)
     with pytest.raises(ValueError, match=re.escape(INVALID_DISCRETE_ACTION)):
-        for _ in range(3):
-            torch.cuda.synchronize()
-            env.step(good)
+        env.check_actions()
+    env.step(good)
+    env.check_actions()
 
 
 def balance(obs: np.ndarray) -> int:

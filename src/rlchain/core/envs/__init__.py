@@ -39,11 +39,13 @@ from rlchain.core.envs.gym_adapter import GymEnvConfig, GymVecEnv
 from rlchain.core.envs.maniskill_adapter import ManiSkillBatchedEnv, ManiSkillEnv, ManiSkillEnvConfig
 from rlchain.core.envs.mjlab_adapter import MjlabEnv, MjlabEnvConfig
 from rlchain.core.envs.push_cube import PushCubeConfig, PushCubeEnv, PushCubeGymEnv
+from rlchain.core.envs.rng import CounterRng
 
 __all__ = [
     "CartPoleConfig",
     "CartPoleEnv",
     "CartPoleGymEnv",
+    "CounterRng",
     "GymEnvConfig",
     "GymVecEnv",
     "ManiSkillBatchedEnv",

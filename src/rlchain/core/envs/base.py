@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
+from rlchain.core.envs.rng import CounterRng
 from rlchain.settings import SettingError, Settings, setting
 from rlchain.utils import MAX_SEED
 
@@ -194,6 +195,17 @@ class VecEnv(gym.vector.VectorEnv):
             ValueError: (in an env that has state) a state of another env: an unknown key, a wrong shape.
         """
 
+    def check_actions(self) -> None:
+        """Raise for an invalid action taken since the last call; a no-op for an env that checks each action in
+        its ``step`` (this base implementation).
+
+        A torch-native task keeps its check on the device so that its ``step`` compiles whole
+        (:class:`TorchVecEnv`); the collector and evaluation call this once per rollout.
+
+        Raises:
+            ValueError: (an env that defers its check) the env's message for the invalid action.
+        """
+
     def spread_episode_starts(self) -> None:
         """Move every env to a random step of its episode, uniform in ``[0, max_episode_steps)``, drawn from the
         env's own random stream; the state is unchanged, only the step its time limit counts from.
@@ -282,27 +294,32 @@ class VecEnv(gym.vector.VectorEnv):
 
 
 class TorchVecEnv(VecEnv):
-    """A :class:`VecEnv` whose whole state is named torch tensors and one ``torch.Generator``.
+    """A :class:`VecEnv` whose whole state is named torch tensors and one :class:`~rlchain.core.envs.rng.CounterRng`.
 
-    Subclasses list their state tensors (attribute names) in ``_STATE`` and
-    keep their random stream in ``self._generator``; this class gives them
-    exact save and restore (:meth:`state_dict`, :meth:`load_state_dict`), used
-    by checkpoints so a resumed run continues bit-identically, and a
-    host-sync-free finiteness check of actions on CUDA.
+    Subclasses list their state tensors (attribute names) in ``_STATE``, write them in place only, and draw
+    from ``self._rng``; this class gives them exact save and restore (:meth:`state_dict`,
+    :meth:`load_state_dict`), used by checkpoints so a resumed run continues bit-identically, and an
+    invalid-action check that stays on the device (:meth:`_flag_invalid_action`, :meth:`check_actions`). Written
+    so, a task's ``step`` compiles whole (``torch.compile(env.step, fullgraph=True)``) and replays as one CUDA
+    graph: no host read, no ``torch.Generator``, no tensor whose address changes between steps.
     """
 
     resumes_episodes = True
     _STATE: tuple[str, ...] = ()
-    _generator: torch.Generator
-    _pending_action_check: tuple[torch.Tensor, Any] | None = None
-    _bad_action: torch.Tensor | None = None
+    _rng: CounterRng
+    #: The error of :meth:`check_actions` (one kind of invalid action per env).
+    _invalid_action_message: str = NON_FINITE_ACTION
+
+    def __init__(self, num_envs: int, device: torch.device) -> None:
+        super().__init__(num_envs, device)
+        self._invalid_action = torch.zeros((), dtype=torch.bool, device=device)
 
     def get_state(self) -> dict[str, torch.Tensor]:
         """Every state tensor by name (references, not copies)."""
         return {name: getattr(self, name) for name in self._STATE}
 
     def set_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Overwrite state tensors by name (as returned by :meth:`get_state`).
+        """Overwrite state tensors by name (as returned by :meth:`get_state`), in place.
 
         Raises:
             ValueError: an unknown name or a tensor of the wrong shape.
@@ -314,7 +331,7 @@ class TorchVecEnv(VecEnv):
             value = torch.as_tensor(value, device=self.device, dtype=current.dtype)
             if value.shape != current.shape:
                 raise ValueError(f"state[{name!r}] has shape {tuple(value.shape)}: expected {tuple(current.shape)}")
-            setattr(self, name, value.clone())
+            current.copy_(value)
         self._after_set_state()
 
     def _after_set_state(self) -> None:
@@ -322,17 +339,14 @@ class TorchVecEnv(VecEnv):
 
     def spread_episode_starts(self) -> None:
         """See :meth:`VecEnv.spread_episode_starts`: for a task that counts its steps in ``elapsed_steps`` (a state
-        tensor ``[N]``; it then sets ``spreads_episode_starts``), random counts from its generator.
+        tensor ``[N]``; it then sets ``spreads_episode_starts``), random counts from its stream.
 
         Raises:
             NotImplementedError: the task keeps no ``elapsed_steps``.
         """
         if "elapsed_steps" not in self._STATE:
             super().spread_episode_starts()
-        steps = self.elapsed_steps
-        self.elapsed_steps = torch.randint(
-            0, self.max_episode_steps, steps.shape, generator=self._generator, device=self.device, dtype=steps.dtype
-        )
+        self.elapsed_steps.copy_(self._rng.integers(self.max_episode_steps, self.num_envs))
 
     def _render_rows(self, env_ids: Sequence[int] | None) -> slice | torch.Tensor:
         """The rows of the state tensors that :meth:`render` draws (checked by :meth:`VecEnv._render_ids`).
@@ -360,7 +374,7 @@ class TorchVecEnv(VecEnv):
         """Reset every env.
 
         Args:
-            seed: reseeds the env's generator when given.
+            seed: restarts the env's random stream from this seed when given.
             options: ``{"group_size": G}`` makes each block of ``G`` consecutive
                 envs start from one shared state (GRPO); blocks differ.
 
@@ -372,58 +386,49 @@ class TorchVecEnv(VecEnv):
         """
         group_size = reset_group_size(options, self.num_envs)
         if seed is not None:
-            self._generator.manual_seed(int(seed))
+            self._rng.seed(seed)
         self._sample_and_set(torch.ones(self.num_envs, dtype=torch.bool, device=self.device), group_size)
         self._after_set_state()
         return self._observe(), {}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """State tensors (copies) and the generator state: everything to continue exactly."""
-        return {**{k: v.clone() for k, v in self.get_state().items()}, "generator": self._generator.get_state()}
+        """State tensors (copies) and the random stream's state (``rng``): everything to continue exactly."""
+        return {**{k: v.clone() for k, v in self.get_state().items()}, "rng": self._rng.state_dict()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restore :meth:`state_dict` output.
 
+        A checkpoint of rlchain 0.1.0 holds a ``torch.Generator``'s state (``generator``) instead of ``rng``: its
+        episodes in progress are restored, and the random stream goes on from where this env's stands.
+
         Raises:
-            ValueError: an unknown key or a tensor of the wrong shape.
+            ValueError: an unknown key, a tensor of the wrong shape, an ``rng`` that is not a stream's state.
         """
         state = dict(state)
-        self._generator.set_state(state.pop("generator").cpu())  # generator states are CPU byte tensors
+        if "rng" in state:
+            self._rng.load_state_dict(state.pop("rng"))
+        else:
+            state.pop("generator", None)
         self.set_state(state)
 
-    def _check_finite(self, action: torch.Tensor) -> None:
-        """Raise ``ValueError`` for NaN or inf in ``action``; see :meth:`_check_flag` for when."""
-        self._check_flag(~torch.isfinite(action).all(), NON_FINITE_ACTION)
+    def _flag_invalid_action(self, bad: torch.Tensor) -> None:
+        """Record ``bad`` (a 0-d bool tensor on the env's device: this step's action was invalid) for
+        :meth:`check_actions`, on the device. Eager on the CPU, where a read costs no synchronisation, the check
+        follows at once; compiled, or on CUDA, it waits for the caller's :meth:`check_actions` (the collector and
+        evaluation call it once per rollout)."""
+        self._invalid_action.logical_or_(bad)
+        if self.device.type == "cpu" and not torch.compiler.is_compiling():
+            self.check_actions()
 
-    def _check_flag(self, bad: torch.Tensor, message: str) -> None:
-        """Raise ``ValueError(message)`` once ``bad`` (a 0-d bool tensor on the env's device) has been set:
-        at once on the CPU; on CUDA without a host sync, a few steps late.
+    def check_actions(self) -> None:
+        """Raise for an invalid action taken since the last call (one host read; the flag is then cleared).
 
-        On CUDA every step's flag is OR-ed into one device-side flag, which is
-        copied to pinned memory asynchronously and read once its copy has
-        completed (``Event.query`` never blocks), so a bad action neither
-        stalls every step nor goes unseen: a later step raises for it. An env
-        checks one kind of action, so one ``message`` per env.
+        Raises:
+            ValueError: the env's one-line message (NaN or inf in a Box action, a Discrete action out of range).
         """
-        if self.device.type == "cpu":
-            if bool(bad):
-                raise ValueError(message)
-            return
-        if self._bad_action is None:
-            self._bad_action = torch.zeros((), dtype=torch.bool, device=self.device)
-        self._bad_action.logical_or_(bad)
-        if self._pending_action_check is not None:
-            flag, event = self._pending_action_check
-            if not event.query():
-                return
-            self._pending_action_check = None
-            if bool(flag):
-                raise ValueError(message)
-        flag = torch.empty((), dtype=torch.bool, pin_memory=True)
-        flag.copy_(self._bad_action, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))
-        self._pending_action_check = (flag, event)
+        if bool(self._invalid_action):
+            self._invalid_action.zero_()
+            raise ValueError(self._invalid_action_message)
 
 
 class SingleGymEnv(gym.Env):

@@ -51,6 +51,7 @@ import torch
 
 import rlchain.core.envs.rendering as rendering
 from rlchain.core.envs.base import SingleGymEnv, TorchVecEnv, VecEnvConfig
+from rlchain.core.envs.rng import CounterRng
 from rlchain.settings import setting
 from rlchain.utils import resolve_device
 
@@ -133,10 +134,10 @@ class CartPoleEnv(TorchVecEnv):
             ``group_size`` that does not divide ``num_envs``; ``step`` on an
             action of the wrong shape, a discrete action outside {0, 1} or a
             non-finite continuous one. The shape is checked at once, the
-            values at once on the CPU and on CUDA without a host sync (see
-            :meth:`~rlchain.core.envs.base.TorchVecEnv._check_flag`): there the
-            error comes a few steps late (meanwhile an invalid discrete
-            action pushes left).
+            values at once eager on the CPU, else on the device and raised by
+            :meth:`~rlchain.core.envs.base.TorchVecEnv.check_actions`, which the
+            collector and evaluation call once per rollout (meanwhile an
+            invalid discrete action pushes left).
     """
 
     spreads_episode_starts = True
@@ -157,8 +158,9 @@ class CartPoleEnv(TorchVecEnv):
         )
         self._set_spaces(gym.spaces.Box(-high, high, dtype=np.float32), action_space)
         n, dev = self.num_envs, self.device
-        self._generator = torch.Generator(device=dev)
-        self._generator.manual_seed(cfg.seed)
+        self._rng = CounterRng(cfg.seed, dev)
+        if cfg.action_mode == "discrete":
+            self._invalid_action_message = INVALID_DISCRETE_ACTION
         zeros = lambda: torch.zeros(n, device=dev, dtype=torch.float32)  # noqa: E731
         self.x, self.x_dot, self.theta, self.theta_dot = zeros(), zeros(), zeros(), zeros()
         self.elapsed_steps = torch.zeros(n, device=dev, dtype=torch.int32)
@@ -172,13 +174,13 @@ class CartPoleEnv(TorchVecEnv):
     # ------------------------------------------------------------------ reset
     def _sample_and_set(self, mask: torch.Tensor, group_size: int) -> None:
         """Give the envs where ``mask`` (bool ``[N]``) fresh initial states, shared within groups."""
-        u = torch.rand(4, self.num_envs // group_size, generator=self._generator, device=self.device)
-        u = (u * 2 - 1) * INIT_HALF_RANGE
+        u = (self._rng.uniform(4, self.num_envs // group_size) * 2 - 1) * INIT_HALF_RANGE
         if group_size > 1:
             u = u.repeat_interleave(group_size, dim=1)
         for i, name in enumerate(("x", "x_dot", "theta", "theta_dot")):
-            setattr(self, name, torch.where(mask, u[i], getattr(self, name)))
-        self.elapsed_steps = self.elapsed_steps.masked_fill(mask, 0)
+            state = getattr(self, name)
+            state.copy_(torch.where(mask, u[i], state))
+        self.elapsed_steps.masked_fill_(mask, 0)
 
     #: The features of an observation, in order (m, m/s, rad, rad/s).
     observation_names = ("x", "x_dot", "theta", "theta_dot")
@@ -200,12 +202,12 @@ class CartPoleEnv(TorchVecEnv):
             if tuple(action.shape) != (n,):
                 raise ValueError(f"action has shape {tuple(action.shape)}: expected ({n},) = (num_envs,) of 0 or 1")
             action = action.to(self.device)
-            self._check_flag(~((action == 0) | (action == 1)).all(), INVALID_DISCRETE_ACTION)
+            self._flag_invalid_action(~((action == 0) | (action == 1)).all())
             return torch.where(action == 1, force_mag, -force_mag).float()
         if tuple(action.shape) != (n, 1):
             raise ValueError(f"action has shape {tuple(action.shape)}: expected ({n}, 1) = (num_envs, 1)")
         action = action.to(device=self.device, dtype=torch.float32)[:, 0]
-        self._check_finite(action)
+        self._flag_invalid_action(~torch.isfinite(action).all())
         return action.clamp(-1.0, 1.0) * force_mag
 
     @torch.no_grad()
@@ -231,11 +233,12 @@ class CartPoleEnv(TorchVecEnv):
             HALF_LENGTH * (4.0 / 3.0 - MASS_POLE * costheta.square() / TOTAL_MASS)
         )
         xacc = temp - POLE_MASS_LENGTH * thetaacc * costheta / TOTAL_MASS
-        self.x = self.x + TAU * self.x_dot
-        self.x_dot = self.x_dot + TAU * xacc
-        self.theta = self.theta + TAU * self.theta_dot
-        self.theta_dot = self.theta_dot + TAU * thetaacc
-        self.elapsed_steps = self.elapsed_steps + 1
+        # Written in place: the state tensors keep their addresses (a captured CUDA graph reads them).
+        self.x.add_(TAU * self.x_dot)
+        self.x_dot.add_(TAU * xacc)
+        self.theta.add_(TAU * self.theta_dot)
+        self.theta_dot.add_(TAU * thetaacc)
+        self.elapsed_steps.add_(1)
 
         terminated = (self.x.abs() > X_THRESHOLD) | (self.theta.abs() > THETA_THRESHOLD)
         truncated = (self.elapsed_steps >= self.max_episode_steps) & ~terminated

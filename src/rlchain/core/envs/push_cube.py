@@ -95,6 +95,7 @@ import torch
 import rlchain.core.envs.push_cube_physics as physics
 import rlchain.core.envs.rendering as rendering
 from rlchain.core.envs.base import SingleGymEnv, TorchVecEnv, VecEnvConfig
+from rlchain.core.envs.rng import CounterRng
 from rlchain.settings import SettingError, setting
 from rlchain.utils import resolve_device
 
@@ -286,8 +287,7 @@ class PushCubeEnv(TorchVecEnv):
         self._set_spaces(space, gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32))
         self._noise_group = 1  # the group size of the last reset, for the noise of its observation
         n, dev = self.num_envs, self.device
-        self._generator = torch.Generator(device=dev)
-        self._generator.manual_seed(cfg.seed)
+        self._rng = CounterRng(cfg.seed, dev)
         # State, one contiguous float32 [N] tensor per coordinate (metres,
         # radians, m/s, rad/s): elementwise ops on contiguous vectors are
         # several times faster than on strided columns of an [N, k] tensor.
@@ -298,8 +298,12 @@ class PushCubeEnv(TorchVecEnv):
         self.goal_x, self.goal_y = zeros(), zeros()
         self.prev_action = torch.zeros(n, 2, device=dev, dtype=torch.float32)
         self.elapsed_steps = torch.zeros(n, device=dev, dtype=torch.int32)
+        # The shaping potentials of the current state (derived: recomputed after a restore).
+        self._reach_potential, self._place_potential = zeros(), zeros()
+        if cfg.obs_mode != "state":
+            self._render_canvas(cfg.image_size)  # built here, not inside a compiled step
         self._sample_and_set(torch.ones(n, dtype=torch.bool, device=dev), group_size=1)
-        self._reach_potential, self._place_potential, _ = self._potentials()
+        self._after_set_state()
 
     @property
     def seed(self) -> int:
@@ -323,7 +327,9 @@ class PushCubeEnv(TorchVecEnv):
         return torch.stack((self.goal_x, self.goal_y), dim=-1)
 
     def _after_set_state(self) -> None:
-        self._reach_potential, self._place_potential, _ = self._potentials()
+        reach, place, _ = self._potentials()
+        self._reach_potential.copy_(reach)
+        self._place_potential.copy_(place)
 
     _STATE = (
         "pusher_x",
@@ -356,7 +362,7 @@ class PushCubeEnv(TorchVecEnv):
         cfg = self.cfg
         kg, kp = 6, 4  # goal and pusher candidates; the odds above assume these
         # One draw, laid out as rows so every slice below is contiguous.
-        u = torch.rand(3 + 2 * kg + 2 * kp, n, generator=self._generator, device=self.device) * 2 - 1
+        u = self._rng.uniform(3 + 2 * kg + 2 * kp, n) * 2 - 1
         cube_x = u[0] * cfg.cube_spawn_half_extent
         cube_y = u[1] * cfg.cube_spawn_half_extent
         yaw = u[2] * math.pi
@@ -392,11 +398,12 @@ class PushCubeEnv(TorchVecEnv):
             fresh = tuple(t.repeat_interleave(group_size) for t in fresh)
         names = ("pusher_x", "pusher_y", "cube_x", "cube_y", "cube_yaw", "goal_x", "goal_y")
         for name, value in zip(names, fresh):
-            setattr(self, name, torch.where(mask, value, getattr(self, name)))
+            state = getattr(self, name)
+            state.copy_(torch.where(mask, value, state))
         for name in ("cube_vx", "cube_vy", "cube_omega"):
-            setattr(self, name, getattr(self, name).masked_fill(mask, 0.0))
-        self.prev_action = self.prev_action.masked_fill(mask[:, None], 0.0)
-        self.elapsed_steps = self.elapsed_steps.masked_fill(mask, 0)
+            getattr(self, name).masked_fill_(mask, 0.0)
+        self.prev_action.masked_fill_(mask[:, None], 0.0)
+        self.elapsed_steps.masked_fill_(mask, 0)
 
     # ------------------------------------------------------------------- step
     def _check_action(self, action: torch.Tensor) -> torch.Tensor:
@@ -405,22 +412,21 @@ class PushCubeEnv(TorchVecEnv):
         if tuple(action.shape) != (self.num_envs, 2):
             raise ValueError(f"action has shape {tuple(action.shape)}: expected ({self.num_envs}, 2) = (num_envs, 2)")
         action = action.to(device=self.device, dtype=torch.float32)
-        self._check_finite(action)
+        self._flag_invalid_action(~torch.isfinite(action).all())
         return action.clamp(-1.0, 1.0)
 
-    def _substep(self, dx: torch.Tensor, dy: torch.Tensor) -> None:
-        """One physics substep of ``control_dt / substeps`` s (see :mod:`rlchain.core.envs.push_cube_physics`)."""
+    def _substep(self, pose: tuple, twist0: tuple, pusher: tuple, dx: torch.Tensor, dy: torch.Tensor) -> tuple:
+        """One physics substep of ``control_dt / substeps`` s (see :mod:`rlchain.core.envs.push_cube_physics`):
+        ``(pose, twist, pusher)`` after it, from the cube's pose ``(x, y, yaw)`` and twist ``(vx, vy, omega)`` and
+        the pusher's position ``(x, y)`` before it, each ``[N]``."""
         cfg, dt = self.cfg, self._dt
-        twist0 = (self.cube_vx, self.cube_vy, self.cube_omega)
         twist = physics.apply_friction(*twist0, self._lin_decel, self._ang_decel)
-        predicted = physics.predict_pose((self.cube_x, self.cube_y, self.cube_yaw), twist0, twist, dt)
-        px, py = physics.move_pusher(self.pusher_x, self.pusher_y, dx, dy, cfg.table_half_extent)
+        predicted = physics.predict_pose(pose, twist0, twist, dt)
+        px, py = physics.move_pusher(*pusher, dx, dy, cfg.table_half_extent)
         pose = physics.project_contact(
             predicted, px, py, self._half, cfg.pusher_radius, self._inertia_per_mass, cfg.contact_iterations
         )
-        self.cube_vx, self.cube_vy, self.cube_omega = physics.contact_twist(twist, pose, predicted, dt)
-        self.cube_x, self.cube_y, self.cube_yaw = pose
-        self.pusher_x, self.pusher_y = px, py
+        return pose, physics.contact_twist(twist, pose, predicted, dt), (px, py)
 
     def _potentials(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(reach, place, distance_to_goal)`` of the current state, each ``[N]``."""
@@ -479,7 +485,7 @@ class PushCubeEnv(TorchVecEnv):
             return features
         g, self._noise_group = self._noise_group, 1
         n, k = features.shape
-        noise = torch.randn(n // g, k, generator=self._generator, device=self.device).repeat_interleave(g, 0)
+        noise = self._rng.normal(n // g, k).repeat_interleave(g, 0)
         return features + self.cfg.obs_noise_std * noise
 
     def _features(self) -> torch.Tensor:
@@ -525,9 +531,31 @@ class PushCubeEnv(TorchVecEnv):
         action = self._check_action(action)
         scale = cfg.action_scale / cfg.substeps
         dx, dy = action[:, 0] * scale, action[:, 1] * scale
+        pose, twist, pusher = (
+            (self.cube_x, self.cube_y, self.cube_yaw),
+            (self.cube_vx, self.cube_vy, self.cube_omega),
+            (
+                self.pusher_x,
+                self.pusher_y,
+            ),
+        )
         for _ in range(cfg.substeps):
-            self._substep(dx, dy)
-        self.elapsed_steps = self.elapsed_steps + 1
+            pose, twist, pusher = self._substep(pose, twist, pusher, dx, dy)
+        # The state is written in place: its tensors keep their addresses (a captured CUDA graph reads them).
+        torch._foreach_copy_(
+            [
+                self.cube_x,
+                self.cube_y,
+                self.cube_yaw,
+                self.cube_vx,
+                self.cube_vy,
+                self.cube_omega,
+                self.pusher_x,
+                self.pusher_y,
+            ],
+            [*pose, *twist, *pusher],
+        )
+        self.elapsed_steps.add_(1)
 
         reach, place, distance = self._potentials()
         success = distance < cfg.success_threshold
@@ -545,9 +573,9 @@ class PushCubeEnv(TorchVecEnv):
         truncated = (self.elapsed_steps >= cfg.episode_length) & ~terminated
         done = terminated | truncated
         final_obs = self._observe()
-        self.prev_action = action
+        self.prev_action.copy_(action)
         self._sample_and_set(done, group_size=1)
-        self._reach_potential, self._place_potential, _ = self._potentials()
+        self._after_set_state()
         info = {
             "final_obs": final_obs,
             "rewards": rewards,
