@@ -7,9 +7,8 @@
 #             compiled and captured (benchmarks/env_throughput.py)
 #   cuda      the cuda-marked tests
 #   main      the main job on CUDA for 40 iterations (SPS; collect and update seconds per iteration)
-#   ppo4096   experiment=push_cube_ppo at 4,096 envs on CUDA, 20 iterations
 #   rsl_rl    benchmarks/vs_rsl_rl.py --device cuda at 4,096 envs, 20 iterations, one seed
-#   sweepN    an 8-job devices-launcher sweep with jobs_per_device N = 1, 4, 8 (wall time; each job's device)
+#   sweep     an 8-job sweep: Hydra's basic launcher against the devices launcher with jobs_per_device 4
 #   export    rlchain-eval and rlchain-export (onnx) of the CUDA-trained main job; the file run on the CPU
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +32,7 @@ step() {  # step NAME SECONDS COMMAND...
 }
 runs=$(mktemp -d)
 
-step env 150 python3 benchmarks/env_throughput.py --devices cuda --num-envs 4096 65536 \
+step env 180 python3 benchmarks/env_throughput.py --devices cuda --num-envs 4096 65536 \
   --modes eager compiled graphed compiled+graphed --steps 200 --repeats 3
 step cuda 90 python3 -m pytest -q -m cuda -p no:cacheprovider tests
 step main 60 rlchain-train algorithm=grpo env=push_cube device=cuda trainer.iterations=40 trainer.eval_freq=40 \
@@ -47,13 +46,9 @@ print({k: rows[-1].get(k) for k in ("global_step", "charts/SPS", "eval/success_r
       "collect_s", round(mean("time/collect_s"), 4), "update_s", round(mean("time/update_s"), 4))
 PY
 cat "$OUT/main_sps.txt"
-step ppo4096 60 rlchain-train experiment=push_cube_ppo env.num_envs=4096 device=cuda trainer.iterations=20 \
-  trainer.eval_freq=20 trainer.progress=false "hydra.run.dir=$runs/ppo4096"
-step rsl_rl 120 python3 benchmarks/vs_rsl_rl.py --device cuda --num-envs 4096 --iterations 20 --seeds 0 --out "$runs/rsl"
-for slots in 1 4 8; do
-  step "sweep$slots" 60 python3 benchmarks/sweep_throughput.py --device cuda --jobs 8 --slots "$slots" \
-    --iterations 10 --json "$OUT/sweep$slots.json"
-done
+step rsl_rl 100 python3 benchmarks/vs_rsl_rl.py --device cuda --num-envs 4096 --iterations 20 --seeds 0 --out "$runs/rsl"
+step sweep 90 python3 benchmarks/sweep_throughput.py --device cuda --jobs 8 --slots 4 --iterations 5 \
+  --json "$OUT/sweep.json"
 cat > "$runs/onnx_cpu.py" <<'PY'
 import sys
 import numpy as np
@@ -62,6 +57,6 @@ session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
 first = session.get_inputs()[0]
 print("onnx on the CPU:", session.run(None, {first.name: np.zeros([1, *first.shape[1:]], np.float32)})[0])
 PY
-step export 60 bash -c "rlchain-eval $runs/main num_episodes=64 && rlchain-export $runs/main format=onnx \
+step export 45 bash -c "rlchain-eval $runs/main num_episodes=64 && rlchain-export $runs/main format=onnx \
 output=$runs/policy.onnx && python3 $runs/onnx_cpu.py $runs/policy.onnx"
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
