@@ -154,7 +154,6 @@ def test_final_observations_keep_no_image_the_critic_does_not_read():
 def test_a_pixel_run_resumes_exactly(tmp_path):
     """The image in progress (uint8) and every weight of the encoders come back from the checkpoint."""
     from rlchain.core.algorithms import PPO
-    from rlchain.run.starting import start
     from rlchain.run.trainer import Trainer
 
     def make(out, iterations, resume_from=None):
@@ -175,7 +174,7 @@ def test_a_pixel_run_resumes_exactly(tmp_path):
             resume_from=resume_from and str(tmp_path / resume_from),
             fresh_eval=False,
         )
-        start(trainer)
+        trainer.start()
         return trainer
 
     straight = make("a", iterations=4)

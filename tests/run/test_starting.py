@@ -11,6 +11,7 @@ from rlchain.core.algorithms import GRPO, PPO
 from rlchain.core.envs import CartPoleEnv, GymVecEnv, PushCubeEnv
 from rlchain.core.policies import ActorCritic, ActorOnly
 from rlchain.run.starting import start
+from rlchain.run.state import RunState
 from rlchain.run.summary import RunSummary
 from rlchain.run.trainer import Trainer
 from tests.helpers.runs import TINY, USER, rows, run_cli, summary_of
@@ -19,8 +20,8 @@ from tests.helpers.user_components import FailingPPO
 
 
 def started(trainer: Trainer) -> Trainer:
-    """``trainer`` once :func:`rlchain.run.starting.start` resumed or initialised it (as rlchain-train's build does)."""
-    start(trainer)
+    """``trainer`` once :meth:`Trainer.start` resumed or initialised it (as rlchain-train's build does)."""
+    trainer.start()
     return trainer
 
 
@@ -60,6 +61,27 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     for (name, a), b in zip(straight.policy.state_dict().items(), resumed.policy.state_dict().values()):
         assert torch.equal(a, b), name
     assert torch.equal(straight.env.cube_x, resumed.env.cube_x)
+
+
+def test_start_returns_the_state_a_run_starts_from_and_assigns_nothing(tmp_path):
+    # start reached into the trainer and assigned its step count, run directory, W&B id, ...: it returns them now.
+    first = make_push_cube_ppo(tmp_path / "a", iterations=2)
+    first.train()
+    trainer = make_push_cube_ppo(tmp_path / "b", iterations=3)  # started afresh
+    before = RunState.new(tmp_path / "b", trainer.world)
+    state = start(before, trainer.parts, trainer.world, resume_from=str(tmp_path / "a" / "checkpoints" / "latest.pt"))
+    assert (state.global_step, state.iteration, state.started, state.output_dir) == (
+        2 * 32 * 16,
+        2,
+        True,
+        before.output_dir,
+    )
+    assert state.last_train == first.state.last_train and state.last_train["charts/iteration"] == 2
+    assert (before.global_step, before.iteration, before.started) == (0, 0, False)
+    assert (trainer.state.global_step, trainer.global_step) == (0, 0)  # the trainer's state is the trainer's to take
+    for (name, a), b in zip(first.policy.state_dict().items(), trainer.policy.state_dict().values()):
+        assert torch.equal(a, b), name  # the components took the checkpoint's states
+    assert start(state, trainer.parts, trainer.world, resume_from=str(tmp_path / "nope")) is state  # started once
 
 
 def test_resume_on_an_env_that_cannot_save_its_state_restarts_it_fresh(tmp_path, capsys):

@@ -275,7 +275,6 @@ def test_a_submitit_job_goes_on_from_its_own_latest_checkpoint_and_a_plain_run_r
     from rlchain.core.algorithms import PPO
     from rlchain.core.envs import CartPoleEnv
     from rlchain.core.policies import ActorCritic
-    from rlchain.run.starting import start
     from rlchain.run.trainer import Trainer
 
     def make():
@@ -290,7 +289,7 @@ def test_a_submitit_job_goes_on_from_its_own_latest_checkpoint_and_a_plain_run_r
             output_dir=str(tmp_path),
             progress=False,
         )
-        start(trainer)  # as rlchain-train's build does
+        trainer.start()  # as rlchain-train's build does
         return trainer
 
     make().train()

@@ -43,7 +43,6 @@ from rlchain.console import error_line, logged_warnings, show
 from rlchain.distributed import CollectiveError, rank_seed
 from rlchain.run import tuning
 from rlchain.run.run_dir import remove_if_unused
-from rlchain.run.starting import start
 from rlchain.run.stopping import in_submitit_job, requeue_signal
 from rlchain.run.summary import STOPPED, RunSummary, placement
 from rlchain.run.trainer import Trainer, TrainerConfig
@@ -83,7 +82,7 @@ def _component(group: str) -> Iterator[None]:
 
 def build(cfg: DictConfig) -> Trainer:
     """Seed torch's global RNG with ``cfg.seed``, instantiate env, policy, algorithm and trainer, then start the
-    trainer (:func:`rlchain.run.starting.start`: resume, ``init_from`` or a fresh start, and ``compile``).
+    trainer (:meth:`~rlchain.run.trainer.Trainer.start`: resume, ``init_from`` or a fresh start, and ``compile``).
 
     In a process that torchrun started, first join the run's other processes
     (:func:`rlchain.distributed.setup`): ``device`` becomes this rank's, its
@@ -145,7 +144,7 @@ def build(cfg: DictConfig) -> Trainer:
             _convert_="all",
             _recursive_=False,  # run_config holds _target_ keys: keep it data
         )
-        start(trainer)  # resume, init_from or a fresh start; compile
+        trainer.start()  # resume, init_from or a fresh start; compile
     return trainer
 
 

@@ -1,11 +1,9 @@
 """Checkpoints: written atomically, read as data (``torch.load(weights_only=True)``), and a run's two of them.
 
-A checkpoint is a dict of tensors and plain data (see
-:meth:`rlchain.run.trainer.Trainer.state_dict`); nothing in it is executed when it
+A checkpoint is a dict of tensors and plain data (composed by
+:func:`rlchain.run.state.run_state`); nothing in it is executed when it
 is read. :class:`Checkpoints` keeps a run's ``checkpoints/latest.pt`` and
-``checkpoints/best.pt`` consistent with each other and with a resume;
-:func:`run_state`, :func:`checked_state` and :func:`save_best` assemble a
-trainer's checkpoint from its ranks and write it (every rank calls them).
+``checkpoints/best.pt`` consistent with each other and with a resume.
 """
 
 from __future__ import annotations
@@ -17,21 +15,15 @@ from typing import Any
 
 import torch
 
-from rlchain.core.algorithms.base import NonFiniteError, first_non_finite
 from rlchain.files import remove_torn, write_bytes
 from rlchain.settings import SettingError
-from rlchain.utils import to_device
 
 __all__ = [
     "CHECKPOINT_KEYS",
     "Checkpoints",
     "check_state_matches",
-    "checked_state",
     "checkpoint_of",
     "load_checkpoint",
-    "rank_state",
-    "run_state",
-    "save_best",
     "save_checkpoint",
 ]
 
@@ -234,88 +226,3 @@ def checkpoint_of(source: str | Path, name: str) -> Path:
             " does not exist: expected a run directory (outputs/<date>/<time>_<id>) or a checkpoint file",
         )
     return path
-
-
-# ------------------------------------------------ a trainer's checkpoint, across its ranks
-def run_state(trainer: Any) -> dict[str, Any] | None:
-    """Everything a resumed run of ``trainer`` needs (the keys: :mod:`rlchain.run.trainer`'s docstring); None on a
-    rank other than 0.
-
-    What each rank has of its own (its env, collector and random streams)
-    is rank 0's at the top level and every other rank's in ``ranks``
-    (rank 1 first), with ``world_size``; every rank calls this (a gather).
-    """
-    own = rank_state(trainer)
-    if trainer.world.distributed:
-        others = trainer.world.gather(to_device(own, "cpu"), "the gather of the ranks' states for the checkpoint")
-        if not trainer.world.main:
-            return None
-    state = {
-        "policy": trainer.policy.state_dict(),
-        "algorithm": trainer.algorithm.state_dict(),
-        **own,
-        "episodes": trainer.episodes.state_dict(),
-        "global_step": trainer.global_step,
-        "iteration": trainer.iteration,
-        "best_success": trainer.evaluator.best_success.value,
-        "best_step": trainer.evaluator.best_success.step,
-        "best_objective": trainer.objective.best.value,
-        "best_objective_step": trainer.objective.best.step,
-        "best_objective_id": trainer.objective.best.id,
-        "last_train": trainer.last_train,
-        "last_eval": trainer.evaluator.last,
-        "config": trainer.config,
-        "wandb_id": trainer.wandb_id,
-    }
-    if trainer.world.distributed:
-        state.update(world_size=trainer.world.world_size, ranks=others[1:])
-    return state
-
-
-def rank_state(trainer: Any) -> dict[str, Any]:
-    """This rank's own part of a checkpoint: its collector, its env, what the algorithm keeps of its envs
-    (PPO's discounted returns with ``reward_norm``) and its random streams."""
-    state = {
-        "collector": trainer.collector.state_dict(),
-        "algorithm_rank": trainer.algorithm.rank_state_dict(),
-        "env": trainer.env.state_dict(),
-        "torch_rng": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda_rng"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def checked_state(trainer: Any) -> dict[str, Any] | None:
-    """:func:`run_state`, refused when a policy parameter or buffer is not finite (None on ranks but 0).
-
-    Raises:
-        NonFiniteError: a policy parameter or buffer (e.g. the observation
-            normaliser's statistics) is NaN or infinite.
-    """
-    state = run_state(trainer)
-    bad = first_non_finite(dict(trainer.policy.state_dict()))
-    if bad is not None:
-        raise NonFiniteError(f"policy {bad[0]}", bad[1], trainer.iteration)
-    return state
-
-
-def save_best(trainer: Any, value: float) -> Path | None:
-    """Take ``value`` as the objective's best and write ``best.pt`` (and ``latest.pt``) with it.
-
-    The best stays as it was when the checkpoints cannot be written (a
-    full disk, a second stop signal), so that ``summary.json`` never names a
-    best that no ``best.pt`` holds. In a multi-process run every rank
-    calls it (each sends its state); rank 0 alone keeps the best and writes.
-    """
-    if not trainer.world.main:
-        checked_state(trainer)
-        return None
-    best = trainer.objective.best
-    previous = best.state_dict()
-    best.take(value, trainer.global_step)
-    try:
-        return trainer.checkpoints.save_best(checked_state(trainer))
-    except BaseException:
-        best.load_state_dict(previous)
-        raise

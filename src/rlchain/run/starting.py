@@ -1,14 +1,14 @@
 """Starting a run before its first step: afresh, from its own checkpoint (resume), or from another run's policy.
 
-The entry that builds a :class:`~rlchain.run.trainer.Trainer` calls :func:`start`
-on it (rlchain-train's :func:`rlchain.commands.train.build`), as rsl_rl's launching
-script calls its runner's ``load``; :meth:`Trainer.train` starts a trainer
-that nobody started. What happens:
+:func:`start` chooses where a run starts and returns the :class:`~rlchain.run.state.RunState` it starts from; a
+:class:`~rlchain.run.trainer.Trainer` calls it from :meth:`~rlchain.run.trainer.Trainer.start` (rlchain-train's
+:func:`rlchain.commands.train.build` does once the trainer is built, as rsl_rl's launching script calls its
+runner's ``load``; :meth:`Trainer.train` where nobody did). What happens:
 
 * ``resume_from`` (a checkpoint, a run directory, or ``auto``: the run
-  directory's own ``latest.pt`` when there is one): the trainer takes the
-  checkpoint's state (what :meth:`Trainer.state_dict` saved) and its step
-  count goes on;
+  directory's own ``latest.pt`` when there is one): every component takes its
+  part of the checkpoint (:func:`rlchain.run.state.restore`) and the step count
+  goes on;
 * ``init_from`` (a checkpoint or a run directory's ``latest.pt``): the policy
   alone starts from it, with a fresh optimiser and step count;
 * neither: a fresh start, refused in an ``output_dir`` that holds a run.
@@ -21,15 +21,18 @@ before the first step.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from rlchain.console import notice
+from rlchain.core.algorithms.base import Algorithm
+from rlchain.core.collector import SyncCollector
+from rlchain.distributed import World
 from rlchain.run.checkpoint import Checkpoints, check_state_matches, checkpoint_of, load_checkpoint
 from rlchain.run.run_dir import taken
+from rlchain.run.state import RunParts, RunState, restore
 from rlchain.run.stopping import in_submitit_job
 from rlchain.settings import SettingError
 from rlchain.utils import to_device
@@ -37,13 +40,31 @@ from rlchain.utils import to_device
 __all__ = ["start"]
 
 
-def start(trainer: Any) -> None:
+def start(
+    state: RunState,
+    parts: RunParts,
+    world: World,
+    *,
+    resume_from: str | None = None,
+    init_from: str | None = None,
+    compile: bool = False,
+) -> RunState:
     """Resume, start the policy from another run (``init_from``), or start afresh; then compile (``compile``).
 
-    ``trainer`` is a :class:`~rlchain.run.trainer.Trainer` (not imported here: the trainer starts itself with this
-    function where its entry did not).
+    Args:
+        state: the run's state before its start (:meth:`RunState.new`: where it writes); returned as it is when
+            it has started already.
+        parts: the components, which take their start in place (the checkpoint's states, or ``init_from``'s
+            policy; compiled with ``compile``).
+        world: the run's processes (:func:`rlchain.distributed.world`).
+        resume_from: the checkpoint or run to resume (``trainer.resume_from``; ``auto``: ``output_dir``'s own).
+        init_from: the checkpoint or run the policy starts from (``trainer.init_from``), where not resuming.
+        compile: compile the acting forward pass and the update's loss (``trainer.compile``).
 
-    A trainer is started once: a second call does nothing.
+    Returns:
+        The state the run starts from (``started``): the checkpoint's step count, last row and W&B run for a
+        resume, ``init_from`` for a policy started from another run, ``compile_s`` where compiled; on a rank
+        other than 0 of a multi-process run, rank 0's ``output_dir``.
 
     Raises:
         SettingError: an ``output_dir`` that holds another run while not
@@ -53,123 +74,54 @@ def start(trainer: Any) -> None:
             where compiling fails; all before any step.
         CollectiveError: a multi-process run whose ranks do not all take part.
     """
-    if trainer.started:
-        return
-    world, cfg = trainer.world, trainer.cfg
+    if state.started:
+        return state
     source = None
     if world.main:
-        resume_from = _resume_source(cfg.resume_from, trainer.output_dir, trainer.checkpoints)
-        if resume_from is not None:
-            source = ("resume_from", str(resume_from), _read(trainer, resume_from, "resume_from"))
-        elif cfg.init_from is not None:
-            path = checkpoint_of(cfg.init_from, "init_from")
-            source = ("init_from", str(path), _read(trainer, path, "init_from"))
+        resume = _resume_source(resume_from, state.output_dir, state.checkpoints)
+        if resume is not None:
+            source = ("resume_from", str(resume), _read(resume, "resume_from", parts, world))
+        elif init_from is not None:
+            path = checkpoint_of(init_from, "init_from")
+            source = ("init_from", str(path), _read(path, "init_from", parts, world))
     if world.distributed:
-        shared = world.share((str(trainer.output_dir), source), "the broadcast of the run's start")
-        trainer.output_dir, source = Path(shared[0]), shared[1]
-        trainer.checkpoints = Checkpoints(trainer.output_dir / "checkpoints", writer=world.main)
+        shared = world.share((str(state.output_dir), source), "the broadcast of the run's start")
+        output_dir, source = Path(shared[0]), shared[1]
+        state = dataclasses.replace(
+            state, output_dir=output_dir, checkpoints=Checkpoints(output_dir / "checkpoints", writer=world.main)
+        )
         if source is not None:
-            source = (source[0], source[1], to_device(source[2], trainer.env.device))
+            source = (source[0], source[1], to_device(source[2], parts.env.device))
     if source is None:
         if world.distributed:
-            world.broadcast_(trainer.policy.state_dict().values(), "the broadcast of the initial policy")
-            trainer.algorithm.reset_reference()
+            world.broadcast_(parts.policy.state_dict().values(), "the broadcast of the initial policy")
+            parts.algorithm.reset_reference()
     elif source[0] == "resume_from":
-        exact = _restore(trainer, source[2], source[1])
+        state, exact = restore(source[2], source[1], state, parts, world)
         restart = (
             ""
             if exact or source[2].get("world_size", 1) != world.world_size
             else (
-                f"; {type(trainer.env).__name__} cannot restore its state: every env reset "
+                f"; {type(parts.env).__name__} cannot restore its state: every env reset "
                 "(episodes in progress at the checkpoint are dropped)"
             )
         )
-        notice(
-            f"resumed from {source[1]} at iteration {trainer.iteration} (global_step {trainer.global_step:,}){restart}"
-        )
+        notice(f"resumed from {source[1]} at iteration {state.iteration} (global_step {state.global_step:,}){restart}")
     else:
-        _init_policy(trainer, source[2], source[1])
-    if cfg.compile:
-        trainer.compile_s = _compile(trainer)
-    trainer.started = True
+        _init_policy(parts, source[2], source[1])
+        state = dataclasses.replace(state, init_from=source[1])
+    compile_s = _compile(parts.collector, parts.algorithm) if compile else None
+    return dataclasses.replace(state, compile_s=compile_s, started=True)
 
 
-def _restore(trainer: Any, state: dict[str, Any], path: str | Path) -> bool:
-    """Take the checkpoint ``state`` (read from ``path``) as the trainer's: training goes on with its step count.
-
-    With an env that does not restore its episodes
-    (:attr:`~rlchain.core.envs.base.VecEnv.resumes_episodes`), or a checkpoint
-    without env state, the collector starts afresh instead of acting on
-    the saved observation: every env is reset before the next rollout and
-    no episode is carried over. The same happens for a checkpoint of a run
-    with another number of processes (``world_size``), whose envs were
-    not these. ``best.pt`` is made the checkpoint of the best evaluation
-    the state records (:meth:`Checkpoints.align_best`, rank 0).
-
-    Returns:
-        True when the env went on with its episodes (an exact resume).
-
-    Raises:
-        ValueError: env state of another env (see the env's ``load_state_dict``).
-        OSError: ``best.pt`` cannot be written or removed.
-    """
-    trainer.policy.load_state_dict(state["policy"])
-    trainer.algorithm.load_state_dict(state["algorithm"])
-    saved_world = state.get("world_size", 1)
-    own = None
-    if saved_world == trainer.world.world_size:
-        own = state if trainer.world.rank == 0 else state["ranks"][trainer.world.rank - 1]
-    else:
-        notice(
-            f"{path} was saved by a run of {saved_world} process(es) and this one has {trainer.world.world_size}: "
-            "policy, optimiser, observation statistics and step count go on; every env is reset "
-            "(episodes in progress at the checkpoint are dropped) and each rank's random stream starts "
-            "from its seed"
-        )
-    exact = False
-    if own is not None:
-        trainer.collector.load_state_dict(own["collector"])
-        if "env" in own:
-            trainer.env.load_state_dict(own["env"])
-        exact = "env" in own and trainer.env.resumes_episodes
-        if exact:  # the envs go on with their episodes, and so do the returns the algorithm carries for them
-            trainer.algorithm.load_rank_state_dict(own.get("algorithm_rank", {}))
-        torch.set_rng_state(own["torch_rng"].cpu())
-        if "cuda_rng" in own and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in own["cuda_rng"]])
-    if not exact:
-        trainer.collector.restart()
-    trainer.episodes.load_state_dict(state["episodes"])
-    trainer.global_step, trainer.iteration = state["global_step"], state["iteration"]
-    trainer.evaluator.best_success.load_state_dict({"value": state["best_success"], "step": state["best_step"]})
-    trainer.objective.best.load_state_dict(
-        {
-            "value": state.get("best_objective"),
-            "step": state.get("best_objective_step"),
-            "id": state.get("best_objective_id"),
-        }
-    )
-    trainer.last_train, trainer.evaluator.last = state.get("last_train", {}), state.get("last_eval", {})
-    trainer.wandb_id = state.get("wandb_id")
-    trainer.objective.resolve(trainer.evaluator.last)
-    if trainer.world.main and not trainer.checkpoints.align_best(state, path):
-        notice(
-            f"the best evaluation of {path} (global_step {trainer.objective.best.step:,}) has no checkpoint "
-            "there or here: best.pt starts afresh"
-        )
-        trainer.objective.best.load_state_dict({})
-    return exact
-
-
-def _init_policy(trainer: Any, state: dict[str, Any], path: str | Path) -> None:
-    """Take the policy (weights and observation normaliser) of the checkpoint ``state`` (read from ``path``) as
-    the trainer's start. Only the policy is taken: optimiser, step count and collector start fresh, and the
-    algorithm re-takes its reference policy from the loaded one (GRPO's KL anchor,
+def _init_policy(parts: RunParts, checkpoint: dict[str, Any], path: str | Path) -> None:
+    """Take the policy (weights and observation normaliser) of ``checkpoint`` (read from ``path``) as the run's
+    start. Only the policy is taken: optimiser, step count and collector start fresh, and the algorithm re-takes
+    its reference policy from the loaded one (GRPO's KL anchor,
     :meth:`~rlchain.core.algorithms.Algorithm.reset_reference`)."""
-    trainer.policy.load_state_dict(state["policy"])
-    trainer.algorithm.reset_reference()
-    trainer.init_from = str(path)
-    notice(f"policy initialised from {path} (trained for {state['global_step']:,} env steps there)")
+    parts.policy.load_state_dict(checkpoint["policy"])
+    parts.algorithm.reset_reference()
+    notice(f"policy initialised from {path} (trained for {checkpoint['global_step']:,} env steps there)")
 
 
 def _resume_source(resume_from: str | None, output_dir: Path, checkpoints: Checkpoints) -> Path | None:
@@ -193,23 +145,23 @@ def _resume_source(resume_from: str | None, output_dir: Path, checkpoints: Check
     return checkpoint_of(resume_from, "resume_from")
 
 
-def _read(trainer: Any, path: str | Path, name: str) -> dict[str, Any]:
-    """Read the checkpoint at ``path`` and check that its policy fits the trainer's (on the CPU in a multi-process
-    run, whose rank 0 sends it to the others).
+def _read(path: str | Path, name: str, parts: RunParts, world: World) -> dict[str, Any]:
+    """Read the checkpoint at ``path`` and check that its policy fits ``parts.policy`` (on the CPU in a
+    multi-process run, whose rank 0 sends it to the others).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
         SettingError: ``<name>=...``: not an rlchain checkpoint, or a policy
             whose names or shapes differ from this run's (naming them).
     """
-    device = "cpu" if trainer.world.distributed else trainer.env.device
-    state = load_checkpoint(path, map_location=device, name=name)
-    check_state_matches(trainer.policy, state["policy"], name, path)
-    return state
+    device = "cpu" if world.distributed else parts.env.device
+    checkpoint = load_checkpoint(path, map_location=device, name=name)
+    check_state_matches(parts.policy, checkpoint["policy"], name, path)
+    return checkpoint
 
 
-def _compile(trainer: Any) -> float:
-    """Compile the trainer's acting forward pass and minibatch loss (``compile``); return the seconds it took.
+def _compile(collector: SyncCollector, algorithm: Algorithm) -> float:
+    """Compile the acting forward pass and the minibatch loss (``compile``); return the seconds it took.
 
     Raises:
         SettingError: ``compile=True`` where compiling fails (no C++ compiler for the CPU backend, an op
@@ -217,8 +169,8 @@ def _compile(trainer: Any) -> float:
     """
     began = time.perf_counter()
     try:
-        trainer.collector.compile()
-        trainer.algorithm.compile(trainer.collector.buffer.data)
+        collector.compile()
+        algorithm.compile(collector.buffer.data)
     except Exception as err:  # noqa: BLE001 - torch's compiler raises many kinds; each becomes this one line
         cause = " ".join(str(err).split("\n")[0].split()) or type(err).__name__
         raise SettingError(

@@ -18,8 +18,13 @@ runs this loop on its own envs with the same policy; rank 0 alone evaluates,
 logs and writes the run directory, and every rank's envs go into its
 checkpoints.
 
+The run's own mutable state (step count, run directory, last row, W&B run, ...)
+is one :class:`~rlchain.run.state.RunState` (:attr:`Trainer.state`), which the
+trainer alone changes while it trains; the components keep their own, and a
+checkpoint composes both (:func:`rlchain.run.state.run_state`).
 What surrounds the loop is a component each: :func:`rlchain.run.starting.start`
-(afresh, resumed or from another run's policy, before the first step),
+(afresh, resumed or from another run's policy, before the first step: it returns
+the state the run starts from),
 :class:`~rlchain.run.evaluator.Evaluator` (the evaluations, their videos, the
 best success rate, the fresh final score), :class:`~rlchain.run.stopping.StopSignals`
 (Ctrl-C, SIGTERM, a cluster's requeue signal), :class:`~rlchain.run.objective.Objective`
@@ -54,10 +59,11 @@ from rlchain.core.collector import Episodes, EpisodeWindow, SyncCollector
 from rlchain.core.envs.base import VecEnv
 from rlchain.core.policies import Policy
 from rlchain.distributed import CollectiveError, World, world
-from rlchain.run.checkpoint import Checkpoints, checked_state, run_state, save_best
+from rlchain.run.checkpoint import Checkpoints
 from rlchain.run.evaluator import Evaluator
 from rlchain.run.objective import OBJECTIVE_DIRECTIONS, Objective, ObjectiveError
 from rlchain.run.starting import start
+from rlchain.run.state import RunParts, RunState, checked_state, run_state, save_best
 from rlchain.run.stopping import Abort, StopSignals
 from rlchain.run.summary import RunSummary, placement
 from rlchain.run.video import check_video_support
@@ -188,11 +194,16 @@ class Trainer:
             ``pruned`` (``latest.pt`` saved, no fresh evaluation).
         settings: fields of :class:`TrainerConfig` (``self.cfg``).
 
-    Building a trainer starts nothing: :func:`rlchain.run.starting.start`
-    resumes it (``resume_from``), starts its policy from another run
-    (``init_from``) or checks that its fresh start may use ``output_dir``, and
-    compiles (``compile``); the entry calls it once the trainer is built, and
+    Building a trainer starts nothing: :meth:`start` resumes it
+    (``resume_from``), starts its policy from another run (``init_from``) or
+    checks that its fresh start may use ``output_dir``, and compiles
+    (``compile``); the entry calls it once the trainer is built, and
     :meth:`train` calls it where nobody did.
+
+    The run's own mutable state is :attr:`state` (a
+    :class:`~rlchain.run.state.RunState`); ``global_step``, ``iteration``,
+    ``output_dir``, ``checkpoints``, ``last_train``, ``init_from`` and
+    ``wandb_id`` read it.
 
     Raises:
         SettingError: a setting out of its range (naming it), an env the
@@ -223,33 +234,82 @@ class Trainer:
         self.collector = SyncCollector(
             env, policy, cfg.rollout_steps, algorithm.reset_options, spread_episode_starts=cfg.spread_episode_starts
         )
-        self.output_dir = Path(cfg.output_dir)
+        self.state = RunState.new(cfg.output_dir, self.world)
+        """The run's own mutable state; :meth:`start` chooses it, the loop alone changes it."""
         self.evaluator = Evaluator(
             eval_env if self.world.main else None,
             cfg.num_eval_envs,
             cfg.num_eval_episodes,
             seed=cfg.seed + 1,
             video_episodes=cfg.video_episodes if cfg.video else 0,
-            video_dir=self.output_dir / "videos",
+            video_dir=self.state.output_dir / "videos",
         )
         """Rank 0's evaluations (no evaluation env on the other ranks)."""
-        self.checkpoints = Checkpoints(self.output_dir / "checkpoints", writer=self.world.main)
         self.objective = Objective(cfg.objective, cfg.objective_direction)
         self.episodes = EpisodeWindow(cfg.stats_min_episodes)
-        self.global_step = 0
-        self.iteration = 0
-        self.last_train: dict[str, float] = {}
-        self.best_fresh: dict[str, Any] | None = None
-        self.init_from: str | None = None
-        self.wandb_id: str | None = None
-        """The run's W&B run id (kept in checkpoints, so that a resumed run continues that W&B run)."""
         self._objective_checked = False
         self.trial = trial if self.world.main else None
-        self.pruned = False
-        self.compile_s: float | None = None
-        """Seconds that compiling took before the first step (``compile``), logged once as ``time/compile_s``."""
-        self.started = False
-        """Whether :func:`rlchain.run.starting.start` prepared the run (resumed, initialised or fresh, compiled)."""
+
+    @property
+    def parts(self) -> RunParts:
+        """The components whose own state the run's checkpoints hold."""
+        return RunParts(
+            self.env, self.policy, self.algorithm, self.collector, self.episodes, self.evaluator, self.objective
+        )
+
+    @property
+    def global_step(self) -> int:
+        """Env transitions so far, every rank's counted (:attr:`state`)."""
+        return self.state.global_step
+
+    @property
+    def iteration(self) -> int:
+        """Iterations so far (:attr:`state`)."""
+        return self.state.iteration
+
+    @property
+    def output_dir(self) -> Path:
+        """The run directory (:attr:`state`; on a rank other than 0, rank 0's once started)."""
+        return self.state.output_dir
+
+    @property
+    def checkpoints(self) -> Checkpoints:
+        """The run's ``checkpoints/`` (:attr:`state`)."""
+        return self.state.checkpoints
+
+    @property
+    def last_train(self) -> dict[str, float]:
+        """The row the latest iteration logged (:attr:`state`)."""
+        return self.state.last_train
+
+    @property
+    def init_from(self) -> str | None:
+        """The checkpoint the policy started from (``init_from``; :attr:`state`), else None."""
+        return self.state.init_from
+
+    @property
+    def wandb_id(self) -> str | None:
+        """The run's W&B run id, kept in checkpoints so that a resumed run continues that W&B run (:attr:`state`)."""
+        return self.state.wandb_id
+
+    def start(self) -> RunState:
+        """Start the run where nobody did (:func:`rlchain.run.starting.start`: resume, ``init_from`` or a fresh
+        start, then ``compile``) and return its state; a started run's state is returned as it is.
+
+        Raises:
+            SettingError: see :func:`rlchain.run.starting.start`; all before any step.
+            CollectiveError: a multi-process run whose ranks do not all take part.
+        """
+        cfg = self.cfg
+        self.state = start(
+            self.state,
+            self.parts,
+            self.world,
+            resume_from=cfg.resume_from,
+            init_from=cfg.init_from,
+            compile=cfg.compile,
+        )
+        return self.state
 
     @property
     def eval_env(self) -> VecEnv | None:
@@ -285,9 +345,9 @@ class Trainer:
         stop after the same iteration, and rank 0 alone logs and writes
         ``summary.json`` (every rank returns its summary).
         """
-        start(self)  # where the entry has not already
-        cfg = self.cfg
-        start_time, began, start_step = time.time(), time.perf_counter(), self.global_step
+        self.start()  # where the entry has not already
+        cfg, state = self.cfg, self.state
+        start_time, began, start_step = time.time(), time.perf_counter(), state.global_step
         ending: dict[str, Any] = {"status": "completed"}
         failure: BaseException | None = None
         writer = progress = None
@@ -295,34 +355,36 @@ class Trainer:
             try:
                 if self.world.main:  # rank 0 alone logs
                     writer = MetricWriter(
-                        self.output_dir,
+                        state.output_dir,
                         config=self.config,
                         run_name=cfg.wandb_name or cfg.exp_name,
-                        purge_step=self.global_step or None,
+                        purge_step=state.global_step or None,
                         use_wandb=cfg.use_wandb,
                         wandb_project=cfg.wandb_project,
                         wandb_entity=cfg.wandb_entity,
                         wandb_mode=cfg.wandb_mode,
                         wandb_group=cfg.wandb_group,
                         wandb_tags=cfg.wandb_tags,
-                        wandb_id=self.wandb_id,
+                        wandb_id=state.wandb_id,
                     )
-                    self.wandb_id = writer.wandb_id or self.wandb_id
-                progress = Progress(cfg.iterations, self.iteration, cfg.progress and self.world.main)
-                if self.iteration >= cfg.iterations:
+                    state.wandb_id = writer.wandb_id or state.wandb_id
+                progress = Progress(cfg.iterations, state.iteration, cfg.progress and self.world.main)
+                if state.iteration >= cfg.iterations:
                     notice(f"the run has already reached trainer.iterations={cfg.iterations}: nothing to train")
                 stopped = None  # the stop signal every rank agreed on
-                while self.iteration < cfg.iterations and stopped is None and not self.pruned:
+                while state.iteration < cfg.iterations and stopped is None and not state.pruned:
                     row, stopped = self._iteration(writer, began, stop)
-                    progress.update(self.iteration, self.global_step, row)
-                if self.pruned:
+                    progress.update(state.iteration, state.global_step, row)
+                if state.pruned:
                     ending = {"status": "pruned"}
-                    notice(f"pruned by the study's pruner after iteration {self.iteration} (trial {self.trial.number})")
-                elif self.iteration < cfg.iterations:  # a stop signal ended it early
+                    notice(
+                        f"pruned by the study's pruner after iteration {state.iteration} (trial {self.trial.number})"
+                    )
+                elif state.iteration < cfg.iterations:  # a stop signal ended it early
                     ending = {"status": "interrupted", "signal": stopped}
                 self.save()
                 if ending["status"] == "completed" and cfg.fresh_eval:
-                    self.best_fresh = self.evaluator.fresh_score(self.policy, self.checkpoints.best, cfg.seed)
+                    state.best_fresh = self.evaluator.fresh_score(self.policy, state.checkpoints.best, cfg.seed)
             except Abort:
                 ending = {"status": "aborted", "signal": stop.received}
             except Exception as err:  # noqa: BLE001 - any error ends the run as failed, recorded in its summary
@@ -332,10 +394,10 @@ class Trainer:
             with stop.held():  # the summary and the logs are written whatever arrives now
                 if progress is not None:
                     progress.close()
-                summary = self._summary(ending, start_time, time.perf_counter() - began, self.global_step - start_step)
+                summary = self._summary(ending, start_time, time.perf_counter() - began, state.global_step - start_step)
                 try:
                     if self.world.main:
-                        summary.write(self.output_dir)
+                        summary.write(state.output_dir)
                 finally:
                     if writer is not None:
                         writer.close()
@@ -357,18 +419,18 @@ class Trainer:
         row is logged and flushed, so that a resume from it (which drops the
         rows logged after its step) never leaves a hole in the logs.
         """
-        world, clock = self.world, time.perf_counter
+        world, state, clock = self.world, self.state, time.perf_counter
         t0 = clock()
-        world.at(self.iteration + 1, "collect")
+        world.at(state.iteration + 1, "collect")
         rollout = self.collector.collect()
         t1 = clock()
-        world.at(self.iteration + 1, "update")
+        world.at(state.iteration + 1, "update")
         losses = self.algorithm.update(rollout.data)
         t2 = clock()
-        self.iteration += 1
+        state.iteration += 1
         samples = rollout.data.numel() * world.world_size
-        self.global_step += samples
-        world.at(self.iteration, "report")
+        state.global_step += samples
+        world.at(state.iteration, "report")
         reports = world.gather(
             (rollout.episodes, rollout.term_means, stop.received), "the gather of the iteration's episodes"
         )
@@ -384,17 +446,17 @@ class Trainer:
             terms = {key: sum(report[1][key] for report in reports) / len(reports) for key in reports[0][1]}
             signal = next((report[2] for report in reports if report[2] is not None), None)
             self.episodes.add(episodes)
-            world.at(self.iteration, "log and evaluate")
+            world.at(state.iteration, "log and evaluate")
             row = self._training_row(terms, losses, samples, collect_s=t1 - t0, update_s=t2 - t1, elapsed_s=t2 - start)
             decision = (signal, *self._log_and_evaluate(row, writer))
-        world.at(self.iteration, "decision")
-        signal, self.pruned, save, value = world.share(decision, "the broadcast of the iteration's decision")
+        world.at(state.iteration, "decision")
+        signal, state.pruned, save, value = world.share(decision, "the broadcast of the iteration's decision")
         if save is not None:
-            world.at(self.iteration, "checkpoint")
+            world.at(state.iteration, "checkpoint")
             if writer is not None:
                 writer.flush()
             if save == "best":
-                save_best(self, value)
+                save_best(state, self.parts, world, self.config, value)
             else:
                 self.save()
         return row, signal
@@ -402,24 +464,22 @@ class Trainer:
     def _log_and_evaluate(self, row: dict[str, float], writer: MetricWriter) -> tuple[bool, str | None, float | None]:
         """Rank 0's part of an iteration: evaluate (when due), log, report to the trial; return
         ``(pruned, checkpoint to write: "best", "latest" or None, the objective's value)``."""
-        cfg = self.cfg
-        evaluated = self.evaluator.env is not None and (
-            self.iteration % cfg.eval_freq == 0 or self.iteration == cfg.iterations
-        )
+        cfg, iteration = self.cfg, self.state.iteration
+        evaluated = self.evaluator.env is not None and (iteration % cfg.eval_freq == 0 or iteration == cfg.iterations)
         if evaluated:
-            row.update(self.evaluator.evaluate(self.policy, self.global_step, writer))
+            row.update(self.evaluator.evaluate(self.policy, self.state.global_step, writer))
             self.objective.resolve(self.evaluator.last)
-        writer.log(row, self.global_step)
+        writer.log(row, self.state.global_step)
         if not self._objective_checked:
             self._objective_checked = True
             self._check_objective(row)
         value = self.objective.value(row) if evaluated else None
         pruned = False
         if self.trial is not None and evaluated:
-            pruned = self.trial.report(value, self.iteration) and self.iteration < cfg.iterations
+            pruned = self.trial.report(value, iteration) and iteration < cfg.iterations
         if self.objective.best.improves(value):
             return pruned, "best", value
-        periodic = self.iteration % cfg.save_freq == 0 and self.iteration < cfg.iterations and not pruned
+        periodic = iteration % cfg.save_freq == 0 and iteration < cfg.iterations and not pruned
         return pruned, "latest" if periodic else None, value
 
     def _training_row(
@@ -434,11 +494,12 @@ class Trainer:
         row.update(self.episodes.means(success=self.env.reports_success))
         row.update(terms)
         row["charts/SPS"] = samples / (times["collect_s"] + times["update_s"])
-        row["charts/iteration"] = self.iteration
+        state = self.state
+        row["charts/iteration"] = state.iteration
         row.update({f"time/{name}": value for name, value in times.items()})
-        if self.compile_s is not None:  # once, in the first row this process logs
-            row["time/compile_s"], self.compile_s = self.compile_s, None
-        self.last_train = row
+        if state.compile_s is not None:  # once, in the first row this process logs
+            row["time/compile_s"], state.compile_s = state.compile_s, None
+        state.last_train = row
         return row
 
     def _check_objective(self, row: dict[str, float]) -> None:
@@ -456,9 +517,9 @@ class Trainer:
         """The summary fields of a failed iteration, and what :meth:`train` raises for it."""
         trace = traceback.format_exc()
         if isinstance(err, NonFiniteError):
-            latest = self.checkpoints.latest
+            latest = self.state.checkpoints.latest
             error = (
-                f"non-finite {err.metric} at iteration {self.iteration + 1} ({err.value}); "
+                f"non-finite {err.metric} at iteration {self.state.iteration + 1} ({err.value}); "
                 f"last good checkpoint: {latest if latest.exists() else 'none written yet'}"
             )
             failure = RuntimeError(error)
@@ -469,19 +530,20 @@ class Trainer:
         return {"status": "failed", "error": error, "traceback": trace}, failure
 
     def _summary(self, ending: dict[str, Any], start_time: float, elapsed: float, steps: int) -> RunSummary:
-        final = {**self.last_train, **self.evaluator.last}
+        state = self.state
+        final = {**state.last_train, **self.evaluator.last}
         return RunSummary(
             **ending,
             exp_name=self.cfg.exp_name,
             **placement(self.env.device),
             world_size=self.world.world_size,
-            global_step=self.global_step,
-            iteration=self.iteration,
+            global_step=state.global_step,
+            iteration=state.iteration,
             elapsed_s=elapsed,
             SPS=steps / elapsed if elapsed > 0 else 0.0,
             start_time=start_time,
             end_time=time.time(),
-            init_from=self.init_from,
+            init_from=state.init_from,
             objective_name=self.objective.name,
             objective_direction=self.objective.direction,
             objective=self.objective.value(final),
@@ -489,16 +551,16 @@ class Trainer:
             best_objective_step=self.objective.best.step,
             best_eval_success_rate=self.evaluator.best_success.value,
             best_eval_step=self.evaluator.best_success.step,
-            best_fresh=self.best_fresh,
+            best_fresh=state.best_fresh,
             final=final,
-            checkpoints=self.checkpoints.files(),
+            checkpoints=state.checkpoints.files(),
         )
 
     # ------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any] | None:
-        """Everything a resumed run needs (see the module docstring; :func:`rlchain.run.checkpoint.run_state`);
+        """Everything a resumed run needs (:func:`rlchain.run.state.run_state`: the run's state and its components');
         None on a rank other than 0. Every rank calls it in a multi-process run (a gather)."""
-        return run_state(self)
+        return run_state(self.state, self.parts, self.world, self.config)
 
     def save(self) -> Path | None:
         """Write the state atomically to ``checkpoints/latest.pt`` and return the path.
@@ -506,9 +568,9 @@ class Trainer:
         In a multi-process run every rank calls it and rank 0 writes (None elsewhere).
 
         Raises:
-            NonFiniteError: a policy parameter or buffer is not finite (:func:`~rlchain.run.checkpoint.checked_state`);
+            NonFiniteError: a policy parameter or buffer is not finite (:func:`~rlchain.run.state.checked_state`);
                 nothing is written.
             OSError: the file cannot be written (the previous one stays).
         """
-        state = checked_state(self)
-        return self.checkpoints.save(state) if state is not None else None
+        checkpoint = checked_state(self.state, self.parts, self.world, self.config)
+        return self.state.checkpoints.save(checkpoint) if checkpoint is not None else None
