@@ -60,7 +60,7 @@ def cpu_sweep(tmp_path_factory):
             "algorithm.learning_rate=1e-3,3e-4",
             "seed=0,1",
             *SHORT,
-            "env.episode_length=8",
+            "env.max_episode_steps=8",
             MEET,
             *FRESH,
         ],

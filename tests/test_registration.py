@@ -128,7 +128,7 @@ def test_rlchain_ids_are_registered_with_their_time_limits_and_truncate_once():
 
     from rlchain.core.envs import CartPoleConfig, GymVecEnv, PushCubeConfig, PushCubeEnv
 
-    assert gym.spec("rlchain/PushCube-v0").max_episode_steps == PushCubeConfig().episode_length == 100
+    assert gym.spec("rlchain/PushCube-v0").max_episode_steps == PushCubeConfig().max_episode_steps == 100
     assert gym.spec("rlchain/CartPole-v1").max_episode_steps == CartPoleConfig().max_episode_steps == 500
     still = np.zeros(2, np.float32)  # the pusher stays where it is: no success, no fall
     single = gym.make("rlchain/PushCube-v0")
@@ -139,8 +139,7 @@ def test_rlchain_ids_are_registered_with_their_time_limits_and_truncate_once():
     assert wrappers.count("TimeLimit") == 1, wrappers
     assert _truncation_step(gym.make("rlchain/PushCube-v0"), still, 300) == 100
     assert _truncation_step(gym.make("rlchain/PushCube-v0", max_episode_steps=150), still, 300) == 150  # one limit
-    assert _truncation_step(gym.make("rlchain/PushCube-v0", episode_length=30), still, 300) == 30
-    for kwargs, limit in [({}, 100), ({"max_episode_steps": 7}, 7), ({"episode_length": 5}, 5)]:
+    for kwargs, limit in [({}, 100), ({"max_episode_steps": 7}, 7)]:
         vec = gym.make_vec("rlchain/PushCube-v0", num_envs=2, vectorization_mode="vector_entry_point", **kwargs)
         assert isinstance(vec, PushCubeEnv) and vec.max_episode_steps == limit
         assert _truncation_step(vec, torch.zeros(2, 2), 300) == limit

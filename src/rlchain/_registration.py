@@ -1,10 +1,10 @@
 """Registration of rlchain's built-in tasks with gymnasium, done by ``import rlchain``.
 
 * ``rlchain/PushCube-v0``: ``gymnasium.make`` gives one numpy
-  :class:`rlchain.core.envs.PushCubeGymEnv` (time limit 100, ``episode_length``'s
+  :class:`rlchain.core.envs.PushCubeGymEnv` (time limit 100, ``max_episode_steps``'
   default, by gymnasium's ``TimeLimit``), ``gymnasium.make_vec(...,
   vectorization_mode="vector_entry_point")`` a batched :class:`rlchain.core.envs.PushCubeEnv`
-  (``episode_length`` from ``max_episode_steps``);
+  (``max_episode_steps=100``);
 * ``rlchain/CartPole-v1``: one numpy :class:`rlchain.core.envs.cart_pole.CartPoleGymEnv`
   (time limit 500 by gymnasium's ``TimeLimit``, as ``CartPole-v1``), or a
   batched :class:`rlchain.core.envs.CartPoleEnv` (``max_episode_steps=500``).
@@ -27,10 +27,10 @@ __all__ = ["ENVS", "register_envs"]
 
 #: ``id -> keyword arguments of gymnasium.register``.
 ENVS: dict[str, dict[str, Any]] = {
-    # PushCubeConfig.episode_length's default (a test holds the two together).
+    # PushCubeConfig.max_episode_steps' default (a test holds the two together); make_vec passes it on.
     "rlchain/PushCube-v0": {
         "entry_point": "rlchain.core.envs.push_cube:PushCubeGymEnv",
-        "vector_entry_point": "rlchain.core.envs.push_cube:make_vec_entry_point",
+        "vector_entry_point": "rlchain.core.envs.push_cube:PushCubeEnv",
         "max_episode_steps": 100,
     },
     # The limit and threshold of gymnasium's CartPole-v1. gymnasium.make wraps

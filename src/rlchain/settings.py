@@ -28,9 +28,14 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["SettingError", "Settings", "rejection", "setting"]
+__all__ = ["RENAMED", "SettingError", "Settings", "refuse_renamed", "rejection", "renamed", "setting"]
 
 _RANGE = "rlchain_range"
+
+#: Settings that earlier releases named otherwise, old name -> new name. A config saved by such a release is read
+#: with the new names (:func:`renamed`); given by hand, the old name is refused in one line that names the new one
+#: (:func:`refuse_renamed`, and the command line's key check).
+RENAMED = {"episode_length": "max_episode_steps"}
 
 
 class SettingError(ValueError):
@@ -55,6 +60,30 @@ class SettingError(ValueError):
         """The message with the name prefixed by ``group.`` (unless ``group`` is empty or the name is in full)."""
         name = f"{group}.{self.name}" if group and "." not in self.name else self.name
         return f"{name}={self.value!r}{self.rest}"
+
+
+def renamed(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` (a saved config's node, e.g. its ``env``) with each old name of :data:`RENAMED` under its new
+    name (a new name already there wins)."""
+    out = dict(settings)
+    for old, new in RENAMED.items():
+        if old in out:
+            value = out.pop(old)
+            out.setdefault(new, value)
+    return out
+
+
+def refuse_renamed(settings: dict[str, Any]) -> None:
+    """Refuse a setting given by an old name of :data:`RENAMED`.
+
+    Raises:
+        SettingError: ``<old>=<value> is not a setting any more: it is <new> now``.
+    """
+    for old, new in RENAMED.items():
+        if old in settings:
+            raise SettingError(
+                old, settings[old], f" is not a setting any more: it is {new} now ({new}={settings[old]!r})"
+            )
 
 
 def rejection(err: BaseException, group: str) -> str | None:

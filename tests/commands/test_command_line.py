@@ -64,6 +64,14 @@ def test_each_missing_key_has_its_line():
     ]
 
 
+def test_a_renamed_setting_is_refused_naming_its_new_name():
+    (line,) = unknown_keys(["env.episode_length=8", "trainer.iterations=1"])
+    assert line.startswith(
+        "Invalid config: env.episode_length=8: episode_length is not a setting of env=push_cube "
+        "(it is env.max_episode_steps=8 now): expected one of "
+    ), line
+
+
 @pytest.mark.parametrize(
     "args",
     [

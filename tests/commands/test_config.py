@@ -49,12 +49,12 @@ def test_default_composition_builds_ppo_on_push_cube(compose_cfg):
 
 
 def test_grpo_selects_actor_only_unless_a_policy_is_named(compose_cfg):
-    cfg = compose_cfg(["algorithm=grpo", *TINY, "env.num_envs=16", "env.episode_length=8"])
+    cfg = compose_cfg(["algorithm=grpo", *TINY, "env.num_envs=16", "env.max_episode_steps=8"])
     assert cfg.policy._target_ == "rlchain.core.policies.ActorOnly"
     trainer = build(cfg)
     assert isinstance(trainer.algorithm, GRPO) and type(trainer.policy) is ActorOnly
     assert trainer.algorithm.reset_options == {"group_size": 8}
-    cfg = compose_cfg(["algorithm=grpo", "policy=actor_critic", *TINY, "env.episode_length=8"])
+    cfg = compose_cfg(["algorithm=grpo", "policy=actor_critic", *TINY, "env.max_episode_steps=8"])
     assert type(build(cfg).policy) is ActorCritic
 
 
@@ -78,7 +78,9 @@ def test_seed_and_device_reach_every_component(compose_cfg):
 
 
 def test_overrides_reach_the_instances(compose_cfg):
-    cfg = compose_cfg([*TINY, "algorithm.learning_rate=0.002", "policy.hidden_sizes=[16,8]", "env.episode_length=50"])
+    cfg = compose_cfg(
+        [*TINY, "algorithm.learning_rate=0.002", "policy.hidden_sizes=[16,8]", "env.max_episode_steps=50"]
+    )
     trainer = build(cfg)
     assert trainer.algorithm.current_lr == pytest.approx(0.002)
     assert [m.out_features for m in trainer.policy.actor if isinstance(m, torch.nn.Linear)] == [16, 8, 2]
@@ -87,7 +89,7 @@ def test_overrides_reach_the_instances(compose_cfg):
 
 @pytest.mark.parametrize("experiment, algo", [("push_cube_ppo", PPO), ("push_cube_grpo", GRPO)])
 def test_experiment_presets(compose_cfg, experiment, algo):
-    cfg = compose_cfg([f"experiment={experiment}", *TINY, "env.episode_length=8"])
+    cfg = compose_cfg([f"experiment={experiment}", *TINY, "env.max_episode_steps=8"])
     assert isinstance(build(cfg).algorithm, algo)
     assert compose_cfg([f"experiment={experiment}"]).algorithm.learning_rate == 1e-3
 
@@ -303,7 +305,7 @@ def test_task_presets_train_with_a_tiny_budget(compose_cfg, preset):
         "device=cpu",
     ]
     cfg = compose_cfg([f"experiment={preset}", *tiny])
-    cfg.env["episode_length" if "episode_length" in cfg.env else "max_episode_steps"] = 8
+    cfg.env["max_episode_steps"] = 8
     if cfg.env._target_.endswith("MjlabEnv"):  # the robots' 4096 envs are for a GPU: 16 here
         cfg.env.num_envs, cfg.algorithm.batch_size = 16, 64
     if cfg.env._target_.endswith("ManiSkillEnv"):  # a process per env on the CPU: 2 here

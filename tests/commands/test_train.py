@@ -20,7 +20,7 @@ from tests.helpers.runs import HELPERS, REPO, TINY, USER, run_cli, run_dir, summ
 
 @pytest.mark.slow
 def test_single_run_end_to_end(tmp_path):
-    proc = run_cli(["algorithm=grpo", *TINY, "env.episode_length=8"], tmp_path)
+    proc = run_cli(["algorithm=grpo", *TINY, "env.max_episode_steps=8"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = list((tmp_path / "outputs").glob("*/*"))
     for name in (
@@ -41,7 +41,7 @@ def test_single_run_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_multirun_runs_four_jobs_each_in_its_own_directory(tmp_path):
-    proc = run_cli(["-m", "algorithm=ppo,grpo", "seed=0,1", *TINY, "env.episode_length=8"], tmp_path)
+    proc = run_cli(["-m", "algorithm=ppo,grpo", "seed=0,1", *TINY, "env.max_episode_steps=8"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     (sweep,) = list((tmp_path / "multirun").glob("*/*"))
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())

@@ -64,7 +64,7 @@ def test_pixels_alone_refuse_observation_noise_in_one_line():
 
 def test_a_rollout_stores_images_as_uint8_and_the_policy_converts_them():
     torch.manual_seed(0)
-    env = PushCubeEnv(num_envs=4, obs_mode="pixels_state", image_size=24, episode_length=5)
+    env = PushCubeEnv(num_envs=4, obs_mode="pixels_state", image_size=24, max_episode_steps=5)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16], **SMALL_CNN)
     assert policy.image_groups == ["image"] and set(policy.obs_normalizer) == {"state"}  # images: no normaliser
     assert list(policy.actor_encoders) == list(policy.critic_encoders) == ["image"]
@@ -75,7 +75,7 @@ def test_a_rollout_stores_images_as_uint8_and_the_policy_converts_them():
     assert images.dtype == torch.uint8 and images.shape == (6, 4, 24, 24, 3)
     assert data["final_obs"]["image"].dtype == torch.uint8
     # The stored images are the env's: replay the run's start from its seed.
-    replay = PushCubeEnv(num_envs=4, obs_mode="pixels_state", image_size=24, episode_length=5)
+    replay = PushCubeEnv(num_envs=4, obs_mode="pixels_state", image_size=24, max_episode_steps=5)
     first, _ = replay.reset()
     assert torch.equal(images[0], first["image"])
     # The update's forward on stored uint8 images equals the acting forward.
@@ -142,7 +142,7 @@ def test_a_flat_image_space_is_one_image_group():
 
 
 def test_final_observations_keep_no_image_the_critic_does_not_read():
-    env = PushCubeEnv(num_envs=4, obs_mode="pixels_state", privileged_critic=True, image_size=24, episode_length=3)
+    env = PushCubeEnv(num_envs=4, obs_mode="pixels_state", privileged_critic=True, image_size=24, max_episode_steps=3)
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16], **SMALL_CNN)
     data = SyncCollector(env, policy, rollout_steps=4).collect().data
     assert list(data["final_obs"].keys()) == ["critic"] and data["done"].any()
@@ -158,7 +158,7 @@ def test_a_pixel_run_resumes_exactly(tmp_path):
 
     def make(out, iterations, resume_from=None):
         torch.manual_seed(0)
-        env = PushCubeEnv(num_envs=8, obs_mode="pixels_state", image_size=24, episode_length=7)
+        env = PushCubeEnv(num_envs=8, obs_mode="pixels_state", image_size=24, max_episode_steps=7)
         policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16], **SMALL_CNN)
         algorithm = PPO(policy, batch_size=32, n_epochs=2, seed=0)
         trainer = Trainer(

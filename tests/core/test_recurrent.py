@@ -237,7 +237,7 @@ def test_a_recurrent_camera_actor_with_a_privileged_critic_replays_its_sequences
     feeds its own; collection and sequence replay agree."""
     from rlchain.core.envs import PushCubeEnv
 
-    env = PushCubeEnv(num_envs=4, obs_mode="pixels_state", privileged_critic=True, image_size=32, episode_length=6)
+    env = PushCubeEnv(num_envs=4, obs_mode="pixels_state", privileged_critic=True, image_size=32, max_episode_steps=6)
     cnn = dict(cnn_channels=[8, 8], cnn_kernel_sizes=[4, 3], cnn_strides=[2, 2], cnn_features=16)
     policy = recurrent(env, "lstm", actor_obs=["image", "state"], **cnn)
     assert set(policy.actor_encoders) == {"image"} and policy.critic_groups == ["critic"]

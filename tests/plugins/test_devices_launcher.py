@@ -124,7 +124,7 @@ def test_an_exported_omp_num_threads_is_each_jobs_thread_count(tmp_path):
             "hydra.launcher.devices=[cpu]",
             "hydra.launcher.jobs_per_device=2",
             *TINY,
-            "env.episode_length=8",
+            "env.max_episode_steps=8",
             MEET,
         ],
         tmp_path,

@@ -340,7 +340,7 @@ def test_a_run_resumed_into_its_directory_does_not_repeat_logged_rows(tmp_path):
 
 
 #: 8-step push_cube episodes, so that a GRPO rollout (TINY: 8 steps) holds a whole one.
-GRPO_SHORT = [*TINY, "env=push_cube", "env.episode_length=8"]
+GRPO_SHORT = [*TINY, "env=push_cube", "env.max_episode_steps=8"]
 
 
 @pytest.mark.slow
@@ -554,7 +554,7 @@ def test_a_resume_lets_through_the_option_the_saved_run_has_so_that_its_keys_com
     # A run of the push_cube_grpo preset: algorithm.group_size composes only with algorithm=grpo on the command line,
     # and naming that option (the preset chose it, the command line did not) was refused as a change of the run.
     run = tmp_path / "run"
-    first = run_cli(["experiment=push_cube_grpo", *TINY, "env.episode_length=8", f"hydra.run.dir={run}"], tmp_path)
+    first = run_cli(["experiment=push_cube_grpo", *TINY, "env.max_episode_steps=8", f"hydra.run.dir={run}"], tmp_path)
     assert first.returncode == 0, first.stderr
     proc = run_cli(
         [f"trainer.resume_from={run}", "algorithm=grpo", "algorithm.group_size=4", "trainer.iterations=3"], tmp_path

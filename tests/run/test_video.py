@@ -17,7 +17,7 @@ from tests.helpers.runs import TINY, run_cli, summary_of
 @pytest.mark.parametrize(
     "make_env",
     [
-        lambda: PushCubeEnv(num_envs=4, episode_length=12, render_mode="rgb_array"),
+        lambda: PushCubeEnv(num_envs=4, max_episode_steps=12, render_mode="rgb_array"),
         lambda: CartPoleEnv(num_envs=4, max_episode_steps=30, render_mode="rgb_array"),
     ],
 )
@@ -62,7 +62,7 @@ def test_training_with_video_writes_one_mp4_per_evaluation(tmp_path):
             "algorithm=ppo",
             "env=push_cube",
             *TINY,
-            "env.episode_length=10",
+            "env.max_episode_steps=10",
             "trainer.video=true",
             "trainer.video_episodes=2",
             f"hydra.run.dir={run}",
@@ -75,7 +75,7 @@ def test_training_with_video_writes_one_mp4_per_evaluation(tmp_path):
     assert [v.name for v in videos] == ["step_000000000128.mp4", "step_000000000256.mp4"]  # eval_freq=1, 2 iterations
     # the last video is the policy of latest.pt, evaluated as the trainer does: the same frames
     state = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
-    env = PushCubeEnv(num_envs=8, episode_length=10, seed=1, render_mode="rgb_array")
+    env = PushCubeEnv(num_envs=8, max_episode_steps=10, seed=1, render_mode="rgb_array")
     policy = ActorCritic(env.single_observation_space, env.single_action_space)
     policy.load_state_dict(state["policy"])
     expected = evaluate(env, policy, 8, seed=1, video_episodes=2)

@@ -25,6 +25,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from rlchain.settings import RENAMED
+
 __all__ = ["HIDDEN_GROUPS", "help_groups", "register_help_resolver", "unknown_keys"]
 
 #: Config groups that ``--help`` and the lines of :func:`unknown_keys` leave out: their options are chosen by other
@@ -246,7 +248,9 @@ class _Check:
         choice = cfg.hydra.runtime.choices.get(group)
         where = f"{group}={choice}" if choice is not None else parent
         close = difflib.get_close_matches(name, keys, n=1)
-        if close:
+        if RENAMED.get(name) in keys:
+            hint = f" (it is {parent}.{RENAMED[name]}{tail}={value} now)"
+        elif close:
             hint = f" (did you mean {parent}.{close[0]}{tail}={value}?)"
         else:
             option = self.option_with(rest, group, choice, full_key) if choice is not None else None

@@ -41,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlchain.run.checkpoint import check_state_matches, load_checkpoint
-from rlchain.settings import SettingError, rejection
+from rlchain.settings import SettingError, rejection, renamed
 
 __all__ = ["CHECKPOINT_CHOICES", "SavedRun", "SavedRunError", "allowed_target", "open_run"]
 
@@ -103,7 +103,7 @@ class SavedRun:
                 the env has (naming it and the keys there are); a node that may
                 not be instantiated (see the module docstring).
         """
-        env = OmegaConf.create({**self.config["env"], **settings})
+        env = OmegaConf.create({**renamed(self.config["env"]), **settings})  # a config of an earlier release too
         OmegaConf.set_struct(env, True)
         for override in OverridesParser.create().parse_overrides(list(overrides)):
             key = override.key_or_group

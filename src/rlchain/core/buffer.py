@@ -84,7 +84,7 @@ class RolloutBuffer:
         hidden: TensorDict | None = None,
         final_hidden: bool = False,
     ) -> None:
-        from tensordict import TensorDict  # imported where used: see rlchain.config
+        from tensordict import TensorDict  # imported where used: see rlchain.commands.config
 
         check_positive("rollout_steps", rollout_steps, integer=True)
         self.rollout_steps, self.num_envs = rollout_steps, num_envs
@@ -177,7 +177,7 @@ def _final_obs_zeros(
 ) -> observations.Obs:
     """The storage of ``final_obs``: :func:`rlchain.core.observations.zeros` of ``space``'s ``groups`` (a ``Dict``
     space's, in its order; every group for None or a ``Box``), an empty TensorDict for no group (no critic)."""
-    from tensordict import TensorDict  # imported where used: see rlchain.config
+    from tensordict import TensorDict  # imported where used: see rlchain.commands.config
 
     if groups is None or not observations.is_grouped(space):
         return observations.zeros(space, batch, device)

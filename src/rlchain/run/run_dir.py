@@ -41,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from rlchain.distributed import from_environment
 from rlchain.run.checkpoint import checkpoint_of
-from rlchain.settings import SettingError
+from rlchain.settings import SettingError, renamed
 
 __all__ = [
     "RESUME_SETTINGS",
@@ -260,6 +260,8 @@ def resume_in_place(config: DictConfig) -> Path | None:
     _check_run_dir_named(config, run)
     hydra_dir = run / ".hydra"
     saved = OmegaConf.load(hydra_dir / "config.yaml")
+    if OmegaConf.is_dict(saved.get("env")):  # a run of an earlier release: its settings by today's names
+        saved.env = OmegaConf.create(renamed(OmegaConf.to_container(saved.env, resolve=False)))
     original = (
         [str(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml")]
         if (hydra_dir / "overrides.yaml").is_file()

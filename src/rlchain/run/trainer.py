@@ -175,7 +175,7 @@ class TrainerConfig(Settings):
 
 
 class Trainer:
-    """Runs the loop of DESIGN.md: collect -> update -> log -> evaluate -> save.
+    """Runs the training loop: collect -> update -> log -> evaluate -> save.
 
     Args:
         env: training env (a :class:`rlchain.core.envs.base.VecEnv`).

@@ -12,9 +12,11 @@ from rlchain.core.envs import CartPoleEnv, PushCubeEnv
 BACKEND = "aot_eager"
 
 CASES = {
-    "push_cube": lambda: PushCubeEnv(num_envs=16, seed=3, episode_length=6, obs_noise_std=0.01, privileged_critic=True),
+    "push_cube": lambda: PushCubeEnv(
+        num_envs=16, seed=3, max_episode_steps=6, obs_noise_std=0.01, privileged_critic=True
+    ),
     "push_cube_pixels": lambda: PushCubeEnv(
-        num_envs=8, seed=3, episode_length=5, obs_mode="pixels_state", image_size=16, obs_noise_std=0.01
+        num_envs=8, seed=3, max_episode_steps=5, obs_mode="pixels_state", image_size=16, obs_noise_std=0.01
     ),
     "cart_pole_continuous": lambda: CartPoleEnv(num_envs=16, seed=3, max_episode_steps=7, action_mode="continuous"),
 }

@@ -168,7 +168,7 @@ def test_scripted_controller_solves_90_percent_of_1000_episodes():
     obs, _ = env.reset()
     finished = torch.zeros(1000, dtype=torch.bool)
     solved = torch.zeros(1000, dtype=torch.bool)
-    for _ in range(env.cfg.episode_length):
+    for _ in range(env.cfg.max_episode_steps):
         obs, _, term, trunc, info = env.step(scripted_action(obs, env))
         solved |= info["success"] & ~finished
         finished |= term | trunc
@@ -226,7 +226,7 @@ def test_initial_states_satisfy_the_spawn_rules():
 
 
 def test_time_limit_truncates_and_bootstraps_final_obs():
-    env = PushCubeEnv(num_envs=4, seed=0, episode_length=5)
+    env = PushCubeEnv(num_envs=4, seed=0, max_episode_steps=5)
     place(env, pusher_x=-0.5, pusher_y=-0.5)
     for _ in range(5):
         obs, _, term, trunc, info = env.step(torch.zeros(4, 2))
@@ -308,7 +308,7 @@ def test_cpu_and_cuda_agree():
         (dict(num_envs=0), "num_envs=0"),
         (dict(num_envs=2.5), "num_envs=2.5"),
         (dict(cube_size=-0.1), "cube_size=-0.1"),
-        (dict(episode_length=0), "episode_length=0"),
+        (dict(max_episode_steps=0), "max_episode_steps=0"),
         (dict(substeps=0), "substeps=0"),
         (dict(control_dt=float("nan")), "control_dt=nan"),
         (dict(action_scale=0.2, substeps=2), "pusher_radius"),
@@ -320,6 +320,16 @@ def test_cpu_and_cuda_agree():
 def test_bad_constructor_arguments_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         PushCubeEnv(**kwargs)
+
+
+def test_the_time_limits_old_name_is_refused_naming_the_new_one():
+    import gymnasium as gym
+
+    refusal = r"^episode_length=30 is not a setting any more: it is max_episode_steps now \(max_episode_steps=30\)$"
+    with pytest.raises(ValueError, match=refusal):
+        PushCubeEnv(num_envs=2, episode_length=30)
+    with pytest.raises(ValueError, match=refusal):
+        gym.make("rlchain/PushCube-v0", episode_length=30)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")

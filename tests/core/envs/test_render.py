@@ -159,14 +159,14 @@ def test_a_vec_env_that_does_not_render_says_so():
 
 
 def test_check_vec_env_checks_render_when_rendering():
-    check_vec_env(PushCubeEnv(num_envs=4, episode_length=5, render_mode="rgb_array"))
+    check_vec_env(PushCubeEnv(num_envs=4, max_episode_steps=5, render_mode="rgb_array"))
 
     class FloatFrames(PushCubeEnv):
         def render(self, env_ids=None):
             return super().render(env_ids).float()
 
     with pytest.raises(VecEnvContractError, match="rule 'render'.*dtype torch.float32: expected torch.uint8"):
-        check_vec_env(FloatFrames(num_envs=4, episode_length=5, render_mode="rgb_array"))
+        check_vec_env(FloatFrames(num_envs=4, max_episode_steps=5, render_mode="rgb_array"))
 
 
 # --------------------------------------------------------------- gymnasium

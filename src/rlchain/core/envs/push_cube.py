@@ -16,7 +16,7 @@ pusher_radius``), which keeps its centre outside the cube.
 
 Episode end. ``terminated`` on success (cube within ``success_threshold`` of
 the goal) or failure (cube centre beyond the table edge); ``truncated`` after
-``episode_length`` control steps. Finished envs reset within the same step
+``max_episode_steps`` control steps. Finished envs reset within the same step
 (see :mod:`rlchain.core.envs.base`).
 
 Observation (float32, 15 values, metres, radians, m/s, rad/s):
@@ -96,10 +96,10 @@ import rlchain.core.envs.push_cube_physics as physics
 import rlchain.core.envs.rendering as rendering
 from rlchain.core.envs.base import SingleGymEnv, TorchVecEnv, VecEnvConfig
 from rlchain.core.envs.rng import CounterRng
-from rlchain.settings import SettingError, setting
+from rlchain.settings import SettingError, refuse_renamed, setting
 from rlchain.utils import resolve_device
 
-__all__ = ["RENDER_SIZE", "PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv", "make_vec_entry_point"]
+__all__ = ["RENDER_SIZE", "PushCubeConfig", "PushCubeEnv", "PushCubeGymEnv"]
 
 OBS_DIM = 15
 #: The features of the group 'state' of obs_mode=pixels_state: pusher_x, pusher_y, goal_x, goal_y.
@@ -156,8 +156,8 @@ class PushCubeConfig(VecEnvConfig):
     """The pusher spawns uniformly in [-h, h]^2 m (h < table_half_extent), clear of the cube."""
     success_threshold: float = setting(0.1, gt=0)
     """Success when the cube centre is this close to the goal, m."""
-    episode_length: int = setting(100, gt=0)
-    """Time limit in control steps."""
+    max_episode_steps: int = setting(100, gt=0)
+    """Time limit in control steps (gymnasium's name; earlier releases called it episode_length)."""
     action_scale: float = setting(0.05, gt=0)
     """Commanded pusher displacement per control step for an action of 1, m (at most substeps * pusher_radius)."""
     control_dt: float = setting(0.1, gt=0)
@@ -253,9 +253,10 @@ class PushCubeEnv(TorchVecEnv):
     spreads_episode_starts = True
 
     def __init__(self, **settings: Any) -> None:
+        refuse_renamed(settings)
         self.cfg = cfg = PushCubeConfig(**settings)
         super().__init__(cfg.num_envs, resolve_device(cfg.device))
-        self.max_episode_steps = cfg.episode_length
+        self.max_episode_steps = cfg.max_episode_steps
         self.render_mode = cfg.render_mode
         # One frame per control step; control_dt is a setting, so the metadata is the instance's own.
         self.metadata = {**type(self).metadata, "render_modes": ["rgb_array"], "render_fps": 1.0 / cfg.control_dt}
@@ -570,7 +571,7 @@ class PushCubeEnv(TorchVecEnv):
         reward = rewards["reach"] + rewards["place"] + rewards["smoothness"] + rewards["success"]
 
         terminated = success | off_table
-        truncated = (self.elapsed_steps >= cfg.episode_length) & ~terminated
+        truncated = (self.elapsed_steps >= cfg.max_episode_steps) & ~terminated
         done = terminated | truncated
         final_obs = self._observe()
         self.prev_action.copy_(action)
@@ -654,41 +655,25 @@ class PushCubeGymEnv(SingleGymEnv):
 
     A one-env :class:`PushCubeEnv` on the CPU behind :class:`~rlchain.core.envs.base.SingleGymEnv`.
     Observations float32 ``(15,)``, actions float32 ``(2,)``. Keyword
-    arguments are those of :class:`PushCubeConfig`, ``render_mode`` included
+    arguments are those of :class:`PushCubeConfig` except ``num_envs``, ``render_mode`` included
     (``gymnasium.make(..., render_mode="rgb_array")``: ``render()`` returns
     a uint8 ``(256, 256, 3)`` frame).
 
     Like gymnasium's own envs it never truncates by itself: the time limit is
     gymnasium's ``TimeLimit`` wrapper, which ``gymnasium.make`` adds from the
-    registered spec (``episode_length``'s default, 100 steps, or
+    registered spec (100 steps, ``max_episode_steps``' default, or
     ``make(..., max_episode_steps=...)``), so that one limit holds. Given
-    ``episode_length`` directly, the wrapped env truncates there too.
+    ``max_episode_steps`` directly, the wrapped env truncates there too.
+
+    Raises:
+        ValueError: as :class:`PushCubeEnv` (on the CPU, so at once).
     """
 
     metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": PushCubeEnv.metadata["render_fps"]}
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, max_episode_steps: int | None = None, **kwargs: Any) -> None:
         kwargs.pop("num_envs", None)
         kwargs.setdefault("device", "cpu")
         # No limit of its own: 2**31 - 1 steps is beyond any episode and fits the int32 step counter.
-        kwargs.setdefault("episode_length", 2**31 - 1)
-        super().__init__(PushCubeEnv(num_envs=1, **kwargs))
-
-
-def make_vec_entry_point(max_episode_steps: int | None = None, **settings: Any) -> PushCubeEnv:
-    """The batched :class:`PushCubeEnv` of ``gymnasium.make_vec("rlchain/PushCube-v0", ...,
-    vectorization_mode="vector_entry_point")``.
-
-    ``make_vec`` passes the time limit as ``max_episode_steps`` (the
-    registered 100 unless given); it becomes ``episode_length``, or the
-    shorter of the two where ``episode_length`` is given too, as the two limits
-    of ``gymnasium.make``'s single env (its ``TimeLimit`` and the env's own) act.
-
-    Raises:
-        ValueError: as :class:`PushCubeEnv`, naming ``episode_length`` for a limit out of its range.
-    """
-    if max_episode_steps is not None:
-        given = settings.get("episode_length")
-        shorter = isinstance(given, int) and not isinstance(given, bool) and given < max_episode_steps
-        settings["episode_length"] = given if shorter else max_episode_steps
-    return PushCubeEnv(**settings)
+        limit = 2**31 - 1 if max_episode_steps is None else max_episode_steps
+        super().__init__(PushCubeEnv(num_envs=1, max_episode_steps=limit, **kwargs))
