@@ -87,30 +87,20 @@ def env_rows(num_envs: int) -> list[dict]:
 
 
 def training_rows() -> list[dict]:
-    from hydra.utils import instantiate
-    from vs_rsl_rl import compose_config
+    from ppo_floor import build_preset
 
     from rlchain.core.collector import SyncCollector
 
     rows = []
     for algo in ("ppo", "grpo"):
-        cfg = compose_config([f"experiment=push_cube_{algo}", "device=cpu"])
-        env = instantiate(cfg.env, _convert_="all")
-        policy = instantiate(
-            cfg.policy,
-            observation_space=env.single_observation_space,
-            action_space=env.single_action_space,
-            _convert_="all",
-        )
-        algorithm = instantiate(cfg.algorithm, policy=policy, _convert_="all")
+        cfg, env, policy, algorithm, collector = build_preset(0, f"push_cube_{algo}")
         if algo == "ppo":
             counts = []
             for steps in (8, 16):
-                collector = SyncCollector(env, policy, steps, reset_options=algorithm.reset_options)
-                collector.collect()
-                counts.append(eager_calls(collector.collect))
+                short = SyncCollector(env, policy, steps, reset_options=algorithm.reset_options)
+                short.collect()
+                counts.append(eager_calls(short.collect))
             rows.append({"what": "collection step (push_cube_ppo)", "eager": (counts[1] - counts[0]) // 8})
-        collector = SyncCollector(env, policy, int(cfg.trainer.rollout_steps), reset_options=algorithm.reset_options)
         collector.collect()
         data = collector.buffer.data
         counts = []
