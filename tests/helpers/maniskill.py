@@ -12,13 +12,20 @@ import pytest
 
 @functools.cache
 def maniskill_missing() -> str | None:
-    """What this machine lacks to build a ManiSkill env (the extra, or SAPIEN's Vulkan device), or None.
+    """What this machine lacks to build a ManiSkill env (the extra, a system library such as OpenCV's libGL, or
+    SAPIEN's Vulkan device), or None.
 
     The Vulkan check is the adapter's own (:func:`rlchain.core.envs.maniskill_adapter.vulkan_error`); it imports
     SAPIEN, once per test process.
     """
     if importlib.util.find_spec("mani_skill") is None:
         return 'needs pip install "rlchain[maniskill]"'
+    try:
+        import mani_skill.envs  # noqa: F401  (what the adapter imports: its tasks, and OpenCV for their cameras)
+    except ImportError as err:
+        if "cannot open shared object file" not in str(err):
+            raise  # mani-skill itself is broken: a failure, not the machine
+        return f"ManiSkill's tasks need a system library this machine lacks ({err})"
     from rlchain.core.envs.maniskill_adapter import vulkan_error
 
     err = vulkan_error()
