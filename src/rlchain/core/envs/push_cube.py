@@ -532,30 +532,14 @@ class PushCubeEnv(TorchVecEnv):
         action = self._check_action(action)
         scale = cfg.action_scale / cfg.substeps
         dx, dy = action[:, 0] * scale, action[:, 1] * scale
-        pose, twist, pusher = (
-            (self.cube_x, self.cube_y, self.cube_yaw),
-            (self.cube_vx, self.cube_vy, self.cube_omega),
-            (
-                self.pusher_x,
-                self.pusher_y,
-            ),
-        )
+        pose = (self.cube_x, self.cube_y, self.cube_yaw)
+        twist = (self.cube_vx, self.cube_vy, self.cube_omega)
+        pusher = (self.pusher_x, self.pusher_y)
+        state = [*pose, *twist, *pusher]
         for _ in range(cfg.substeps):
             pose, twist, pusher = self._substep(pose, twist, pusher, dx, dy)
         # The state is written in place: its tensors keep their addresses (a captured CUDA graph reads them).
-        torch._foreach_copy_(
-            [
-                self.cube_x,
-                self.cube_y,
-                self.cube_yaw,
-                self.cube_vx,
-                self.cube_vy,
-                self.cube_omega,
-                self.pusher_x,
-                self.pusher_y,
-            ],
-            [*pose, *twist, *pusher],
-        )
+        torch._foreach_copy_(state, [*pose, *twist, *pusher])
         self.elapsed_steps.add_(1)
 
         reach, place, distance = self._potentials()
