@@ -15,7 +15,8 @@ from torch import nn
 
 from rlchain.core.collector import SyncCollector
 from rlchain.core.envs.push_cube import PushCubeEnv
-from rlchain.core.policies import ActorCritic, CNNEncoder
+from rlchain.core.networks import CNNEncoder
+from rlchain.core.policies import ActorCritic
 from rlchain.envs import check_vec_env
 
 SMALL_CNN = {"cnn_channels": [8, 16], "cnn_kernel_sizes": [4, 3], "cnn_strides": [2, 2], "cnn_features": 32}
@@ -189,7 +190,7 @@ def test_a_pixel_run_resumes_exactly(tmp_path):
 
 
 def test_spatial_softmax_gives_each_channels_expected_position():
-    from rlchain.core.policies import SpatialSoftmax
+    from rlchain.core.networks import SpatialSoftmax
 
     logits = torch.full((2, 3, 5, 7), -1e4)
     logits[0, 0, 0, 0] = logits[0, 1, 4, 6] = logits[1, 0, 2, 3] = 0.0  # one hot pixel: its own position

@@ -13,7 +13,8 @@ from tensordict import TensorDict
 from rlchain.core.algorithms import PPO
 from rlchain.core.collector import SyncCollector
 from rlchain.core.evaluation import evaluate
-from rlchain.core.policies import ActorCritic, ActorOnly, bounded
+from rlchain.core.networks import bounded
+from rlchain.core.policies import ActorCritic, ActorOnly
 from tests.helpers.toy_env import LineEnv
 
 
