@@ -9,7 +9,7 @@ import torch
 
 from rlchain.core import observations
 from rlchain.core.buffer import RolloutBuffer
-from rlchain.core.envs.base import VecEnv
+from rlchain.core.envs.base import VecEnv, info_terms
 from rlchain.core.observations import Obs, leaves
 from rlchain.core.policies import Policy
 from rlchain.settings import SettingError
@@ -43,8 +43,10 @@ def _rows(
     return list(zip(*columns))
 
 
-def _add_terms(sums: dict[str, torch.Tensor], info: dict[str, Any], first: bool) -> None:
-    """Add one step's ``info["rewards"]`` and ``info["metrics"]`` (``[N]`` each) to ``sums`` (keys ``rewards/<term>``, ``metrics/<name>``).
+def _add_terms(sums: dict[str, torch.Tensor], env: VecEnv, info: dict[str, Any], first: bool) -> None:
+    """Add one step's reward terms and task metrics (:func:`~rlchain.core.envs.base.info_terms` of ``info``: the
+    declared ``[N, K]`` tensors or the dicts of ``[N]`` tensors) to ``sums``, float32 ``[N]`` per term, keys
+    ``rewards/<term>`` and ``metrics/<name>``.
 
     The first step of a rollout sets the terms, which every later step must report.
 
@@ -54,13 +56,19 @@ def _add_terms(sums: dict[str, torch.Tensor], info: dict[str, Any], first: bool)
     if first:
         sums.clear()
         for group in ("rewards", "metrics"):
-            for name, value in info.get(group, {}).items():
-                sums[f"{group}/{name}"] = value.float().clone()
+            if group in info:
+                names, values = info_terms(env, info, group)
+                columns = values.float().clone().unbind(-1)  # one [N, K] total; sums holds its columns
+                sums.update({f"{group}/{name}": column for name, column in zip(names, columns)})
         return
+    steps: dict[str, dict[str, torch.Tensor]] = {}  # this step's columns by name, per group
     for key, total in sums.items():
         group, name = key.split("/", 1)
+        if group not in steps:
+            names, values = info_terms(env, info, group) if group in info else ((), None)
+            steps[group] = dict(zip(names, values.unbind(-1))) if names else {}
         try:
-            total.add_(info[group][name])
+            total.add_(steps[group][name])
         except KeyError:
             raise ValueError(
                 f"info[{group!r}][{name!r}] is missing at some step: an env must report the same terms every step"
@@ -336,7 +344,7 @@ class SyncCollector:
             torch.logical_not(torch.logical_or(terminated, truncated, out=done_row), out=running)
             if hidden is not None:  # a fresh state where an episode ended (the env reset it in this step)
                 hidden = kept_state(hidden, running)
-            _add_terms(term_sums, info, first=t == 0)
+            _add_terms(term_sums, env, info, first=t == 0)
             obs = next_obs
         # The carries into the next rollout: zero where an episode just ended.
         torch.mul(ret, running, out=self._episode_return)

@@ -24,7 +24,7 @@ import torch
 
 from rlchain.console import error_line
 from rlchain.core.collector import check_actions, kept_state, policy_input, step_env
-from rlchain.core.envs.base import VecEnv
+from rlchain.core.envs.base import VecEnv, info_terms
 from rlchain.core.policies import Policy
 from rlchain.settings import SettingError
 from rlchain.utils import MAX_SEED
@@ -213,7 +213,8 @@ def evaluate(
         _put(ep_ret, row, counts, ret)
         _put(ep_len, row, counts, length)
         _put(ep_succ, row, counts, info["success"].float())
-        for name, value in info.get("metrics", {}).items():
+        names, values = info_terms(env, info, "metrics") if "metrics" in info else ((), None)
+        for name, value in zip(names, values.unbind(-1) if names else ()):
             if name not in ep_metrics:
                 ep_metrics[name] = torch.zeros(per_env * n, device=dev)
             _put(ep_metrics[name], row, counts, value.float())

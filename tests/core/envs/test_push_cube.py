@@ -141,7 +141,7 @@ def test_cube_pushed_off_the_table_terminates_as_failure():
         cube_x = info["final_obs"][0, 2].item()
         if cube_x > env.cfg.table_half_extent:
             assert term.item() and not trunc.item() and not info["success"].item()
-            assert info["metrics"]["cube_off_table"].item() == 1.0
+            assert info["metrics"][0, env.metric_names.index("cube_off_table")].item() == 1.0
             ended = True
             break
         assert not term.item()
@@ -243,9 +243,10 @@ def test_reward_terms_sum_to_the_reward_and_follow_their_potentials():
     # Seeded actions: the global RNG's state depends on which tests ran before in the worker.
     actions = torch.rand(256, 2, generator=torch.Generator().manual_seed(11)) * 2 - 1
     _, reward, term, _, info = env.step(actions)
-    terms = info["rewards"]
-    assert set(terms) == {"reach", "place", "smoothness", "success"}
-    assert torch.allclose(sum(terms.values()), reward)
+    assert env.reward_terms == ("reach", "place", "smoothness", "success")
+    assert info["rewards"].shape == (256, 4) and info["rewards"].dtype == torch.float32
+    terms = dict(zip(env.reward_terms, info["rewards"].unbind(-1)))
+    assert torch.allclose(info["rewards"].sum(-1), reward)
     assert (terms["smoothness"] <= 0).all() and (terms["smoothness"] < 0).any()
     # Potential-based shaping: weight * shaping_scale * (Phi(s') - Phi(s)).
     fin = info["final_obs"]
@@ -265,7 +266,7 @@ def test_shaping_pays_nothing_for_hovering_and_the_success_bonus_once():
     place(env, cube_x=0.0, cube_y=0.0, goal_x=0.13, goal_y=0.0, pusher_x=-0.075, pusher_y=0.0)
     _, reward, term, _, info = env.step(torch.tensor([[1.0, 0.0]] * 2))
     assert term.all() and info["success"].all()
-    assert torch.allclose(info["rewards"]["success"], torch.full((2,), 10.0))
+    assert torch.allclose(info["rewards"][:, env.reward_terms.index("success")], torch.full((2,), 10.0))
 
 
 @pytest.mark.filterwarnings("ignore:.*Box observation space m.*:UserWarning")

@@ -42,6 +42,7 @@ __all__ = [
     "VecEnv",
     "VecEnvConfig",
     "check_group_size",
+    "info_terms",
     "reset_group_size",
 ]
 
@@ -101,6 +102,43 @@ class VecEnvConfig(Settings):
     """'rgb_array': render() returns frames (trainer.video sets it on the evaluation env); None: the env does not render."""
 
 
+#: The ``info`` groups of per-term outputs, and the env attribute that declares each one's names.
+_TERM_ATTRIBUTES = {"rewards": "reward_terms", "metrics": "metric_names"}
+
+
+def info_terms(env: Any, info: dict[str, Any], group: str) -> tuple[tuple[str, ...], torch.Tensor]:
+    """The reward terms (``group="rewards"``) or task metrics (``group="metrics"``) of one step's ``info``, in
+    either form of the :class:`VecEnv` contract, as names and one tensor.
+
+    An env that declares the group's names (``env.reward_terms`` or ``env.metric_names`` a tuple) gives them and
+    ``info[group]`` as it is: a float32 ``[N, K]`` tensor, not copied. Otherwise ``info[group]`` is a dict of
+    ``[N]`` tensors: its keys in order, and its values stacked along the last dimension as float32 (a new
+    ``[N, K]`` tensor; ``[N, 0]`` for an empty dict). The shapes are not checked here; ``check_vec_env`` does.
+
+    Args:
+        env: the env that returned ``info`` (``N = env.num_envs``).
+        info: the ``info`` of one ``step``.
+        group: ``"rewards"`` or ``"metrics"``.
+
+    Returns:
+        ``(names, values)``: ``K`` names and float32 ``[N, K]`` whose column ``k`` is ``names[k]``.
+
+    Raises:
+        ValueError: a ``group`` other than ``"rewards"`` or ``"metrics"``.
+        KeyError: ``info`` has no ``group``.
+    """
+    attribute = _TERM_ATTRIBUTES.get(group)
+    if attribute is None:
+        raise ValueError(f"group={group!r} is not allowed: expected 'rewards' or 'metrics'")
+    names = getattr(env, attribute, None)
+    terms = info[group]
+    if names is not None:
+        return names, terms
+    if not terms:
+        return (), torch.zeros((env.num_envs, 0), device=env.device)
+    return tuple(terms), torch.stack([value.float() for value in terms.values()], dim=-1)
+
+
 class VecEnv(gym.vector.VectorEnv):
     """Abstract batched torch environment (a gymnasium ``VectorEnv``).
 
@@ -119,11 +157,26 @@ class VecEnv(gym.vector.VectorEnv):
     ``step(action) -> (obs, reward, terminated, truncated, info)`` with
     ``obs`` float32 ``[N, *obs_shape]``, ``reward`` float32 ``[N]``,
     ``terminated``/``truncated`` bool ``[N]``; ``info`` holds ``final_obs``
-    float32 ``[N, *obs_shape]``, ``rewards`` (dict of weighted terms, float32
-    ``[N]`` each, summing to ``reward``; the same terms every step),
-    ``metrics`` (dict of float32 ``[N]``; the same names every step) and
-    ``success`` (bool ``[N]``). Actions are float32 ``[N, *act_shape]`` (Box)
-    or int64 ``[N]`` (Discrete).
+    float32 ``[N, *obs_shape]``, ``rewards`` (the weighted reward terms,
+    summing to ``reward``), ``metrics`` (the task metrics) and ``success``
+    (bool ``[N]``). Actions are float32 ``[N, *act_shape]`` (Box) or int64
+    ``[N]`` (Discrete).
+
+    Reward terms and metrics come in one of two forms, the same every step:
+
+    * declared: ``reward_terms`` (``metric_names``) is a tuple of ``K``
+      distinct names, set once (a class attribute, or in ``__init__``), and
+      ``info["rewards"]`` (``info["metrics"]``) is a float32 tensor
+      ``[N, K]`` whose column ``k`` is the term named ``reward_terms[k]``.
+      This is the form of the built-in tasks, and the one a step compiled
+      with ``torch.compile(fullgraph=True)`` or captured as a CUDA graph
+      needs: no dict built per step, a fixed shape;
+    * dict: ``reward_terms`` (``metric_names``) is None, and
+      ``info["rewards"]`` (``info["metrics"]``) is a dict of float32 ``[N]``
+      tensors, the same names every step (adapters and eager envs).
+
+    :func:`info_terms` reads either form as ``(names, [N, K] tensor)``; every
+    consumer in rlchain goes through it.
 
     Only the done rows (``terminated | truncated``) of ``final_obs`` carry
     meaning: there it is the observation the episode ended on, before the
@@ -166,6 +219,12 @@ class VecEnv(gym.vector.VectorEnv):
     #: What the env adds to the policy's Discrete action (the policy's category ``i`` is the env's action
     #: ``i + action_start``: a gymnasium ``Discrete(n, start)``); 0 for a Box. ``rlchain-export`` bakes it in.
     action_start: int = 0
+    #: The names of the columns of ``info["rewards"]`` (a float32 ``[N, K]`` tensor), in order, or None when
+    #: ``info["rewards"]`` is a dict of ``[N]`` tensors (see the class docstring).
+    reward_terms: tuple[str, ...] | None = None
+    #: The names of the columns of ``info["metrics"]`` (a float32 ``[N, K]`` tensor), in order, or None when
+    #: ``info["metrics"]`` is a dict of ``[N]`` tensors (see the class docstring).
+    metric_names: tuple[str, ...] | None = None
     #: The env's settings (its :class:`VecEnvConfig` subclass), or None for an env without a schema;
     #: ``rlchain-export`` records ``cfg._target_`` (and ``cfg.id`` or ``cfg.task``, where there is one) in its metadata.
     cfg: VecEnvConfig | None = None
@@ -502,8 +561,9 @@ class SingleGymEnv(gym.Env):
         done = bool(terminated[0] | truncated[0])
         last = _first_row(info["final_obs"] if done else obs)  # final_obs means something on done rows only
         out = {"success": bool(info["success"][0])} if self.reports_success else {}
-        out.update({name: float(value[0]) for name, value in info["metrics"].items()})
-        out.update({f"reward_{name}": float(value[0]) for name, value in info["rewards"].items()})
+        for group, prefix in (("metrics", ""), ("rewards", "reward_")):
+            names, values = info_terms(self._env, info, group)
+            out.update({prefix + name: value for name, value in zip(names, values[0].tolist())})
         return last, float(reward[0]), bool(terminated[0]), bool(truncated[0]), out
 
 

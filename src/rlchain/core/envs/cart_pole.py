@@ -141,6 +141,10 @@ class CartPoleEnv(TorchVecEnv):
     """
 
     spreads_episode_starts = True
+    #: The one column of ``info["rewards"]``: 1 every step.
+    reward_terms = ("alive",)
+    #: The columns of ``info["metrics"]``: the absolute pole angle (rad) and cart position (m).
+    metric_names = ("abs_theta", "abs_x")
     _STATE = ("x", "x_dot", "theta", "theta_dot", "elapsed_steps")
     metadata: dict[str, Any] = {**TorchVecEnv.metadata, "render_modes": ["rgb_array"], "render_fps": 50}
 
@@ -220,8 +224,8 @@ class CartPoleEnv(TorchVecEnv):
         Returns:
             ``(obs [N, 4], reward [N], terminated [N], truncated [N], info)``
             as described in :class:`rlchain.core.envs.base.VecEnv`; ``info["rewards"]``
-            is ``{"alive": reward}``, ``info["metrics"]`` holds the absolute pole
-            angle ``abs_theta`` (rad) and cart position ``abs_x`` (m).
+            is float32 ``[N, 1]``, the term ``alive`` (the reward), ``info["metrics"]`` float32
+            ``[N, 2]``: the absolute pole angle ``abs_theta`` (rad) and cart position ``abs_x`` (m).
 
         Raises:
             ValueError: see the class docstring.
@@ -247,8 +251,8 @@ class CartPoleEnv(TorchVecEnv):
         final_obs = self._observe()
         info = {
             "final_obs": final_obs,
-            "rewards": {"alive": reward},
-            "metrics": {"abs_theta": self.theta.abs(), "abs_x": self.x.abs()},
+            "rewards": reward.unsqueeze(-1),
+            "metrics": torch.stack((self.theta, self.x), dim=-1).abs(),
             "success": truncated,
         }
         self._sample_and_set(done, group_size=1)

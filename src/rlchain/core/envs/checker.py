@@ -16,7 +16,8 @@ rule                what is checked
 attributes          ``num_envs`` (int > 0), ``device`` (torch.device),
                     ``max_episode_steps`` (int > 0), ``reports_success`` and
                     ``resumes_episodes`` (bool; a VecEnv subclass inherits
-                    False for the latter)
+                    False for the latter), ``reward_terms`` and
+                    ``metric_names`` (None, or a tuple of distinct strings)
 spaces              ``single_observation_space`` a Box or a Dict of Box groups,
                     ``single_action_space`` a Box or Discrete;
                     ``observation_space``/``action_space`` their batches of
@@ -35,10 +36,14 @@ info keys           ``info`` holds ``final_obs``, ``rewards``, ``metrics``,
                     ``success``
 final_obs           as obs (every group), finite on done rows, and there the
                     observation the episode ended on (not the reset one)
-reward terms        ``info["rewards"]``: float32 ``[N]`` tensors summing to the
-                    reward, the same names every step
-metrics             ``info["metrics"]``: float32 ``[N]`` tensors, the same
-                    names every step
+reward terms        ``info["rewards"]``: with ``reward_terms`` declared, a
+                    float32 tensor ``[N, len(reward_terms)]`` on ``device``;
+                    else a dict of float32 ``[N]`` tensors, the same names
+                    every step; either way the terms sum to the reward
+metrics             ``info["metrics"]``: with ``metric_names`` declared, a
+                    float32 tensor ``[N, len(metric_names)]`` on ``device``;
+                    else a dict of float32 ``[N]`` tensors, the same names
+                    every step
 success             ``info["success"]``: bool ``[N]``; all False when
                     ``reports_success`` is False
 same-step reset     ``metadata["autoreset_mode"]`` is SAME_STEP, and no episode
@@ -69,6 +74,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from rlchain.core import observations
+from rlchain.core.envs.base import _TERM_ATTRIBUTES, info_terms
 
 __all__ = ["VecEnvContractError", "check_vec_env"]
 
@@ -139,6 +145,19 @@ def _check_attributes(env: Any) -> None:
     for name in ("reports_success", "resumes_episodes"):
         flag = getattr(env, name)
         _require(isinstance(flag, bool), rule, f"{name}={flag!r}: expected True or False")
+    for group, name in _TERM_ATTRIBUTES.items():
+        names = getattr(env, name, None)
+        if names is None:
+            continue
+        _require(
+            isinstance(names, tuple) and all(isinstance(x, str) and x for x in names),
+            rule,
+            f"{name}={names!r}: expected a tuple of non-empty strings (the columns of info[{group!r}]) or None",
+        )
+        repeated = sorted({x for x in names if names.count(x) > 1})
+        _require(
+            not repeated, rule, f"{name}={names!r} repeats {', '.join(map(repr, repeated))}: expected distinct names"
+        )
 
 
 def _check_spaces(env: Any) -> None:
@@ -235,19 +254,18 @@ def _check_step(env: Any, action: torch.Tensor, step: int) -> tuple:
     _require(not missing, "info keys", f"step {step}: info lacks {', '.join(map(repr, missing))}")
     done = terminated | truncated
     _check_obs("final_obs", f"step {step}: info['final_obs']", info["final_obs"], env, rows=done)
-    for group, rule in (("rewards", "reward terms"), ("metrics", "metrics")):
-        terms = info[group]
-        _require(
-            isinstance(terms, dict), rule, f"step {step}: info[{group!r}] is a {type(terms).__name__}: expected a dict"
-        )
-        for name, value in terms.items():
-            _check_tensor(rule, f"step {step}: info[{group!r}][{name!r}]", value, (n,), torch.float32, env.device)
-    if info["rewards"]:
-        total = torch.stack(list(info["rewards"].values())).sum(0)
+    for group, rule in _RULES.items():
+        _check_terms(env, info, group, rule, step)
+    names, terms = info_terms(env, info, "rewards")
+    if names:
+        total = terms.sum(-1)
         _require(
             torch.allclose(total, reward, rtol=1e-4, atol=1e-5),
             "reward terms",
-            lambda: f"step {step}: the info['rewards'] terms sum to {total.tolist()}, the reward is {reward.tolist()}",
+            lambda: (
+                f"step {step}: the info['rewards'] terms sum to {total.tolist()}, the reward is {reward.tolist()}: "
+                f"the terms {list(names)} must be weighted and sum to the reward"
+            ),
         )
     _check_tensor("success", f"step {step}: info['success']", info["success"], (n,), torch.bool, env.device)
     if not env.reports_success:
@@ -257,6 +275,41 @@ def _check_step(env: Any, action: torch.Tensor, step: int) -> tuple:
             f"step {step}: info['success'] is True somewhere while reports_success is False",
         )
     return obs, reward, terminated, truncated, info
+
+
+#: The rule of each ``info`` group of named terms.
+_RULES = {"rewards": "reward terms", "metrics": "metrics"}
+
+
+def _check_terms(env: Any, info: dict, group: str, rule: str, step: int) -> None:
+    """``info[group]`` in its form: the declared ``[N, K]`` tensor, or a dict of ``[N]`` tensors."""
+    n, terms, attribute = env.num_envs, info[group], _TERM_ATTRIBUTES[group]
+    names = getattr(env, attribute, None)
+    where = f"step {step}: info[{group!r}]"
+    if names is None:
+        _require(
+            isinstance(terms, dict),
+            rule,
+            f"{where} is a {type(terms).__name__}: expected a dict of [N] tensors, "
+            f"or declare its column names in {attribute} for the [N, K] tensor form",
+        )
+        for name, value in terms.items():
+            _check_tensor(rule, f"{where}[{name!r}]", value, (n,), torch.float32, env.device)
+        return
+    shape = (n, len(names))
+    _require(
+        isinstance(terms, torch.Tensor),
+        rule,
+        f"{where} is a {type(terms).__name__}: expected a float32 tensor {shape}, one column per name of "
+        f"{attribute}={names!r} (None for the dict form)",
+    )
+    _require(
+        tuple(terms.shape) == shape,
+        rule,
+        f"{where} has shape {tuple(terms.shape)}: expected {shape} = (num_envs, len({attribute})), "
+        f"one column per name of {attribute}={names!r}",
+    )
+    _check_tensor(rule, where, terms, shape, torch.float32, env.device)
 
 
 def _check_rollout(env: Any, num_steps: int, seed: int) -> None:
@@ -271,19 +324,20 @@ def _check_rollout(env: Any, num_steps: int, seed: int) -> None:
     sample = _action_sampler(env, seed)
     _check_reset(env, seed)
     length = torch.zeros(n, dtype=torch.int64)
-    names: dict[str, set[str]] = {}
+    names: dict[str, Any] = {}
     final_rows, final_equal_obs, obs_seen = 0, 0, None
     obs_varies = False
     for step in range(num_steps):
         obs, reward, terminated, truncated, info = _check_step(env, sample(), step)
-        for group in ("rewards", "metrics"):
-            current = set(info[group])
+        for group, rule in _RULES.items():
+            declared = getattr(env, _TERM_ATTRIBUTES[group], None) is not None
+            current = info_terms(env, info, group)[0]
+            current = current if declared else frozenset(current)  # a declared order is the columns'
             first = names.setdefault(group, current)
-            rule = "reward terms" if group == "rewards" else "metrics"
             _require(
                 current == first,
                 rule,
-                f"step {step}: info[{group!r}] has {sorted(current)}, the first step had {sorted(first)}: "
+                f"step {step}: info[{group!r}] has {_listed(current)}, the first step had {_listed(first)}: "
                 "report the same names every step",
             )
         done = (terminated | truncated).cpu()
@@ -315,6 +369,11 @@ def _check_rollout(env: Any, num_steps: int, seed: int) -> None:
         f"on all {final_rows} done rows info['final_obs'] equals the returned obs: final_obs must be the "
         "observation the episode ended on, and obs the first of the new episode",
     )
+
+
+def _listed(names: Any) -> list[str]:
+    """Names as a list: a declared tuple in its order, a dict's in sorted order."""
+    return list(names) if isinstance(names, tuple) else sorted(names)
 
 
 def _check_seeding(env: Any, seed: int, steps: int) -> None:

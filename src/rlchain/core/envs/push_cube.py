@@ -37,8 +37,8 @@ index        meaning
 Action: ``Box(-1, 1, (2,))``, the commanded pusher displacement; clipped to
 ``[-1, 1]`` and scaled by ``action_scale`` metres.
 
-Reward (EmbodiChain's terms and weights), each weighted term reported in
-``info["rewards"]``. The two shaping terms pay progress: with EmbodiChain's
+Reward (EmbodiChain's terms and weights), each weighted term a column of
+``info["rewards"]`` (``[N, 4]``, named by ``PushCubeEnv.reward_terms``). The two shaping terms pay progress: with EmbodiChain's
 term as a potential ``Phi`` they pay ``weight * shaping_scale * (Phi(s_{t+1})
 - Phi(s_t))``, so hovering pays nothing and the success bonus is the only
 reward left once the cube is close. (Paid as a level every step, a positive
@@ -251,6 +251,10 @@ class PushCubeEnv(TorchVecEnv):
 
     metadata: dict[str, Any] = {**TorchVecEnv.metadata, "render_modes": ["rgb_array"], "render_fps": 10.0}
     spreads_episode_starts = True
+    #: The columns of ``info["rewards"]``: the weighted terms of the module docstring.
+    reward_terms = ("reach", "place", "smoothness", "success")
+    #: The columns of ``info["metrics"]``: the cube's distance to the goal (m), and 1 where it left the table.
+    metric_names = ("distance_to_goal", "cube_off_table")
 
     def __init__(self, **settings: Any) -> None:
         refuse_renamed(settings)
@@ -522,8 +526,9 @@ class PushCubeEnv(TorchVecEnv):
 
         Returns:
             ``(obs [N,15], reward [N], terminated [N], truncated [N], info)``
-            as described in :class:`rlchain.core.envs.base.VecEnv`; ``info["metrics"]``
-            holds ``distance_to_goal`` (m) and ``cube_off_table`` (0/1).
+            as described in :class:`rlchain.core.envs.base.VecEnv`; ``info["rewards"]`` is float32 ``[N, 4]``,
+            the weighted terms of ``reward_terms`` (see the module docstring), and ``info["metrics"]`` float32
+            ``[N, 2]``: ``distance_to_goal`` (m) and ``cube_off_table`` (0/1), as ``metric_names`` names them.
 
         Raises:
             ValueError: wrong shape or non-finite entries.
@@ -546,13 +551,13 @@ class PushCubeEnv(TorchVecEnv):
         success = distance < cfg.success_threshold
         lim = cfg.table_half_extent
         off_table = (self.cube_x.abs() > lim) | (self.cube_y.abs() > lim)
-        rewards = {
-            "reach": cfg.reach_weight * cfg.shaping_scale * (reach - self._reach_potential),
-            "place": cfg.place_weight * cfg.shaping_scale * (place - self._place_potential),
-            "smoothness": -cfg.smoothness_weight * (action - self.prev_action).square().sum(dim=-1),
-            "success": cfg.success_weight * success.float(),
-        }
-        reward = rewards["reach"] + rewards["place"] + rewards["smoothness"] + rewards["success"]
+        terms = (  # in the order of reward_terms
+            cfg.reach_weight * cfg.shaping_scale * (reach - self._reach_potential),
+            cfg.place_weight * cfg.shaping_scale * (place - self._place_potential),
+            -cfg.smoothness_weight * (action - self.prev_action).square().sum(dim=-1),
+            cfg.success_weight * success.float(),
+        )
+        reward = terms[0] + terms[1] + terms[2] + terms[3]
 
         terminated = success | off_table
         truncated = (self.elapsed_steps >= cfg.max_episode_steps) & ~terminated
@@ -563,8 +568,8 @@ class PushCubeEnv(TorchVecEnv):
         self._after_set_state()
         info = {
             "final_obs": final_obs,
-            "rewards": rewards,
-            "metrics": {"distance_to_goal": distance, "cube_off_table": off_table.float()},
+            "rewards": torch.stack(terms, dim=-1),
+            "metrics": torch.stack((distance, off_table.float()), dim=-1),
             "success": success,
         }
         return self._observe(), reward, terminated, truncated, info
