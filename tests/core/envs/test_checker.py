@@ -9,6 +9,7 @@ from gymnasium.vector import AutoresetMode
 
 import tests.helpers.gym_toy_envs  # noqa: F401  (registers the toy gymnasium ids)
 from rlchain.core.envs import CartPoleEnv, GymVecEnv, PushCubeEnv, VecEnvContractError, check_vec_env
+from rlchain.core.envs.base import info_terms
 from tests.helpers.toy_env import LineEnv
 
 
@@ -40,6 +41,95 @@ def test_every_built_in_env_meets_the_contract(make):
     finally:
         if isinstance(env, GymVecEnv):
             env.close()
+
+
+class TwoTerms(LineEnv):
+    """LineEnv with two reward terms and two metrics, declared: ``[N, 2]`` tensors (``TwoTermsAsDicts``: dicts)."""
+
+    reward_terms = ("progress", "time")
+    metric_names = ("distance", "elapsed")
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        rewards = {"progress": reward, "time": torch.full_like(reward, -0.001)}
+        metrics = {"distance": info["metrics"]["distance"], "elapsed": info["final_obs"][:, 1]}
+        info["rewards"] = rewards if self.reward_terms is None else torch.stack(tuple(rewards.values()), -1)
+        info["metrics"] = metrics if self.metric_names is None else torch.stack(tuple(metrics.values()), -1)
+        return obs, rewards["progress"] + rewards["time"], terminated, truncated, info
+
+
+class TwoTermsAsDicts(TwoTerms):
+    reward_terms = metric_names = None
+
+
+def test_both_forms_of_reward_terms_and_metrics_meet_the_contract():
+    for env in (TwoTerms(num_envs=8), TwoTermsAsDicts(num_envs=8), PushCubeEnv(num_envs=4), CartPoleEnv(num_envs=4)):
+        check_vec_env(env)
+
+
+def test_info_terms_reads_the_declared_and_the_dict_form_alike():
+    declared, dicts = TwoTerms(num_envs=6, seed=1), TwoTermsAsDicts(num_envs=6, seed=1)
+    actions = torch.rand(12, 6, 1, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    declared.reset(seed=1), dicts.reset(seed=1)
+    for action in actions:  # episodes of 5 steps: resets inside
+        info, info_as_dicts = declared.step(action)[4], dicts.step(action)[4]
+        for group, names in (("rewards", ("progress", "time")), ("metrics", ("distance", "elapsed"))):
+            got, want = info_terms(declared, info, group), info_terms(dicts, info_as_dicts, group)
+            assert got[0] == want[0] == names
+            assert got[1] is info[group]  # the declared tensor as it is
+            assert got[1].shape == (6, 2) and want[1].dtype == torch.float32 and torch.equal(got[1], want[1])
+            assert torch.equal(want[1], torch.stack([info_as_dicts[group][name] for name in names], -1))
+
+
+def test_info_terms_of_an_empty_dict_is_n_by_0_and_a_group_must_be_rewards_or_metrics():
+    env = TwoTermsAsDicts(num_envs=3)
+    names, values = info_terms(env, {"rewards": {}}, "rewards")
+    assert names == () and values.shape == (3, 0) and values.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"^group='reward' is not allowed: expected 'rewards' or 'metrics'$"):
+        info_terms(env, {"rewards": {}}, "reward")
+
+
+class RepeatedTermNames(TwoTerms):
+    reward_terms = ("progress", "progress")
+
+
+class MetricNamesInAList(TwoTerms):
+    metric_names = ["distance", "elapsed"]
+
+
+class DeclaredColumnMissing(TwoTerms):
+    def step(self, action):
+        out = super().step(action)
+        out[4]["rewards"] = out[4]["rewards"][:, :1]
+        return out
+
+
+class DeclaredTermsDoNotSum(TwoTerms):
+    def step(self, action):
+        out = super().step(action)
+        out[4]["rewards"] = out[4]["rewards"] * 2
+        return out
+
+
+class DeclaredButDict(TwoTerms):
+    def step(self, action):
+        out = super().step(action)
+        out[4]["metrics"] = dict(zip(self.metric_names, out[4]["metrics"].unbind(-1)))
+        return out
+
+
+class TensorWithoutNames(TwoTermsAsDicts):
+    def step(self, action):
+        out = super().step(action)
+        out[4]["rewards"] = torch.stack(tuple(out[4]["rewards"].values()), -1)
+        return out
+
+
+class Float64DeclaredMetrics(TwoTerms):
+    def step(self, action):
+        out = super().step(action)
+        out[4]["metrics"] = out[4]["metrics"].double()
+        return out
 
 
 class NoTimeLimit(LineEnv):
@@ -176,6 +266,21 @@ class LateAutoresetMode(LineEnv):
         (TermsDoNotSum, "reward terms", "terms sum to"),
         (TermsComeAndGo, "reward terms", "report the same names every step"),
         (IntegerMetric, "metrics", "dtype torch.int64"),
+        (
+            RepeatedTermNames,
+            "attributes",
+            "reward_terms=('progress', 'progress') repeats 'progress': expected distinct",
+        ),
+        (MetricNamesInAList, "attributes", "metric_names=['distance', 'elapsed']: expected a tuple of non-empty"),
+        (
+            DeclaredColumnMissing,
+            "reward terms",
+            "step 0: info['rewards'] has shape (8, 1): expected (8, 2) = (num_envs, len(reward_terms))",
+        ),
+        (DeclaredTermsDoNotSum, "reward terms", "terms sum to"),
+        (DeclaredButDict, "metrics", "step 0: info['metrics'] is a dict: expected a float32 tensor (8, 2)"),
+        (TensorWithoutNames, "reward terms", "or declare its column names in reward_terms"),
+        (Float64DeclaredMetrics, "metrics", "info['metrics'] has dtype torch.float64: expected torch.float32"),
         (SuccessWithoutDeclaringIt, "success", "while reports_success is False"),
         (NextStepReset, "same-step reset", "must reset in the same step()"),
         (NeverTruncates, "same-step reset", "episodes must end by max_episode_steps=5"),

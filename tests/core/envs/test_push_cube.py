@@ -9,9 +9,11 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
+from rlchain.core.collector import SyncCollector
 from rlchain.core.envs import PushCubeEnv, check_vec_env
 from rlchain.core.envs.push_cube_controller import scripted_action
 from rlchain.core.envs.push_cube_physics import square_contact
+from rlchain.core.policies import ActorCritic
 
 
 def penetration(env: PushCubeEnv) -> torch.Tensor:
@@ -380,3 +382,43 @@ def test_a_privileged_critic_variant_gives_the_actor_noisy_features_and_the_crit
     single = gym.make("rlchain/PushCube-v0", privileged_critic=True)
     first, _ = single.reset(seed=0)
     assert set(first) == {"actor", "critic"} and first["actor"].shape == (15,)
+
+
+class PushCubeAsDicts(PushCubeEnv):
+    """PushCube in the dict form of the contract: the same terms, as dicts of ``[N]`` tensors."""
+
+    reward_terms = metric_names = None
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        info["rewards"] = dict(zip(PushCubeEnv.reward_terms, info["rewards"].unbind(-1)))
+        info["metrics"] = dict(zip(PushCubeEnv.metric_names, info["metrics"].unbind(-1)))
+        return obs, reward, terminated, truncated, info
+
+
+def test_the_collectors_term_means_are_the_means_of_each_steps_terms_in_either_form():
+    steps, n = 12, 16
+    settings = {"num_envs": n, "seed": 2, "max_episode_steps": 5, "smoothness_weight": 0.01}
+
+    def collect(env_class):
+        torch.manual_seed(0)  # the policy's weights and its sampled actions
+        env = env_class(**settings)
+        policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+        return SyncCollector(env, policy, rollout_steps=steps).collect()
+
+    rollout = collect(PushCubeEnv)
+    # The plain reference: the same env replayed with the rollout's actions, each step's columns summed in float64.
+    env = PushCubeEnv(**settings)
+    env.reset()
+    sums: dict[str, float] = {}
+    for action in rollout.data["action"]:  # episodes of at most 5 steps: resets inside the rollout
+        info = env.step(action)[4]
+        for group, names in (("rewards", env.reward_terms), ("metrics", env.metric_names)):
+            for k, name in enumerate(names):
+                key = f"{group}/{name}"
+                sums[key] = sums.get(key, 0.0) + info[group][:, k].double().sum().item()
+    assert list(rollout.term_means) == list(sums)
+    for key, total in sums.items():
+        assert rollout.term_means[key] == pytest.approx(total / (steps * n), rel=1e-5, abs=1e-8), key
+    assert rollout.term_means["rewards/smoothness"] < 0 and rollout.term_means["metrics/distance_to_goal"] > 0
+    assert collect(PushCubeAsDicts).term_means == rollout.term_means  # the dict form: the same sums, exactly
