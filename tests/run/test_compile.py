@@ -1,4 +1,4 @@
-"""trainer.compile: the compiled loss against the eager one, a compiled run, and a run that cannot compile."""
+"""trainer.compile: the compiled minibatch step against the eager one, a compiled run, and a run that cannot compile."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from tests.helpers.runs import TINY, run_cli
 
 
 @pytest.mark.slow
-def test_a_compiled_run_trains_with_the_eager_loss_and_logs_its_compile_time_once(tmp_path):
-    """The compiled minibatch loss and its gradients match the eager ones on a real minibatch.
+def test_a_compiled_run_trains_with_the_eager_step_and_logs_its_compile_time_once(tmp_path):
+    """The minibatch step compiled whole (loss, gradients, clip, Adam) gives the eager step's terms and parameters
+    on a real minibatch, from the same state.
 
     Tolerance: inductor fuses the elementwise ops and sums the float32 means over the minibatch in another order,
     which moves them by a few ulp (measured: ~1e-7 relative); rtol 1e-5 leaves room, and a wrong graph (a term
-    dropped, a clip misplaced) would be off by far more.
+    dropped, a clip misplaced, a missed Adam step) would be off by far more.
     """
     torch.manual_seed(0)
     env = PushCubeEnv(num_envs=16, seed=0)
@@ -37,21 +38,26 @@ def test_a_compiled_run_trains_with_the_eager_loss_and_logs_its_compile_time_onc
         fresh_eval=False,
         compile=True,
     )
-    assert ppo.minibatch_loss is not ppo._minibatch_loss
+    assert ppo.train_step is not ppo._train_step
     rollout = trainer.collector.collect().data.reshape(-1)[:64].clone()
     rollout.set("advantages", torch.randn(64))
-    rollout.set("returns", torch.randn(64))
-    grads = []
-    for loss in (ppo.minibatch_loss, ppo._minibatch_loss):
-        terms = loss(rollout)
-        ppo.optimizer.zero_grad()
-        terms["loss"].backward()
-        grads.append([p.grad.clone() for p in policy.parameters()])
-        for name, value in terms.items():
-            torch.testing.assert_close(value, ppo._minibatch_loss(rollout)[name], rtol=1e-5, atol=1e-6)
-    for compiled, eager in zip(*grads):
-        torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-6)
-    ppo.optimizer.zero_grad(set_to_none=True)
+    rollout.set("returns", torch.randn(64) * 3)
+    kept = [*policy.parameters(), *(t for state in ppo._adam_state for t in state)]
+    start = [t.detach().clone() for t in kept]
+    results = []
+    for step in (ppo.train_step, ppo._train_step):
+        with torch.no_grad():
+            torch._foreach_copy_(kept, start)
+        row = step(rollout)
+        results.append((row, [t.detach().clone() for t in kept]))
+    (compiled_row, compiled_after), (eager_row, eager_after) = results
+    torch.testing.assert_close(compiled_row, eager_row, rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(a, b) for a, b in zip(eager_after, start))  # the step moved the policy
+    for compiled, eager in zip(compiled_after, eager_after):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        torch._foreach_copy_(kept, start)
+    ppo._totals.zero_()
 
     before = [p.detach().clone() for p in policy.parameters()]
     assert trainer.train().status == "completed"

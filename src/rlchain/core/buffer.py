@@ -121,21 +121,27 @@ class RolloutBuffer:
 
 
 def minibatches(data: TensorDict, batch_size: int, generator: torch.Generator) -> Iterator[TensorDict]:
-    """Yield random minibatches covering every sample of ``data`` once.
+    """Yield random minibatches of equal size, every sample at most once.
+
+    The ``B`` samples are put in a seeded random order and cut into ``B // size`` minibatches of
+    ``size = min(batch_size, B)`` samples; the ``B % size`` samples the order puts last are left out (a different
+    remainder at every call). Equal minibatches keep one shape for a compiled or captured update.
 
     Args:
         data: TensorDict of any batch shape; it is flattened to ``[B]``.
-        batch_size: samples per minibatch (> 0); the last one may be smaller.
-        generator: seeds the permutation (on ``data``'s device).
+        batch_size: samples per minibatch (> 0).
+        generator: seeds the order (on ``data``'s device).
 
     Raises:
         ValueError: a non-positive ``batch_size``.
     """
     check_positive("batch_size", batch_size, integer=True)
     flat = data.reshape(-1)
-    perm = torch.randperm(flat.batch_size[0], generator=generator, device=generator.device)
-    for start in range(0, perm.numel(), batch_size):
-        yield flat[perm[start : start + batch_size].to(flat.device)]
+    total = flat.batch_size[0]
+    size = min(batch_size, total)
+    perm = torch.randperm(total, generator=generator, device=generator.device).to(flat.device)
+    for k in range(total // size):
+        yield flat[perm[k * size : (k + 1) * size]]
 
 
 def sequence_minibatches(

@@ -80,13 +80,14 @@ def test_adaptive_minibatch_sets_each_steps_rate_from_that_minibatchs_kl(algo):
         kls.append(terms["approx_kl"].item())
         return terms
 
-    step = algorithm.optimizer.step
+    step = algorithm.train_step
 
-    def recording_step(*args, **kwargs):
-        rates.append(algorithm.current_lr)
-        return step(*args, **kwargs)
+    def recording_step(batch):
+        row = step(batch)
+        rates.append(algorithm.current_lr)  # the rate this step took
+        return row
 
-    algorithm.minibatch_loss, algorithm.optimizer.step = recording_loss, recording_step
+    algorithm.minibatch_loss, algorithm.train_step = recording_loss, recording_step
     stats = algorithm.update(rollout)
     assert len(kls) == len(rates) == 8 and "update_kl" not in stats
     expected, lr = [], 1e-3
@@ -124,9 +125,10 @@ def test_a_kl_of_zero_leaves_the_adaptive_rate_unchanged(schedule):
 
         def still_loss(batch):
             zero = sum(p.sum() for p in policy.parameters()) * 0.0
-            return {"loss": zero, "approx_kl": zero.detach()}
+            return {"loss": zero, **dict.fromkeys(algorithm.term_names, zero.detach())}
 
-        stats, _ = algorithm._optimise(rollout, still_loss)
+        algorithm.minibatch_loss = still_loss
+        stats, _ = algorithm._optimise(rollout)
         assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
         kls.append(stats["update_kl"])
     assert kls == [0.0]
@@ -155,7 +157,8 @@ def test_the_kl_stop_reads_the_epochs_last_minibatch():
         loss = policy.actor(mb["obs"]).square().mean()
         return {"loss": loss, "approx_kl": torch.tensor(next(kls))}
 
-    _, epochs = algorithm._optimise(batch, minibatch_loss, stop_kl=0.015)
+    algorithm.minibatch_loss = minibatch_loss
+    _, epochs = algorithm._optimise(batch, stop_kl=0.015)
     assert epochs == 1
 
 

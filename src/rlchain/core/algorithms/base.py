@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.optim.adam import adam
 
 from rlchain.console import notice
 from rlchain.core.buffer import minibatches, sequence_minibatches
@@ -216,23 +217,38 @@ class Algorithm:
             raise SettingError(
                 "seq_len", cfg.seq_len, " is not allowed with a feed-forward policy: expected None (or policy.rnn_type)"
             )
-        # fused: one kernel for every parameter's Adam step (on the CPU too).
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
+        """Adam (Kingma and Ba 2015) over the policy's parameters: its ``state_dict`` is the checkpoint's; its step
+        runs inside :meth:`_train_step` (:func:`torch.optim.adam.adam` on the optimiser's own state tensors)."""
         device = next(policy.parameters()).device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(cfg.seed)
         self.iteration = 0
+        self.lr = torch.tensor(cfg.learning_rate, dtype=torch.float64, device=device)
+        """The learning rate in use, a float64 0-d tensor on the policy's device: the schedules set it in place, so
+        a compiled or captured step reads the current rate without a recompile."""
+        self._params = [p for p in policy.parameters() if p.requires_grad]
+        self._adam_state = _init_adam_state(self.optimizer, self._params)
+        self._step_lr = torch.zeros((), dtype=torch.float32, device=device)
+        self._totals = torch.zeros(len(self.term_names) + 1, dtype=torch.float64, device=device)
+        """The sums of the update's reported terms and ``grad_norm`` over its minibatches (float64 ``[K + 1]``)."""
+        self._fault = torch.zeros((), dtype=torch.int64, device=device)
+        """0 while the update's losses and gradient norms are finite; else what went non-finite first (1 the
+        loss, 2 the gradient norm), and from then on every later step of the update leaves the parameters as
+        they are. Read once, at the update's end."""
+        self._fault_value = torch.zeros((), dtype=torch.float32, device=device)
         self.minibatch_loss: Callable[[TensorDict], dict[str, torch.Tensor]] = self._minibatch_loss
-        """The loss of one minibatch the update runs (:meth:`_minibatch_loss`; compiled by :meth:`compile`)."""
+        """The loss of one minibatch (:meth:`_minibatch_loss`)."""
+        self.train_step: Callable[[TensorDict], torch.Tensor] = self._train_step
+        """One minibatch's optimiser step (:meth:`_train_step`; compiled whole by :meth:`compile`)."""
 
     @property
     def current_lr(self) -> float:
-        """The learning rate in use."""
-        return self.optimizer.param_groups[0]["lr"]
+        """The learning rate in use (a host read of :attr:`lr`)."""
+        return float(self.lr)
 
     def _set_lr(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.lr.fill_(lr)
 
     def _scheduled_lr(self) -> float:
         """The rate of the next update under ``constant`` or ``linear`` (from the config; not the adaptive ones)."""
@@ -244,15 +260,14 @@ class Algorithm:
         if self.cfg.lr_schedule not in ADAPTIVE:
             self._set_lr(self._scheduled_lr())
 
-    def _adapt_lr(self, kl: float) -> None:
-        """The adaptive rule (see the class docstring) on ``kl``: an update's ``update_kl`` or a minibatch's
-        ``approx_kl``."""
-        lr = self.current_lr
-        if kl > 2.0 * self.cfg.target_kl:
-            lr = max(1e-5, lr / 1.5)
-        elif 0.0 < kl < self.cfg.target_kl / 2.0:  # a KL of 0 (nothing moved yet) says nothing: rsl_rl's guard
-            lr = min(1e-2, lr * 1.5)
-        self._set_lr(lr)
+    def _adapt_lr(self, kl: torch.Tensor) -> None:
+        """The adaptive rule (see the class docstring) on ``kl`` (a 0-d tensor: an update's ``update_kl`` or a
+        minibatch's ``approx_kl``), in tensor operations on :attr:`lr` (no host read); a NaN KL leaves it."""
+        target, lr = self.cfg.target_kl, self.lr
+        down = (lr / 1.5).clamp_min(1e-5)
+        up = (lr * 1.5).clamp_max(1e-2)
+        # A KL of 0 (nothing moved yet) says nothing: rsl_rl's guard.
+        self.lr.copy_(torch.where(kl > 2.0 * target, down, torch.where((kl > 0.0) & (kl < target / 2.0), up, lr)))
 
     def check_rollout(self, rollout_steps: int) -> None:
         """Raise :class:`~rlchain.settings.SettingError` if a recurrent policy's sequences cannot be cut from
@@ -282,8 +297,10 @@ class Algorithm:
         return self.cfg.seq_len if self.cfg.seq_len is not None else rollout_steps
 
     def _minibatches(self, data: TensorDict, shuffled: bool = True):
-        """The update's minibatches of a ``[T, N]`` rollout: seeded random samples ``[B]``, or for a recurrent
-        policy whole sequences ``[seq_len, S]``; in order (every sample once, not shuffled) for ``shuffled=False``."""
+        """The update's minibatches of a ``[T, N]`` rollout, every sample at most once: for a feed-forward policy
+        minibatches of one size (:func:`~rlchain.core.buffer.minibatches`: seeded random samples; in order for
+        ``shuffled=False``, where the last may be smaller so that every sample counts); for a recurrent policy
+        whole sequences ``[seq_len, S]`` (:func:`~rlchain.core.buffer.sequence_minibatches`)."""
         if self.recurrent:
             steps = data.batch_size[0]
             generator = self.generator if shuffled else None
@@ -301,8 +318,9 @@ class Algorithm:
         return ("hidden", "done") if self.recurrent else ()
 
     @torch.no_grad()
-    def _update_kl(self, data: TensorDict, weight: torch.Tensor | None) -> float:
-        """Mean KL(rollout policy || current policy) over ``data``'s samples, weighted by ``weight``.
+    def _update_kl(self, data: TensorDict, weight: torch.Tensor | None) -> torch.Tensor:
+        """Mean KL(rollout policy || current policy) over ``data``'s samples, weighted by ``weight``: a float32 0-d
+        tensor (no host read).
 
         Uses the ``(r - 1) - log r`` estimator (Schulman 2020) of the
         probability ratio ``r`` of each stored action; one forward pass over
@@ -322,64 +340,87 @@ class Algorithm:
             log_ratio = self.policy.evaluate_actions(chunk)["sample_log_prob"] - chunk["sample_log_prob"]
             total += ((torch.expm1(log_ratio) - log_ratio) * chunk["kl_weight"]).sum()
         total, count = world().sum(torch.stack([total, weight.sum()]), "the all-reduce of update_kl")
-        return float(total / count) if float(count) > 0 else 0.0
+        return torch.where(count > 0, total / count.clamp_min(1e-30), 0.0)
 
-    def _step(self, loss: torch.Tensor) -> torch.Tensor:
-        """Backpropagate ``loss``, clip gradients, step; return the pre-clip gradient norm (0-d tensor).
+    def _train_step(self, batch: TensorDict) -> torch.Tensor:
+        """One minibatch's optimiser step, the one function an update runs per minibatch (:meth:`compile`
+        compiles it whole): the loss (:attr:`minibatch_loss`), its gradients, their mean over the ranks (a
+        multi-process run), the clip to ``max_grad_norm``, under ``adaptive_minibatch`` the rate from this
+        minibatch's ``approx_kl``, and Adam's step with the rate :attr:`lr`.
+
+        No host read and no Python branch on a tensor: a non-finite loss or gradient norm is recorded on the
+        device (``_fault``) and, from that minibatch on, the step moves no parameter (its gradients and rate are
+        zeroed); :meth:`_finish_update` reads the record once per update and raises.
+
+        Returns:
+            float64 ``[K + 1]``: the minibatch's :attr:`term_names` and ``grad_norm`` (before clipping), also
+            added to the update's sums.
+        """
+        terms = self.minibatch_loss(batch)
+        loss = terms["loss"]
+        grads = list(torch.autograd.grad(loss, self._params, allow_unused=True))
+        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self._params, grads)]
+        world().average_(grads, "the all-reduce of the gradients")  # every rank steps with the ranks' mean
+        grad_norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+        grads = torch._foreach_mul(grads, (self.cfg.max_grad_norm / (grad_norm + 1e-6)).clamp_max(1.0))
+        loss = loss.detach()
+        code = torch.where(~torch.isfinite(loss), 1, torch.where(~torch.isfinite(grad_norm), 2, 0))
+        first = (self._fault == 0) & (code != 0)
+        self._fault_value.copy_(torch.where(first, torch.where(code == 1, loss, grad_norm), self._fault_value))
+        self._fault.copy_(torch.where(self._fault == 0, code, self._fault))
+        ok = self._fault == 0
+        if self.cfg.lr_schedule == "adaptive_minibatch":  # rsl_rl's rule: this step's rate from this minibatch's KL
+            self._adapt_lr(world().mean(terms["approx_kl"].detach(), "the all-reduce of the minibatch KL"))
+        self._step_lr.copy_(torch.where(ok, self.lr, 0.0))
+        grads = [torch.where(ok, g, 0.0) for g in grads]
+        with torch.no_grad():
+            _adam_step(self.optimizer, self._params, grads, self._adam_state, self._step_lr)
+        row = torch.stack([*(terms[name].detach() for name in self.term_names), grad_norm]).double()
+        self._totals.add_(row)
+        return row
+
+    def _finish_update(self, count: int) -> dict[str, float]:
+        """Count the update and read it, once: the means of its terms over its ``count`` minibatches (and the ranks),
+        its fault record and whether every parameter is finite.
 
         Raises:
-            NonFiniteError: ``loss`` or the gradient norm is NaN or infinite;
-                the parameters are left untouched.
+            NonFiniteError: the first non-finite loss or gradient norm of the update, else a non-finite reported
+                term, else a non-finite parameter.
         """
-        if not torch.isfinite(loss):
-            raise NonFiniteError("loss", loss.item(), self.iteration + 1)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if world().distributed:  # every rank steps with the mean of the ranks' gradients
-            grads = []
-            for p in self.policy.parameters():
-                if p.requires_grad:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    grads.append(p.grad)
-            world().average_(grads, "the all-reduce of the gradients")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
-        if not torch.isfinite(grad_norm):
-            raise NonFiniteError("grad_norm", grad_norm.item(), self.iteration + 1)
-        self.optimizer.step()
-        return grad_norm
-
-    def _check_finite(self, stats: dict[str, float]) -> None:
-        """Raise :class:`NonFiniteError` for a non-finite reported term or policy parameter.
-
-        The terms are the minibatch means of one update (``approx_kl`` among
-        them); the parameters are checked once per update, after its last step.
-        """
+        self.iteration += 1
+        means = world().mean(self._totals / count, "the all-reduce of the update's terms")
+        params = torch.stack([torch.isfinite(p).all() for p in self._params]).all()
+        host = torch.cat([means, torch.stack([self._fault, params]).double(), self._fault_value.double()[None]])
+        *values, fault, params_finite, fault_value = host.tolist()
+        if fault:
+            raise NonFiniteError("loss" if fault == 1 else "grad_norm", fault_value, self.iteration)
+        stats = dict(zip((*self.term_names, "grad_norm"), values))
         for name, value in stats.items():
             if not math.isfinite(value):
                 raise NonFiniteError(name, value, self.iteration)
-        bad = first_non_finite(dict(self.policy.named_parameters()))
-        if bad is not None:
+        if not params_finite:
+            bad = first_non_finite(dict(self.policy.named_parameters()))
             raise NonFiniteError(f"parameter {bad[0]}", bad[1], self.iteration)
+        return stats
 
     def _optimise(
         self,
         data: TensorDict,
-        minibatch_loss: Callable[[TensorDict], dict[str, torch.Tensor]],
         stop_kl: float | None = None,
         weight: torch.Tensor | None = None,
     ) -> tuple[dict[str, float], int]:
-        """Run ``n_epochs`` over seeded minibatches of ``data``: one optimiser step per minibatch.
+        """Run ``n_epochs`` over seeded minibatches of ``data`` (:meth:`_minibatches`): one :attr:`train_step` per
+        minibatch.
 
-        ``minibatch_loss(batch)`` returns ``loss`` (minimised) and scalar terms to
-        report, ``approx_kl`` among them. Applies the learning-rate schedule,
-        counts the update, and stops training at the first non-finite loss,
-        gradient norm, reported term or parameter. With ``stop_kl`` the
-        epochs stop after one whose last minibatch's ``approx_kl`` exceeds it
-        (CleanRL's rule: that KL is measured in the last minibatch's forward
-        pass, after every earlier step of the epoch; an epoch's mean would
-        count the first minibatch's KL, 0 before any step, and lag).
-        ``weight`` (float, ``data``'s batch shape, or None) weights the
+        Applies the learning-rate schedule, counts the update, and stops
+        training at the first non-finite loss, gradient norm, reported term or
+        parameter (read once, at the end: see :meth:`_train_step`). With
+        ``stop_kl`` the epochs stop after one whose last minibatch's
+        ``approx_kl`` exceeds it (CleanRL's rule: that KL is measured in the
+        last minibatch's forward pass, after every earlier step of the epoch;
+        an epoch's mean would count the first minibatch's KL, 0 before any
+        step, and lag); it is the one option that reads the host once per
+        epoch. ``weight`` (float, ``data``'s batch shape, or None) weights the
         samples of the adaptive schedule's ``update_kl`` (:meth:`_update_kl`).
 
         Returns:
@@ -388,58 +429,62 @@ class Algorithm:
             the number of epochs run.
 
         Raises:
-            NonFiniteError: see :meth:`_step` and :meth:`_check_finite`.
+            NonFiniteError: see :meth:`_finish_update`.
         """
         self._schedule_before_update()
-        totals: dict[str, torch.Tensor] = {}
+        self._totals.zero_()
+        self._fault.zero_()
+        kl_column = self.term_names.index("approx_kl")
         count, epochs = 0, 0
         for _ in range(self.cfg.n_epochs):
             for batch in self._minibatches(data):
-                terms = minibatch_loss(batch)
-                if self.cfg.lr_schedule == "adaptive_minibatch":  # one host read per minibatch, as rsl_rl's
-                    self._adapt_lr(
-                        world().mean(terms["approx_kl"].detach(), "the all-reduce of the minibatch KL").item()
-                    )
-                terms["grad_norm"] = self._step(terms.pop("loss"))
-                for key, value in terms.items():
-                    totals[key] = totals.get(key, 0.0) + value.detach()
+                row = self.train_step(batch)
                 count += 1
             epochs += 1
-            if (
-                stop_kl is not None
-                and world().mean(terms["approx_kl"], "the all-reduce of the KL stop").item() > stop_kl
-            ):
+            if stop_kl is not None and float(world().mean(row[kl_column], "the all-reduce of the KL stop")) > stop_kl:
                 break
-        self.iteration += 1
-        means = world().mean(torch.stack(list(totals.values())) / count, "the all-reduce of the update's terms")
-        stats = dict(zip(totals, means.tolist()))
-        self._check_finite(stats)
+        stats = self._finish_update(count)
         if self.cfg.lr_schedule == "adaptive":
-            stats["update_kl"] = self._update_kl(data, weight)
-            self._adapt_lr(stats["update_kl"])
+            kl = self._update_kl(data, weight)
+            self._adapt_lr(kl)
+            stats["update_kl"] = float(kl)
         return stats, epochs
 
+    #: The names of the scalar terms :meth:`_minibatch_loss` reports besides ``loss``, in the order the update
+    #: sums them (``approx_kl`` among them).
+    term_names: tuple[str, ...] = ("approx_kl",)
+
     def _minibatch_loss(self, batch: TensorDict) -> dict[str, torch.Tensor]:  # pragma: no cover - abstract
-        """``loss`` (minimised) and the scalar terms to report (``approx_kl`` among them) of one minibatch."""
+        """``loss`` (minimised) and the scalar terms :attr:`term_names` of one minibatch."""
         raise NotImplementedError
 
     def compile(self, rollout: TensorDict) -> None:
-        """Compile the minibatch loss with ``torch.compile`` (``trainer.compile``; mode default), and run it
-        forward and backward once, so that both graphs are compiled before the first update.
+        """Compile :meth:`_train_step` whole with ``torch.compile(fullgraph=True)`` (``trainer.compile``) and run
+        it once, so that it is compiled before the first update.
 
         The example it runs is a minibatch of the update's size cut from ``rollout`` (the collector's ``[T, N]``
         storage; its zeros before the first rollout do), with the keys :attr:`update_keys` added as zeros. The
-        gradients it leaves are cleared; nothing else changes.
+        parameters, the optimiser's state and the rate are restored afterwards: nothing changes.
 
         Raises:
-            Exception: what compiling raises (e.g. torch's ``InductorError`` without a C++ compiler).
+            Exception: what compiling raises (e.g. torch's ``InductorError`` without a C++ compiler, or dynamo's
+                ``Unsupported`` for a loss that does not compile whole).
         """
         example = next(iter(self._minibatches(rollout, shuffled=False))).clone()
         for key in self.update_keys:
             example.set(key, torch.zeros(example.batch_size, device=example.device))
-        self.minibatch_loss = torch.compile(self._minibatch_loss)
-        self.minibatch_loss(example)["loss"].backward()
-        self.optimizer.zero_grad(set_to_none=True)
+        kept = [*self._params, *(t for state in self._adam_state for t in state), self.lr]
+        saved = [t.detach().clone() for t in kept]
+        compiled = torch.compile(self._train_step, fullgraph=True)
+
+        def train_step(batch: TensorDict) -> torch.Tensor:
+            with torch._dynamo.config.patch(trace_autograd_ops=True):
+                return compiled(batch)
+
+        self.train_step = train_step
+        self.train_step(example)
+        with torch.no_grad():
+            torch._foreach_copy_(kept, saved)
 
     def check_env(self, env: Any) -> None:
         """Raise :class:`~rlchain.settings.SettingError` if this algorithm cannot train on ``env`` (before any step)."""
@@ -466,6 +511,7 @@ class Algorithm:
 
     def state_dict(self) -> dict[str, Any]:
         """Optimiser, schedule (the configured ``learning_rate`` too) and minibatch generator state."""
+        self.optimizer.param_groups[0]["lr"] = self.current_lr  # the checkpoint's record of the rate in use
         return {
             "optimizer": self.optimizer.state_dict(),
             "iteration": self.iteration,
@@ -483,6 +529,8 @@ class Algorithm:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; the learning rate as the class docstring says."""
         self.optimizer.load_state_dict(state["optimizer"])
+        _reinstall_adam_state(self.optimizer, self._params, self._adam_state)
+        self._set_lr(self.optimizer.param_groups[0]["lr"])
         self.iteration = state["iteration"]
         self.generator.set_state(state["generator"].cpu())  # generator states are CPU byte tensors
         schedule, configured = self.cfg.lr_schedule, state.get("learning_rate")
@@ -501,3 +549,68 @@ class Algorithm:
                 f"algorithm.learning_rate={self.cfg.learning_rate:g} replaces the checkpoint's {saved:g} "
                 f"(lr_schedule={schedule!r})"
             )
+
+
+def _init_adam_state(
+    optimizer: torch.optim.Adam, params: list[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Create Adam's state of ``params`` now (torch creates it at the first step) and return its tensors
+    ``(exp_avg, exp_avg_sq, step)``, one per parameter: a compiled or captured step updates them in place, and
+    :func:`_reinstall_adam_state` keeps their addresses across a checkpoint load."""
+    for p in params:
+        optimizer.state[p].update(
+            step=torch.zeros((), dtype=torch.float32, device=p.device),
+            exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+            exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format),
+        )
+    return tuple([optimizer.state[p][key] for p in params] for key in ("exp_avg", "exp_avg_sq", "step"))
+
+
+def _reinstall_adam_state(
+    optimizer: torch.optim.Adam, params: list[torch.Tensor], state: tuple[list[torch.Tensor], ...]
+) -> None:
+    """After ``optimizer.load_state_dict``: copy the loaded state into the tensors of ``state`` and put those
+    back in the optimiser, so that their addresses stay those the step was compiled or captured with."""
+    with torch.no_grad():
+        for key, tensors in zip(("exp_avg", "exp_avg_sq", "step"), state):
+            for p, mine in zip(params, tensors):
+                loaded = optimizer.state[p].get(key)
+                if loaded is None:
+                    mine.zero_()
+                else:
+                    mine.copy_(loaded)
+                optimizer.state[p][key] = mine
+
+
+def _adam_step(
+    optimizer: torch.optim.Adam,
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    state: tuple[list[torch.Tensor], ...],
+    lr: torch.Tensor,
+) -> None:
+    """Adam's step (Kingma and Ba 2015) of ``params`` with ``grads`` and the rate ``lr`` (a float32 0-d tensor),
+    with ``optimizer``'s hyperparameters and state: torch's fused kernel in eager mode, its foreach form with the
+    step count on the device when compiled (torch's fused kernel is not traceable)."""
+    group = optimizer.param_groups[0]
+    compiling = torch.compiler.is_compiling()
+    beta1, beta2 = group["betas"]
+    exp_avgs, exp_avg_sqs, steps = state
+    adam(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        [],
+        steps,
+        foreach=compiling,
+        fused=not compiling,
+        capturable=compiling,
+        amsgrad=False,
+        beta1=beta1,
+        beta2=beta2,
+        lr=lr,
+        weight_decay=group["weight_decay"],
+        eps=group["eps"],
+        maximize=False,
+    )

@@ -102,6 +102,7 @@ class GRPO(Algorithm):
 
     trains_sequences = True
     update_keys = ("advantages", "mask")
+    term_names = ("policy_loss", "entropy", "approx_ref_kl", "approx_kl", "clipfrac")
 
     def __init__(self, policy: Policy, **settings: Any) -> None:
         super().__init__(policy, GRPOConfig(**settings))
@@ -143,7 +144,7 @@ class GRPO(Algorithm):
         data.set("mask", mask.float())
         if self.ref_policy is not None:
             data.set("ref_log_prob", self.reference_log_prob(rollout))
-        stats, _ = self._optimise(data, self.minibatch_loss, weight=data["mask"])
+        stats, _ = self._optimise(data, weight=data["mask"])
         self.policy.update_obs_normalizer(rollout["obs"])
         stats.update(
             learning_rate=self.current_lr,

@@ -131,6 +131,7 @@ class PPO(Algorithm):
 
     trains_sequences = True
     update_keys = ("advantages", "returns")
+    term_names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
 
     def __init__(self, policy: Policy, **settings: Any) -> None:
         if not policy.has_critic:
@@ -171,9 +172,7 @@ class PPO(Algorithm):
         data.set("advantages", advantages)
         data.set("returns", returns)
 
-        stats, epochs = self._optimise(
-            data, self.minibatch_loss, stop_kl=cfg.target_kl if cfg.stop_at_target_kl else None
-        )
+        stats, epochs = self._optimise(data, stop_kl=cfg.target_kl if cfg.stop_at_target_kl else None)
         self.policy.update_obs_normalizer(rollout["obs"])
         stats.update(
             explained_variance=float(explained_variance),
