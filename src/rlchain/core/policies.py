@@ -1,37 +1,50 @@
-"""Policies: ``torch.nn.Module`` s with a TensorDict interface.
+"""Policies: ``torch.nn.Module`` s that act on plain tensors, with a TensorDict interface over them.
 
-Every policy reads ``td["obs"]`` (float32 ``[B, obs_dim]``) and writes:
+The tensor core, for the step loops of collection and evaluation and for the minibatch update (no TensorDict is
+built, no host read, no Python branch on a tensor's value, so each compiles whole with ``torch.compile(...,
+fullgraph=True)``); ``obs`` is float32 ``[B, obs_dim]``, or a mapping of group name -> ``[B, *group_shape]``
+(:mod:`rlchain.core.observations`), ``state`` a recurrent policy's state (below) or None:
 
-* :meth:`Policy.get_action` -> ``action`` (``[B, act_dim]`` float32 for Box,
-  ``[B]`` int64 for Discrete), ``sample_log_prob`` ``[B]``, ``value`` ``[B]``;
-  the one method the step loops of collection and evaluation call;
-* :meth:`Policy.deterministic_action`: plain tensors in and out (observations
-  ``[B, obs_dim]`` -> the deterministic action), what ``rlchain-export``
-  traces into a standalone file;
-* :meth:`Policy.get_value` -> ``value`` ``[B]``;
-* :meth:`Policy.evaluate_actions` (reads ``action`` too) -> ``sample_log_prob``,
-  ``entropy`` and ``value``, each ``[B]``, differentiable.
+* :meth:`Policy.act` ``(obs, state, deterministic)`` -> ``(action, log_prob, value, next_state)``: the action
+  (``[B, act_dim]`` float32 for Box, ``[B]`` int64 for Discrete), its log-probability ``[B]``, the value ``[B]``;
+* :meth:`Policy.value` ``(obs, state)`` -> the value ``[B]``;
+* :meth:`Policy.evaluate` ``(obs, action, state, done)`` -> ``(log_prob, entropy, value)`` of stored actions, each
+  ``[B]``, differentiable;
+* :meth:`Policy.deterministic_action` (observations -> the deterministic action), what ``rlchain-export`` traces
+  into a standalone file.
 
-Box actions use a diagonal Gaussian with a learnable, state-independent
-log-std (as in PPO, Schulman et al. 2017); the sampled action is stored
-unclipped so its log-probability is exact, and the env clips it. Discrete
-actions use a Categorical over logits.
+The TensorDict interface, the contract a user's policy implements (:class:`Policy`), reads ``td["obs"]``:
+
+* :meth:`Policy.get_action` writes ``action``, ``sample_log_prob`` and ``value``;
+* :meth:`Policy.get_value` writes ``value``;
+* :meth:`Policy.evaluate_actions` (reads ``action`` too) returns ``sample_log_prob``, ``entropy`` and ``value``.
+
+In :class:`ActorCritic` these three are thin wrappers over the tensor core; in :class:`Policy` the tensor core's
+defaults build a TensorDict and call them, so a policy written to the TensorDict contract acts wherever rlchain
+calls the tensor core.
+
+Box actions use a diagonal Gaussian with a learnable, state-independent log-std (as in PPO, Schulman et al. 2017):
+:func:`gaussian_sample`, :func:`gaussian_log_prob`, :func:`gaussian_entropy`; the sampled action is stored
+unclipped so its log-probability is exact, and the env clips it. Discrete actions use a Categorical over logits:
+:func:`categorical_sample` (the Gumbel-max draw), :func:`categorical_log_prob`, :func:`categorical_entropy`. The
+draws come from torch's global RNG.
 
 A recurrent policy (``rnn_type``: a GRU or an LSTM before the actor's and/or the critic's MLP,
-:class:`~rlchain.core.networks.Memory`) also reads its state ``td["hidden"]`` (a TensorDict ``[B]``) and writes ``td["next_hidden"]``; its
-``evaluate_actions`` takes sequences ``[L, S]`` (see :class:`Policy`), and
-:meth:`ActorCritic.deterministic_step` is what ``rlchain-export`` traces.
+:class:`~rlchain.core.networks.Memory`) also reads its state: a plain dict of tensors in the tensor core (keyed as
+:meth:`~Policy.initial_state`'s keys), ``td["hidden"]`` (a TensorDict ``[B]``) in the TensorDict interface, which
+writes the state after the step as ``td["next_hidden"]``; its ``evaluate`` and ``evaluate_actions`` take sequences
+``[L, S]`` (see :class:`Policy`), and :meth:`ActorCritic.deterministic_step` is what ``rlchain-export`` traces.
 
-Running observation normalisation (``obs_normalization=True``) keeps a mean
-and variance of the observations in buffers, so they travel with the
-``state_dict`` and every checkpoint; they change only through
-:meth:`Policy.update_obs_normalizer`, which the algorithm calls with the
-observations of each rollout it learns from.
+Running observation normalisation (``obs_normalization=True``) keeps a mean and variance of the observations in
+buffers (:class:`~rlchain.core.normalization.RunningMeanStd`), so they travel with the ``state_dict`` and every
+checkpoint; they change only through :meth:`Policy.update_obs_normalizer`, which the algorithm calls with the
+observations of each rollout it learns from. The networks are those of :mod:`rlchain.core.networks`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +80,12 @@ __all__ = [
     "ActorOnly",
     "ActorOnlyConfig",
     "Policy",
+    "categorical_entropy",
+    "categorical_log_prob",
+    "categorical_sample",
+    "gaussian_entropy",
+    "gaussian_log_prob",
+    "gaussian_sample",
 ]
 
 
@@ -160,6 +179,72 @@ class ActorOnlyConfig(ActorCriticConfig):
     _target_: str = "rlchain.core.policies.ActorOnly"
 
 
+#: ``log(sqrt(2 pi))``: the normalising constant of a standard Gaussian's log-density, per dimension.
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def gaussian_sample(mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    """A draw of the diagonal Gaussian ``N(mean, exp(log_std)^2)``: ``mean + std * torch.randn_like(mean)``.
+
+    Draws from torch's global RNG; the draw carries no gradient (differentiate its :func:`gaussian_log_prob`).
+
+    Args:
+        mean: float ``[*B, D]``.
+        log_std: float ``[D]`` (or any shape that broadcasts against ``mean``), natural log of the standard
+            deviation.
+
+    Returns:
+        float ``[*B, D]``, ``mean``'s dtype.
+    """
+    with torch.no_grad():
+        return torch.addcmul(mean, log_std.exp(), torch.randn_like(mean))
+
+
+def gaussian_log_prob(action: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    """Log-density of ``action`` under the diagonal Gaussian ``N(mean, exp(log_std)^2)``, summed over its
+    dimensions: ``sum(-(action - mean)^2 / (2 var) - log_std - log(sqrt(2 pi)))``, as
+    ``torch.distributions.Normal(mean, std).log_prob(action).sum(-1)``.
+
+    Args:
+        action: float ``[*B, D]``.
+        mean: float ``[*B, D]``.
+        log_std: float ``[D]`` (or any shape that broadcasts against ``mean``).
+
+    Returns:
+        float ``[*B]``, differentiable in ``mean`` and ``log_std``.
+    """
+    z = (action - mean) / log_std.exp()
+    return torch.addcmul(log_std + LOG_SQRT_2PI, z, z, value=0.5).sum(-1).neg()
+
+
+def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
+    """Entropy of the diagonal Gaussian of log standard deviations ``log_std`` ``[..., D]``, nats:
+    ``sum(0.5 + log(sqrt(2 pi)) + log_std)`` over the last dimension, ``[...]`` (a scalar for the state-independent
+    log-std ``[D]``; it does not depend on the mean)."""
+    return (log_std + (0.5 + LOG_SQRT_2PI)).sum(-1)
+
+
+def categorical_sample(logits: torch.Tensor) -> torch.Tensor:
+    """A draw of the Categorical of ``logits`` (float ``[*B, K]``, unnormalised or log-probabilities): the Gumbel-max
+    draw ``argmax(logits - log(-log(u)))``, ``u ~ U[0, 1)`` from ``torch.rand_like`` (torch's global RNG; a ``u`` of
+    exactly 0, of probability about 2^-24 in float32, leaves its category out of that draw). Returns int64 ``[*B]``,
+    no gradient."""
+    with torch.no_grad():
+        return (logits - torch.rand_like(logits).log().neg().log()).argmax(-1)
+
+
+def categorical_log_prob(log_probs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """The entry of ``log_probs`` (float ``[*B, K]``, ``log_softmax`` of the logits) at ``action`` (integer
+    ``[*B]``): float ``[*B]``, as ``torch.distributions.Categorical(logits=...).log_prob(action)``."""
+    return log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+
+
+def categorical_entropy(log_probs: torch.Tensor) -> torch.Tensor:
+    """Entropy ``-sum(p log p)`` of the Categorical of ``log_probs`` (float ``[*B, K]``, ``log_softmax`` of the
+    logits, finite), nats: float ``[*B]``."""
+    return (log_probs.exp() * log_probs).sum(-1).neg()
+
+
 class Policy(nn.Module):
     """Base class of rlchain policies; the module docstring gives the shapes of the interface.
 
@@ -172,8 +257,12 @@ class Policy(nn.Module):
     * optional, with their defaults here: ``has_critic`` (True),
       :meth:`deterministic_action` (raises ``NotImplementedError``: such a
       policy cannot be exported), :meth:`update_obs_normalizer` (nothing),
-      ``is_recurrent`` (False), :meth:`initial_state` (None) and
-      :attr:`recurrent_critic` (``is_recurrent and has_critic``).
+      ``is_recurrent`` (False), :meth:`initial_state` (None),
+      :attr:`recurrent_critic` (``is_recurrent and has_critic``) and the
+      tensor core :meth:`act`, :meth:`value`, :meth:`evaluate` (a TensorDict
+      built per call and :meth:`get_action`, :meth:`get_value`,
+      :meth:`evaluate_actions` called; a policy that computes them directly,
+      as :class:`ActorCritic` does, spares that and can be compiled whole).
 
     A recurrent policy (``is_recurrent``) keeps a state per env, a TensorDict
     of batch size ``[B]`` (:meth:`initial_state`: zeros, the state before an
@@ -213,6 +302,74 @@ class Policy(nn.Module):
         ``[batch]`` on ``device``; None for a feed-forward policy."""
         return None
 
+    # ----------------------------------------------------------- tensor core (defaults over the TensorDict methods)
+    def act(
+        self,
+        obs: Obs | Mapping[str, torch.Tensor],
+        state: Mapping[str, torch.Tensor] | None = None,
+        deterministic: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor] | None]:
+        """Act on ``obs``: plain tensors in and out, for the step loops of collection and evaluation.
+
+        Here through :meth:`get_action` (a TensorDict built per call); :class:`ActorCritic` computes it directly.
+
+        Args:
+            obs: float32 ``[B, obs_dim]``, or a mapping (a dict or a TensorDict) of group name -> ``[B, *shape]``.
+            state: a recurrent policy's state, a mapping with :meth:`initial_state`'s keys, each ``[B, ...]``; None
+                for a feed-forward policy.
+            deterministic: take the mode of the action distribution (evaluation) instead of a draw.
+
+        Returns:
+            ``(action, log_prob, value, next_state)``: the action, ``[B, act_dim]`` float32 (Box) or ``[B]`` int64
+            (Discrete); its log-probability, float32 ``[B]``; the value, float32 ``[B]``; the state after the step,
+            a dict of :meth:`initial_state`'s keys (None for a feed-forward policy).
+        """
+        td = self.get_action(_tensordict({"obs": obs}, _batch(obs), state), deterministic)
+        next_state = dict(td["next_hidden"].items()) if self.is_recurrent else None
+        return td["action"], td["sample_log_prob"], td["value"], next_state
+
+    def value(
+        self, obs: Obs | Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """The value of ``obs`` (as :meth:`act` takes it; ``state`` read by a recurrent critic): float32 ``[B]``.
+
+        Here through :meth:`get_value`; :class:`ActorCritic` computes it directly.
+        """
+        return self.get_value(_tensordict({"obs": obs}, _batch(obs), state))["value"]
+
+    def evaluate(
+        self,
+        obs: Obs | Mapping[str, torch.Tensor],
+        action: torch.Tensor,
+        state: Mapping[str, torch.Tensor] | None = None,
+        done: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probability, entropy and value of stored actions, differentiable, for the minibatch update.
+
+        Here through :meth:`evaluate_actions`; :class:`ActorCritic` computes it directly.
+
+        Args:
+            obs: as :meth:`act` takes it, ``[B, ...]``; for a recurrent policy sequences ``[L, S, ...]`` (time
+                first).
+            action: the actions taken, ``[B, act_dim]`` float32 (Box) or ``[B]`` int64 (Discrete); ``[L, S, ...]``
+                for a recurrent policy.
+            state: a recurrent policy's state before each sequence's first step (:meth:`initial_state`'s keys,
+                each ``[S, ...]``); None for a feed-forward policy.
+            done: bool ``[L, S]``, a recurrent policy's episode ends: the state is zeroed after a done step; None:
+                no episode ends inside the sequences.
+
+        Returns:
+            ``(log_prob, entropy, value)``, float32 ``[B]`` each (``[L, S]`` for a recurrent policy).
+        """
+        if not self.is_recurrent:
+            return _unpack(self.evaluate_actions(_tensordict({"obs": obs, "action": action}, action.shape[:1])))
+        steps = action.shape[:2]
+        if done is None:
+            done = torch.zeros(steps, dtype=torch.bool, device=action.device)
+        hidden = None if state is None else {k: v.unsqueeze(0).expand(steps[0], *v.shape) for k, v in state.items()}
+        return _unpack(self.evaluate_actions(_tensordict({"obs": obs, "action": action, "done": done}, steps, hidden)))
+
+    # ----------------------------------------------------------- TensorDict interface
     def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
         """Write ``action``, ``sample_log_prob`` and ``value`` for ``td["obs"]`` into ``td`` and return it.
 
@@ -283,6 +440,13 @@ class ActorCritic(Policy):
         else:
             raise ValueError(f"action_space={action_space} is not supported: expected a 1-D Box or a Discrete space")
         self.cfg = cfg = ActorCriticConfig(**settings)
+        self._tensordict_methods = {
+            name: getattr(type(self), name) is not getattr(ActorCritic, name)
+            for name in ("get_action", "get_value", "evaluate_actions")
+        }
+        """Which TensorDict methods a subclass overrides: :meth:`act`, :meth:`value` and :meth:`evaluate` then go
+        through them (as :class:`Policy`'s do), so that a subclass written to the TensorDict contract acts as it says
+        wherever rlchain calls the tensor core."""
         self.observation_space, self.action_space = observation_space, action_space
         if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) != 1:
             if not observations.is_image(observation_space):
@@ -388,21 +552,12 @@ class ActorCritic(Policy):
         x = self._features(obs, self.actor_groups, self.actor_encoders)
         return x, x if self._shared_input else self._features(obs, self.critic_groups, self.critic_encoders)
 
-    def _distribution(self, x: torch.Tensor) -> torch.distributions.Distribution:
-        out = self.actor(x)
-        if self.discrete:
-            return torch.distributions.Categorical(logits=out, validate_args=False)
-        std = bounded(self.log_std, self.cfg.log_std_min, self.cfg.log_std_max).exp().expand_as(out)
-        return torch.distributions.Normal(out, std, validate_args=False)
+    def _log_std(self) -> torch.Tensor:
+        """The Gaussian's log-std ``[act_dim]``, within ``[log_std_min, log_std_max]`` (:func:`bounded`)."""
+        return bounded(self.log_std, self.cfg.log_std_min, self.cfg.log_std_max)
 
-    def _log_prob(self, dist, action: torch.Tensor) -> torch.Tensor:
-        return dist.log_prob(action) if self.discrete else dist.log_prob(action).sum(-1)
-
-    def _entropy(self, dist) -> torch.Tensor:
-        return dist.entropy() if self.discrete else dist.entropy().sum(-1)
-
-    def _value(self, x: torch.Tensor) -> torch.Tensor:
-        """The critic's value of its input ``x`` ``[B, critic_dim]``; zeros without a critic."""
+    def _critic_value(self, x: torch.Tensor) -> torch.Tensor:
+        """The critic's value of its input ``x`` ``[*B, critic_dim]``: float32 ``[*B]``; zeros without a critic."""
         if self.critic is None:
             return torch.zeros(x.shape[:-1], device=x.device, dtype=x.dtype)
         return self.critic(x).squeeze(-1)
@@ -411,34 +566,94 @@ class ActorCritic(Policy):
         """``(network name, its core)`` of the recurrent networks, actor first."""
         return [(net, m) for net, m in (("actor", self.actor_memory), ("critic", self.critic_memory)) if m is not None]
 
-    def _state(self, hidden: TensorDict, net: str) -> tuple[torch.Tensor, ...]:
-        """The state of ``net``'s core in ``hidden``: ``hidden[f"{net}_{name}"]`` in the core's order."""
+    def _state(self, state: Mapping[str, torch.Tensor] | None, net: str) -> tuple[torch.Tensor, ...]:
+        """The state of ``net``'s core in ``state``: ``state[f"{net}_{name}"]`` in the core's order.
+
+        Raises:
+            ValueError: ``state`` is None (a recurrent network needs its state).
+        """
         memory = self.actor_memory if net == "actor" else self.critic_memory
-        return tuple(hidden[f"{net}_{name}"] for name in memory.state_names)
+        if state is None:
+            keys = [f"{n}_{name}" for n, m in self._memories() for name in m.state_names]
+            raise ValueError(f"state=None is not allowed: the {net} is recurrent; expected a state with keys {keys}")
+        return tuple(state[f"{net}_{name}"] for name in memory.state_names)
 
     def _recur(
-        self, x: torch.Tensor, critic_x: torch.Tensor, td: TensorDict, sequences: bool
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """The actor's and the critic's inputs through their cores from ``td["hidden"]``: one step (``[B]``), or
-        ``sequences`` ``[L, S]`` replayed from ``td["hidden"][0]`` with resets after ``td["done"]``; also the state
-        after them, by key."""
+        self,
+        x: torch.Tensor,
+        critic_x: torch.Tensor,
+        state: Mapping[str, torch.Tensor] | None,
+        starts: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor] | None]:
+        """The actor's and the critic's inputs through their cores from ``state``: one step (``[B]``; ``starts``
+        None), or sequences ``[L, S]`` replayed from ``state`` (each ``[S, ...]``) with the state zeroed before the
+        steps where ``starts`` (bool ``[L, S]``); also the state after them, by key (None for a feed-forward
+        policy, whose inputs pass unchanged)."""
         if not self.is_recurrent:
-            return x, critic_x, {}
-        hidden, new = td["hidden"], {}
-        starts = None
-        if sequences:
-            hidden, done = hidden[0], td["done"]
-            starts = torch.cat((torch.zeros_like(done[:1]), done[:-1]))
-        outs = []
+            return x, critic_x, None
+        new, outs = {}, []
         for net, memory, features in (("actor", self.actor_memory, x), ("critic", self.critic_memory, critic_x)):
             if memory is None:
                 outs.append(features)
                 continue
-            state = self._state(hidden, net)
-            out, state = memory.sequence(features, state, starts) if sequences else memory.step(features, state)
+            core = self._state(state, net)
+            out, core = memory.step(features, core) if starts is None else memory.sequence(features, core, starts)
             outs.append(out)
-            new.update({f"{net}_{name}": s for name, s in zip(memory.state_names, state)})
+            new.update({f"{net}_{name}": s for name, s in zip(memory.state_names, core)})
         return outs[0], outs[1], new
+
+    def _core_act(
+        self, obs: Obs | Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor] | None, deterministic: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor] | None]:
+        """What :meth:`act` returns, computed here (no TensorDict)."""
+        x, critic_x = self._inputs(obs)
+        x, critic_x, next_state = self._recur(x, critic_x, state)
+        out = self.actor(x)
+        if self.discrete:
+            log_probs = torch.log_softmax(out, dim=-1)
+            action = out.argmax(-1) if deterministic else categorical_sample(log_probs)
+            log_prob = categorical_log_prob(log_probs, action)
+        else:
+            log_std = self._log_std()
+            action = out if deterministic else gaussian_sample(out, log_std)
+            log_prob = gaussian_log_prob(action, out, log_std)
+        return action, log_prob, self._critic_value(critic_x), next_state
+
+    def _core_value(
+        self, obs: Obs | Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor] | None
+    ) -> torch.Tensor:
+        """What :meth:`value` returns, computed here."""
+        if self.critic is None:  # zeros of the batch's shape
+            return self._critic_value(self._features(obs, self.actor_groups, self.actor_encoders))
+        x = self._features(obs, self.critic_groups, self.critic_encoders)
+        if self.critic_memory is not None:
+            x, _ = self.critic_memory.step(x, self._state(state, "critic"))
+        return self._critic_value(x)
+
+    def _core_evaluate(
+        self,
+        obs: Obs | Mapping[str, torch.Tensor],
+        action: torch.Tensor,
+        state: Mapping[str, torch.Tensor] | None,
+        done: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What :meth:`evaluate` returns, computed here; ``done`` None: no episode ends inside the sequences."""
+        x, critic_x = self._inputs(obs)
+        if self.is_recurrent:
+            if done is None:
+                starts = torch.zeros(x.shape[:2], dtype=torch.bool, device=x.device)
+            else:
+                starts = torch.cat((torch.zeros_like(done[:1]), done[:-1]))
+            x, critic_x, _ = self._recur(x, critic_x, state, starts)
+        out = self.actor(x)
+        if self.discrete:
+            log_probs = torch.log_softmax(out, dim=-1)
+            log_prob, entropy = categorical_log_prob(log_probs, action), categorical_entropy(log_probs)
+        else:
+            log_std = self._log_std()
+            log_prob = gaussian_log_prob(action, out, log_std)
+            entropy = gaussian_entropy(log_std).expand(out.shape[:-1])
+        return log_prob, entropy, self._critic_value(critic_x)
 
     # ----------------------------------------------------------- interface
     @property
@@ -462,22 +677,87 @@ class ActorCritic(Policy):
         }
         return TensorDict(zeros, batch_size=[batch], device=device)
 
-    def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
-        """Write ``action``, ``sample_log_prob [B]`` and ``value [B]`` for ``td["obs"]`` into ``td`` and return it;
-        a recurrent policy reads ``td["hidden"]`` and writes ``td["next_hidden"]``.
+    def act(
+        self,
+        obs: Obs | Mapping[str, torch.Tensor],
+        state: Mapping[str, torch.Tensor] | None = None,
+        deterministic: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor] | None]:
+        """Act on ``obs``: the actor's draw (or, ``deterministic``, the Gaussian's mean or the most likely
+        category), its log-probability and the critic's value, from plain tensors.
 
-        ``deterministic`` takes the Gaussian mean or the most likely category.
+        Args:
+            obs: float32 ``[B, obs_dim]`` (an image: uint8 ``[B, *image_shape]``), or grouped a mapping (a dict or
+                a TensorDict) holding at least the groups the actor and the critic read, each ``[B, *shape]``.
+            state: a recurrent policy's state, a mapping of :meth:`initial_state`'s keys (``actor_h``,
+                ``critic_h``; an LSTM's ``actor_c``, ``critic_c``), each float32 ``[B, rnn_num_layers,
+                rnn_hidden_size]``; None for a feed-forward policy.
+            deterministic: the Gaussian's mean or the most likely category instead of a draw.
+
+        Returns:
+            ``(action, log_prob, value, next_state)``: ``[B, act_dim]`` float32 (Box, unclipped) or ``[B]`` int64
+            (Discrete); float32 ``[B]``; float32 ``[B]`` (zeros without a critic); the state after the step, a dict
+            of ``state``'s keys and shapes (None for a feed-forward policy). Draws come from torch's global RNG.
+
+        Raises:
+            ValueError: ``state`` is None for a recurrent policy.
         """
-        x, critic_x = self._inputs(td["obs"])
-        x, critic_x, new = self._recur(x, critic_x, td, sequences=False)
-        dist = self._distribution(x)
-        if deterministic:
-            action = dist.probs.argmax(-1) if self.discrete else dist.mean
-        else:
-            action = dist.sample()
-        td["action"], td["sample_log_prob"], td["value"] = action, self._log_prob(dist, action), self._value(critic_x)
-        if self.is_recurrent:
-            td["next_hidden"] = type(td)(new, batch_size=td.batch_size)
+        if self._tensordict_methods["get_action"]:  # a subclass's own get_action: acts through it
+            return super().act(obs, state, deterministic)
+        return self._core_act(obs, state, deterministic)
+
+    def value(
+        self, obs: Obs | Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """The critic's value of ``obs`` (as :meth:`act` takes it; ``state`` read by a recurrent critic only):
+        float32 ``[B]``, zeros without a critic.
+
+        Raises:
+            ValueError: ``state`` is None for a recurrent critic.
+        """
+        if self._tensordict_methods["get_value"]:
+            return super().value(obs, state)
+        return self._core_value(obs, state)
+
+    def evaluate(
+        self,
+        obs: Obs | Mapping[str, torch.Tensor],
+        action: torch.Tensor,
+        state: Mapping[str, torch.Tensor] | None = None,
+        done: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probability, entropy and value of stored actions under the current networks, differentiable.
+
+        Args:
+            obs: as :meth:`act` takes it, ``[B, ...]``; for a recurrent policy sequences ``[L, S, ...]`` (time
+                first).
+            action: ``[B, act_dim]`` float32 (Box) or ``[B]`` int64 (Discrete); ``[L, S, ...]`` for a recurrent
+                policy.
+            state: a recurrent policy's state before each sequence's first step, a mapping of
+                :meth:`initial_state`'s keys, each float32 ``[S, rnn_num_layers, rnn_hidden_size]``; None for a
+                feed-forward policy.
+            done: bool ``[L, S]`` (recurrent): the state is zeroed after a done step; None: no episode ends inside
+                the sequences.
+
+        Returns:
+            ``(log_prob, entropy, value)``, float32 ``[B]`` each (``[L, S]`` for a recurrent policy); the Gaussian's
+            entropy does not depend on the observation (an expanded view).
+
+        Raises:
+            ValueError: ``state`` is None for a recurrent policy.
+        """
+        if self._tensordict_methods["evaluate_actions"]:
+            return super().evaluate(obs, action, state, done)
+        return self._core_evaluate(obs, action, state, done)
+
+    def get_action(self, td: TensorDict, deterministic: bool = False) -> TensorDict:
+        """:meth:`act` on ``td["obs"]`` (and a recurrent policy's ``td["hidden"]``): writes ``action``,
+        ``sample_log_prob`` ``[B]``, ``value`` ``[B]`` (and ``next_hidden``) into ``td`` and returns it."""
+        hidden = td["hidden"] if self.is_recurrent else None
+        action, log_prob, value, next_state = self._core_act(td["obs"], hidden, deterministic)
+        td["action"], td["sample_log_prob"], td["value"] = action, log_prob, value
+        if next_state is not None:
+            td["next_hidden"] = type(td)(next_state, batch_size=td.batch_size)
         return td
 
     def deterministic_action(self, obs: Obs | dict[str, torch.Tensor]) -> torch.Tensor:
@@ -510,29 +790,22 @@ class ActorCritic(Policy):
         return (out.argmax(-1) if self.discrete else out), state
 
     def get_value(self, td: TensorDict) -> TensorDict:
-        """Write ``value`` ``[B]`` into ``td`` and return it (a recurrent critic reads ``td["hidden"]``)."""
-        if self.critic is None:  # zeros of the batch's shape
-            td["value"] = self._value(self._features(td["obs"], self.actor_groups, self.actor_encoders))
-            return td
-        x = self._features(td["obs"], self.critic_groups, self.critic_encoders)
-        if self.critic_memory is not None:
-            x, _ = self.critic_memory.step(x, self._state(td["hidden"], "critic"))
-        td["value"] = self._value(x)
+        """:meth:`value` of ``td["obs"]`` (a recurrent critic reads ``td["hidden"]``): writes ``value`` ``[B]`` into
+        ``td`` and returns it."""
+        td["value"] = self._core_value(td["obs"], td["hidden"] if self.critic_memory is not None else None)
         return td
 
     def evaluate_actions(self, td: TensorDict) -> TensorDict:
-        """Return a new TensorDict with differentiable ``sample_log_prob``, ``entropy``, ``value`` of ``td``'s
-        batch shape: ``[B]``, or for a recurrent policy ``[L, S]`` sequences (see :class:`Policy`)."""
+        """:meth:`evaluate` of ``td["obs"]`` and ``td["action"]``: a new TensorDict of differentiable
+        ``sample_log_prob``, ``entropy``, ``value`` of ``td``'s batch shape, ``[B]``, or for a recurrent policy
+        ``[L, S]`` sequences read with ``td["hidden"][0]`` and ``td["done"]`` (see :class:`Policy`)."""
         from tensordict import TensorDict  # imported where used: see rlchain.commands.config
 
-        x, critic_x = self._inputs(td["obs"])
-        x, critic_x, _ = self._recur(x, critic_x, td, sequences=True)
-        dist = self._distribution(x)
-        log_prob, entropy = self._log_prob(dist, td["action"]), self._entropy(dist)
-        return TensorDict(
-            {"sample_log_prob": log_prob, "entropy": entropy, "value": self._value(critic_x)},
-            batch_size=td.batch_size,
-        )
+        state = done = None
+        if self.is_recurrent:
+            state, done = {k: v[0] for k, v in td["hidden"].items()}, td["done"]
+        log_prob, entropy, value = self._core_evaluate(td["obs"], td["action"], state, done)
+        return TensorDict({"sample_log_prob": log_prob, "entropy": entropy, "value": value}, batch_size=td.batch_size)
 
     def update_obs_normalizer(self, obs: Obs) -> None:
         """Fold observations ``[..., obs_dim]`` (grouped: ``[..., *group_shape]`` per group) into the running
@@ -544,6 +817,28 @@ class ActorCritic(Policy):
             return
         for g, normalizer in self.obs_normalizer.items():
             normalizer.update(obs[g].reshape(-1, math.prod(self._shapes[g])))
+
+
+def _batch(obs: Obs | Mapping[str, torch.Tensor]) -> list[int]:
+    """The batch size ``[B]`` of observations ``obs`` (a tensor ``[B, ...]`` or a mapping of groups)."""
+    return [observations.leaves(obs)[0].shape[0]]
+
+
+def _tensordict(
+    entries: dict[str, Any], batch: Sequence[int], hidden: Mapping[str, torch.Tensor] | None = None
+) -> TensorDict:
+    """``entries`` (and a recurrent policy's state ``hidden`` as ``"hidden"``) as a TensorDict of batch size
+    ``batch``: the input of the TensorDict interface."""
+    from tensordict import TensorDict  # imported where used: see rlchain.commands.config
+
+    if hidden is not None:
+        entries = {**entries, "hidden": TensorDict(dict(hidden.items()), batch_size=batch)}
+    return TensorDict(entries, batch_size=batch)
+
+
+def _unpack(td: TensorDict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(sample_log_prob, entropy, value)`` of what :meth:`Policy.evaluate_actions` returned."""
+    return td["sample_log_prob"], td["entropy"], td["value"]
 
 
 def _default_actor_groups(spaces: dict[str, gym.spaces.Box]) -> list[str]:
