@@ -101,7 +101,7 @@ def test_collector_reads_final_obs_only_on_done_rows():
     rollout = collector.collect().data
     done = rollout["done"]
     assert done.any() and (~done).any()
-    next_obs = torch.cat((rollout["obs"][1:], collector._obs[None]))  # the state each transition moved to
+    next_obs = torch.cat((rollout["obs"][1:], collector.stepper.obs[None]))  # the state each transition moved to
     s_prime = torch.where(done[..., None], rollout["final_obs"], next_obs)
     with torch.no_grad():
         expected = policy.critic(s_prime).squeeze(-1)

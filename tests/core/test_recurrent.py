@@ -140,7 +140,7 @@ def test_a_reset_of_every_env_starts_every_state_afresh():
     policy = recurrent(env, cls=ActorOnly)
     collector = SyncCollector(env, policy, 12, reset_options={"group_size": 2})
     collector.collect()
-    assert magnitude(collector._hidden) > 0  # noqa: SLF001 - carried to the next rollout's reset
+    assert magnitude(collector.stepper.hidden) > 0  # noqa: SLF001 - carried to the next rollout's reset
     data = collector.collect().data
     assert magnitude(data["hidden"][0]) == 0
 
@@ -151,7 +151,7 @@ def test_the_collectors_state_round_trips_through_its_state_dict():
     env = no_velocities()
     other = SyncCollector(env, policy, 24)
     other.load_state_dict(saved)
-    torch.testing.assert_close(other._hidden, collector._hidden)  # noqa: SLF001
+    torch.testing.assert_close(other.stepper.hidden, collector.stepper.hidden)  # noqa: SLF001
     feed_forward = SyncCollector(env, ActorCritic(env.single_observation_space, env.single_action_space), 24)
     with pytest.raises(ValueError, match="saved with another policy"):
         other.load_state_dict(feed_forward.state_dict())
@@ -202,7 +202,7 @@ def test_a_resumed_recurrent_run_continues_exactly_like_an_uninterrupted_one(tmp
     straight.train()
     make(tmp_path / "b", 2).train()
     resumed = make(tmp_path / "c", 3, resume_from=str(tmp_path / "b" / "checkpoints" / "latest.pt"))
-    assert magnitude(resumed.collector._hidden) > 0  # noqa: SLF001 - the saved run's states, not zeros
+    assert magnitude(resumed.collector.stepper.hidden) > 0  # noqa: SLF001 - the saved run's states, not zeros
     resumed.train()
     for (name, a), b in zip(straight.policy.state_dict().items(), resumed.policy.state_dict().values()):
         assert torch.equal(a, b), name

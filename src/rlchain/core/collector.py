@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlchain.core import observations
 from rlchain.core.buffer import RolloutBuffer
-from rlchain.core.envs.base import VecEnv, info_terms
-from rlchain.core.observations import Obs, leaves
+from rlchain.core.envs.base import VecEnv
 from rlchain.core.policies import Policy
+from rlchain.core.stepping import EnvStepper, check_actions, kept_state, policy_input, step_env
 from rlchain.settings import SettingError
 
 if TYPE_CHECKING:
@@ -27,112 +27,6 @@ __all__ = [
     "policy_input",
     "step_env",
 ]
-
-#: The rollout keys the step loop copies when the policy has acted, and when the env has stepped (``done`` it
-#: computes in place); ``obs`` stands for every group of a grouped observation, ``final_obs`` for the critic's.
-_ACT_KEYS = ("obs", "action", "sample_log_prob", "value")
-_STEP_KEYS = ("reward", "terminated", "truncated", "final_obs", "success")
-
-
-def _rows(
-    data: TensorDict, keys: tuple[str, ...], groups: dict[str, tuple[str, ...] | None]
-) -> list[tuple[torch.Tensor, ...]]:
-    """For each step ``t``, the views ``data[key][t]`` of ``keys``: an observation key gives each of its groups
-    ``groups[key]`` (in that order, the step loop's)."""
-    columns = [leaf.unbind(0) for key in keys for leaf in observations.leaves(data[key], groups.get(key))]
-    return list(zip(*columns))
-
-
-def _add_terms(sums: dict[str, torch.Tensor], env: VecEnv, info: dict[str, Any], first: bool) -> None:
-    """Add one step's reward terms and task metrics (:func:`~rlchain.core.envs.base.info_terms` of ``info``: the
-    declared ``[N, K]`` tensors or the dicts of ``[N]`` tensors) to ``sums``, float32 ``[N]`` per term, keys
-    ``rewards/<term>`` and ``metrics/<name>``.
-
-    The first step of a rollout sets the terms, which every later step must report.
-
-    Raises:
-        ValueError: a step that lacks a term of the first step.
-    """
-    if first:
-        sums.clear()
-        for group in ("rewards", "metrics"):
-            if group in info:
-                names, values = info_terms(env, info, group)
-                columns = values.float().clone().unbind(-1)  # one [N, K] total; sums holds its columns
-                sums.update({f"{group}/{name}": column for name, column in zip(names, columns)})
-        return
-    steps: dict[str, dict[str, torch.Tensor]] = {}  # this step's columns by name, per group
-    for key, total in sums.items():
-        group, name = key.split("/", 1)
-        if group not in steps:
-            names, values = info_terms(env, info, group) if group in info else ((), None)
-            steps[group] = dict(zip(names, values.unbind(-1))) if names else {}
-        try:
-            total.add_(steps[group][name])
-        except KeyError:
-            raise ValueError(
-                f"info[{group!r}][{name!r}] is missing at some step: an env must report the same terms every step"
-            ) from None
-
-
-def step_env(env: VecEnv, obs: Obs, action: torch.Tensor) -> tuple:
-    """``env.step(action)``, with an env's rejection of a non-finite action traced to its cause.
-
-    A policy turns NaN or inf observations into NaN actions, which the env
-    then rejects as actions; the real fault is the env's observation. The
-    check costs nothing on the normal path: ``obs`` is inspected only once
-    ``step`` has raised.
-
-    Raises:
-        ValueError: ``env.step``'s own error, or, when ``obs`` (what the
-            policy acted on) is not finite, one that names the observation.
-    """
-    try:
-        return env.step(action)
-    except ValueError as err:
-        _trace_rejected_action(env, obs, err)
-
-
-def check_actions(env: VecEnv, obs: Obs) -> None:
-    """``env.check_actions()`` (an env that checks its actions on the device raises here, once per rollout), with
-    the rejection traced to a non-finite observation as :func:`step_env` does; ``obs`` are the observations the
-    policy acted on since the last check (e.g. a rollout's ``[T, N]`` storage).
-
-    Raises:
-        ValueError: the env's error, or one that names the observation when ``obs`` is not finite.
-    """
-    try:
-        env.check_actions()
-    except ValueError as err:
-        _trace_rejected_action(env, obs, err)
-
-
-def _trace_rejected_action(env: VecEnv, obs: Obs, err: ValueError) -> NoReturn:
-    if observations.all_finite(obs):
-        raise err
-    raise ValueError(
-        f"observation contains NaN or inf: {type(env).__name__} returned a non-finite observation, "
-        f"and the policy's action from it was rejected ({err})"
-    ) from err
-
-
-def policy_input(obs: Obs, hidden: TensorDict | None) -> TensorDict:
-    """What the policy acts on: ``obs`` ``[B, ...]`` (a tensor or a TensorDict of groups) and, for a recurrent
-    policy, its state ``hidden`` (None for a feed-forward one), a TensorDict of batch size ``[B]``."""
-    from tensordict import TensorDict  # imported where used: see rlchain.commands.config
-
-    batch = [leaves(obs)[0].shape[0]]
-    return TensorDict({"obs": obs} if hidden is None else {"obs": obs, "hidden": hidden}, batch_size=batch)
-
-
-def kept_state(hidden: TensorDict, keep: torch.Tensor) -> TensorDict:
-    """A recurrent policy's state ``hidden`` (batch size ``[N]``) zeroed in the envs where ``keep`` (bool or 0/1
-    ``[N]``) is false, those whose episode ended (their next observation is a new episode's first): new tensors, no
-    host sync."""
-    from tensordict import TensorDict  # imported where used: see rlchain.commands.config
-
-    kept = {k: v * keep.view(-1, *(1,) * (v.dim() - 1)) for k, v in hidden.items()}
-    return TensorDict(kept, batch_size=hidden.batch_size)
 
 
 @dataclass
@@ -159,20 +53,24 @@ class Rollout:
 class SyncCollector:
     """Steps ``env`` with ``policy`` for ``rollout_steps`` steps and fills a :class:`RolloutBuffer`.
 
-    Each step the policy acts (:meth:`~rlchain.core.policies.Policy.get_action`),
-    the env steps, and what both returned is written into the step's row of
-    the preallocated storage, with the running episode return and length
-    (plain in-place ops on the device). The step loop never synchronises host
-    and device; :meth:`collect` reads the rollout's finished episodes to the
-    host once at its end.
+    Each step is one :meth:`_collect_step`: the policy acts, the env steps and
+    the running episode return and length are tallied (:class:`~rlchain.core.stepping.EnvStepper`,
+    the step evaluation runs too), and what they returned is written into the
+    step's row of the preallocated storage (``index_copy_`` at a step counter
+    kept on the device), the env's reward terms and metrics added to fixed
+    ``[N, K]`` sums. The step reads nothing on the host and branches on no
+    tensor; :meth:`compile` compiles it whole where the env's step compiles.
+    :meth:`collect` reads the rollout's finished episodes to the host once at
+    its end.
 
     Bootstrapping (Pardo et al. 2018): ``next_value[t]`` is the value of the
     state transition ``t`` ended in. For a running episode that is the next
     step's observation, whose value the policy already returned with its
     action (``value[t + 1]``; one critic forward on the last observation for
-    ``t = T - 1``); for a done row it is ``V(final_obs)``, from one critic
-    forward over the done rows of the rollout, the only rows where the
-    :class:`~rlchain.core.envs.base.VecEnv` contract gives ``final_obs`` a meaning.
+    ``t = T - 1``); for a done row it is ``V(final_obs)``, the only rows where the
+    :class:`~rlchain.core.envs.base.VecEnv` contract gives ``final_obs`` a meaning: the
+    critic reads every row's ``final_obs`` (fixed shapes, in chunks of whole
+    steps) and ``torch.where`` keeps the done rows' values.
     Algorithms multiply it by ``1 - terminated``, so time-limit truncations
     bootstrap and true terminations do not.
 
@@ -236,8 +134,8 @@ class SyncCollector:
                 f"(no whole-episode return, no success); expected rollout_steps >= {env.max_episode_steps}",
             )
         self.env, self.policy, self.reset_options = env, policy, reset_options
-        self.act = policy.get_action
-        """The acting forward pass (``policy.get_action``; compiled by :meth:`compile`)."""
+        self.stepper = EnvStepper(env, policy)
+        """The act -> env.step -> tally step and its buffers (the current observation, the recurrent state)."""
         space = env.single_observation_space
         self._groups = observations.group_names(space)
         """The observation's group names in the storage's order (None for a flat observation)."""
@@ -246,8 +144,7 @@ class SyncCollector:
         if self._groups is not None:
             critic = getattr(policy, "critic_groups", None) if policy.has_critic else ()
             self._final_groups = tuple(g for g in self._groups if critic is None or g in critic)
-        recurrent = getattr(policy, "is_recurrent", False)
-        hidden = policy.initial_state(env.num_envs, env.device) if recurrent else None
+        hidden = self.stepper.hidden
         self.buffer = RolloutBuffer(
             rollout_steps,
             env.num_envs,
@@ -255,41 +152,162 @@ class SyncCollector:
             env.single_action_space,
             env.device,
             final_obs_groups=self._final_groups,
-            hidden=hidden,
-            final_hidden=bool(getattr(policy, "recurrent_critic", recurrent and policy.has_critic)),
+            hidden=policy.initial_state(env.num_envs, env.device) if hidden is not None else None,
+            final_hidden=bool(getattr(policy, "recurrent_critic", hidden is not None and policy.has_critic)),
         )
-        # The storage's rows, one view per step and key, made once: each step is written into place.
         data = self.buffer.data
-        self._acted_rows = _rows(data, _ACT_KEYS, {"obs": self._groups})
-        self._stepped_rows = _rows(data, _STEP_KEYS, {"final_obs": self._final_groups})
-        self._tally_rows = list(zip(*(data[key].unbind(0) for key in ("done", "episode_return", "episode_length"))))
-        self._hidden: TensorDict | None = hidden
-        """Each env's state before the next step (a recurrent policy's; None otherwise)."""
-        self._hidden_keys = tuple(hidden.keys()) if hidden is not None else ()
-        self._hidden_rows = _rows(data, ("hidden",), {"hidden": self._hidden_keys}) if hidden is not None else []
-        self._final_hidden_rows = (
-            _rows(data, ("final_hidden",), {"final_hidden": self._hidden_keys}) if "final_hidden" in data.keys() else []
-        )
+        self._hidden_keys = tuple(hidden) if hidden is not None else ()
+        self._final_hidden = "final_hidden" in data.keys()
         n, dev = env.num_envs, env.device
-        self._obs: Obs | None = None
-        self._episode_return = torch.zeros(n, dtype=torch.float64, device=dev)  # float64: long sums do not drift
-        self._episode_length = torch.zeros(n, dtype=torch.int64, device=dev)
-        self._running = torch.ones(n, dtype=torch.int64, device=dev)  # 1 where an episode goes on into the next step
-        self._one = torch.ones((), dtype=torch.int64, device=dev)
+        self._t = torch.zeros(1, dtype=torch.int64, device=dev)
+        """The row the next step writes, on the device (a compiled or captured step reads it there)."""
+        self._fresh = True
+        """Whether the next collect must reset every env first (the first rollout; after :meth:`restart`)."""
+        self._term_names: dict[str, tuple[str, ...]] = {}
+        self._term_sums: dict[str, torch.Tensor] = {}
+        """Per group (``rewards``, ``metrics``): the names and float32 ``[N, K]`` sums of the rollout's steps."""
+        for group, attribute in (("rewards", "reward_terms"), ("metrics", "metric_names")):
+            names = getattr(env, attribute, None)
+            if names is not None:  # declared: fixed from the start
+                self._term_names[group] = tuple(names)
+                self._term_sums[group] = torch.zeros(n, len(names), device=dev)
+        self.step_fn = self._collect_step
+        """The collection step the rollout loop runs (:meth:`_collect_step`; compiled by :meth:`compile`)."""
+        self.compiled_whole = False
+        """Whether :meth:`compile` compiled the whole collection step (else only the policy's acting pass)."""
+
+    def compiles_whole(self) -> str | None:
+        """Why the whole collection step cannot compile with ``fullgraph=True``, or None when it can: the env's
+        step must compile (``env.compiles_step``) and declare its reward terms and metrics; a recurrent policy
+        replays sequences with a host read (its acting pass alone compiles)."""
+        if not getattr(self.env, "compiles_step", False):
+            return f"{type(self.env).__name__} steps outside torch's compiler (VecEnv.compiles_step is false)"
+        if set(self._term_names) != {"rewards", "metrics"}:
+            return f"{type(self.env).__name__} does not declare its reward_terms and metric_names"
+        if self.stepper.hidden is not None:
+            return "a recurrent policy's step is not compiled whole yet"
+        return None
 
     @torch.no_grad()
     def compile(self) -> None:
-        """Compile the acting forward pass with ``torch.compile`` (``trainer.compile``) and run it once on zeros.
+        """Compile the collection step with ``torch.compile`` (``trainer.compile``): the whole of
+        :meth:`_collect_step` with ``fullgraph=True`` where :meth:`compiles_whole` allows, else the policy's
+        acting pass; then run it once, so that it is compiled before the first rollout.
 
-        The run's random streams are left as they were (the warm-up's draws are forked off).
+        The warm-up leaves everything as it was: the env's and the collector's state are restored
+        (:meth:`state_dict`), the run's random streams forked off.
 
         Raises:
             Exception: what compiling raises (e.g. torch's ``InductorError`` without a C++ compiler).
         """
-        self.act = torch.compile(self.policy.get_action)
-        obs = self.buffer.data["obs"][0].clone().zero_()
-        with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
-            self.act(policy_input(obs, self._hidden))
+        import copy
+
+        devices = [self.env.device] if self.env.device.type == "cuda" else []
+        if self.compiles_whole() is not None:
+            self.stepper.act = torch.compile(self.stepper.act)
+            with torch.random.fork_rng(devices=devices):
+                self.stepper.act(self.stepper.obs, self.stepper.hidden)
+            return
+        self.step_fn = torch.compile(self._collect_step, fullgraph=True)
+        self.compiled_whole = True
+        env_state = copy.deepcopy(self.env.state_dict())
+        saved = copy.deepcopy(self.state_dict())
+        with torch.random.fork_rng(devices=devices):
+            self._start_rollout()
+            self.step_fn()
+        self.env.load_state_dict(env_state)
+        self.load_state_dict(saved)
+        self.env.check_actions()
+
+    def capture(self) -> None:
+        """Replay the compiled collection step as one CUDA graph (``trainer.cudagraphs``; after :meth:`compile`
+        compiled it whole, on CUDA), with tensordict's ``CudaGraphModule``: the step keeps every tensor at a fixed
+        address (storage, env state, the stepper's buffers, the step counter). The first two calls run it eagerly
+        (warm-up, then capture).
+
+        Raises:
+            RuntimeError: a step that :meth:`compile` did not compile whole.
+        """
+        from tensordict.nn import CudaGraphModule  # imported where used: see rlchain.commands.config
+
+        if not self.compiled_whole:
+            raise RuntimeError(f"the collection step is not compiled whole: {self.compiles_whole()}")
+        self.step_fn = CudaGraphModule(self.step_fn, warmup=2, device=self.env.device)
+
+    def _start_rollout(self) -> None:
+        """Reset where the rollout must (the first one; every one with ``reset_options``) and zero the sums."""
+        if self.reset_options is not None or self._fresh:
+            self.stepper.reset(options=self.reset_options)
+            if self.spread_episode_starts and self._fresh:
+                self.env.spread_episode_starts()
+            self._fresh = False
+        self._t.zero_()
+        for sums in self._term_sums.values():
+            sums.zero_()
+
+    def _collect_step(self) -> None:
+        """One step of the rollout (see the class docstring), written at row :attr:`_t` of the storage."""
+        data, t = self.buffer.data, self._t
+        step = self.stepper.step()
+
+        def put(column: torch.Tensor, value: torch.Tensor) -> None:
+            column.index_copy_(0, t, value.unsqueeze(0))
+
+        for column, value in zip(
+            observations.leaves(data["obs"], self._groups), observations.leaves(step.obs, self._groups)
+        ):
+            put(column, value)
+        final = step.info["final_obs"]
+        for group in self._final_groups or ():
+            put(data["final_obs"][group], final[group])
+        if self._final_groups is None:
+            put(data["final_obs"], final)
+        for key, value in (
+            ("action", step.action),
+            ("sample_log_prob", step.log_prob),
+            ("value", step.value),
+            ("reward", step.reward),
+            ("terminated", step.terminated),
+            ("truncated", step.truncated),
+            ("done", step.done),
+            ("success", step.info["success"]),
+            ("episode_return", step.episode_return),
+            ("episode_length", step.episode_length),
+        ):
+            put(data[key], value)
+        for key in self._hidden_keys:
+            put(data["hidden"][key], step.hidden[key])
+            if self._final_hidden:
+                put(data["final_hidden"][key], step.next_hidden[key])
+        self._add_terms(step.info)
+        self.stepper.advance(step)
+        t.add_(1)
+
+    def _add_terms(self, info: dict[str, Any]) -> None:
+        """Add one step's reward terms and metrics to the rollout's ``[N, K]`` sums. An env that declares their
+        names adds its ``[N, K]`` tensors as they are; one that returns dicts sets its names at a rollout's first
+        step, and every later step must report them.
+
+        Raises:
+            ValueError: a dict env's step that lacks a term of the rollout's first step.
+        """
+        for group in ("rewards", "metrics"):
+            names, values = self.stepper.terms(info, group)
+            known = self._term_names.get(group)
+            if known is None or (names != known and not int(self._t)):  # a dict env's first step sets them
+                self._term_names[group] = names
+                self._term_sums[group] = values.float().clone()
+                continue
+            if names != known:
+                columns = dict(zip(names, values.unbind(-1)))
+                missing = next((name for name in known if name not in columns), None)
+                if missing is not None:
+                    raise ValueError(
+                        f"info[{group!r}][{missing!r}] is missing at some step: an env must report the same "
+                        "terms every step"
+                    )
+                values = torch.stack([columns[name] for name in known], -1)
+            self._term_sums[group].add_(values)
 
     @torch.no_grad()
     def collect(self) -> Rollout:
@@ -307,51 +325,16 @@ class SyncCollector:
             episode still running at the end is dropped by the next reset).
 
         Raises:
-            ValueError: the env's error for a bad action (see :func:`step_env`),
-                or an ``info["rewards"]``/``info["metrics"]`` term that some
-                step lacks.
+            ValueError: the env's error for a bad action (see :func:`~rlchain.core.stepping.step_env`),
+                or an ``info["rewards"]``/``info["metrics"]`` term that some step lacks.
         """
         env, data = self.env, self.buffer.data
-        if self.reset_options is not None or self._obs is None:
-            self._obs, _ = env.reset(options=self.reset_options)
-            if self.spread_episode_starts:
-                env.spread_episode_starts()
-            self._restart_episodes()
-        obs, hidden = self._obs, self._hidden
-        # Step t's episode return and length: the previous step's times `running` (0 where an
-        # episode ended there), plus this step's reward and 1; before step 0, the carried episode.
-        ret, length, running = self._episode_return, self._episode_length, self._running.fill_(1)
-        term_sums: dict[str, torch.Tensor] = {}
-        for t, (acted, stepped, (done_row, ret_row, length_row)) in enumerate(
-            zip(self._acted_rows, self._stepped_rows, self._tally_rows)
-        ):
-            step = self.act(policy_input(obs, hidden))
-            action = step["action"]
-            # Stored before the env steps: an env may reuse its buffers for the next step.
-            torch._foreach_copy_(acted, (*leaves(obs, self._groups), action, step["sample_log_prob"], step["value"]))
-            if hidden is not None:
-                torch._foreach_copy_(self._hidden_rows[t], leaves(hidden, self._hidden_keys))
-                hidden = step["next_hidden"]
-                if self._final_hidden_rows:
-                    torch._foreach_copy_(self._final_hidden_rows[t], leaves(hidden, self._hidden_keys))
-            next_obs, reward, terminated, truncated, info = step_env(env, obs, action)
-            torch._foreach_copy_(
-                stepped,
-                (reward, terminated, truncated, *leaves(info["final_obs"], self._final_groups), info["success"]),
-            )
-            ret = torch.addcmul(reward, ret, running, out=ret_row)
-            length = torch.addcmul(self._one, length, running, out=length_row)
-            torch.logical_not(torch.logical_or(terminated, truncated, out=done_row), out=running)
-            if hidden is not None:  # a fresh state where an episode ended (the env reset it in this step)
-                hidden = kept_state(hidden, running)
-            _add_terms(term_sums, env, info, first=t == 0)
-            obs = next_obs
-        # The carries into the next rollout: zero where an episode just ended.
-        torch.mul(ret, running, out=self._episode_return)
-        torch.mul(length, running, out=self._episode_length)
-        self._obs, self._hidden = obs, hidden
+        self._start_rollout()
+        for _ in range(self.buffer.rollout_steps):
+            self.step_fn()
+        self.stepper.settle()  # the carries into the next rollout: zero where an episode just ended
         check_actions(env, data["obs"])  # the rollout's one read of an env's deferred action check
-        self._bootstrap_values(data, obs)
+        self._bootstrap_values(data)
 
         # One host read per rollout: the counted episodes and the term means.
         counted = data["done"]
@@ -359,35 +342,33 @@ class SyncCollector:
             counted = counted & (counted.cumsum(0) == 1)  # each env's first episode
         finished = (data["episode_return"][counted], data["episode_length"][counted], data["success"][counted])
         episodes = Episodes(*(x.tolist() for x in finished))
-        means = torch.stack(list(term_sums.values())).sum(-1, dtype=torch.float64) / data.numel() if term_sums else None
-        return Rollout(data, episodes, dict(zip(term_sums, means.tolist())) if means is not None else {})
+        names = [f"{group}/{name}" for group in self._term_names for name in self._term_names[group]]
+        if not names:
+            return Rollout(data, episodes, {})
+        sums = torch.cat([self._term_sums[group].sum(0, dtype=torch.float64) for group in self._term_names])
+        return Rollout(data, episodes, dict(zip(names, (sums / data.numel()).tolist())))
 
-    def _bootstrap_values(self, data: TensorDict, last_obs: Obs) -> None:
-        """Fill ``next_value`` ``[T, N]``: ``V(s'_t)`` for every transition (see the class docstring).
-
-        Args:
-            data: the rollout, with ``value``, ``done`` and ``final_obs`` filled.
-            last_obs: ``[N, *obs_shape]`` (or a TensorDict of groups), the observation after the rollout's last step.
-        """
+    def _bootstrap_values(self, data: TensorDict) -> None:
+        """Fill ``next_value`` ``[T, N]``: ``V(s'_t)`` for every transition (see the class docstring), in fixed
+        shapes: the critic reads every row's ``final_obs`` (in chunks of whole steps, at most 65,536 samples
+        each) and ``torch.where`` keeps the values of the done rows."""
         next_value = data["next_value"]
         if not self.policy.has_critic:
             next_value.zero_()
             return
         value = lambda x, h: self.policy.get_value(policy_input(x, h))["value"]  # noqa: E731
+        steps, n = data.batch_size
+        hidden = self.stepper.hidden
         next_value[:-1].copy_(data["value"][1:])
-        next_value[-1].copy_(value(last_obs, self._hidden))
-        # One host read per rollout: which rows ended (their count sizes the forward).
-        ended = data["done"].nonzero(as_tuple=True)
-        if ended[0].numel():
-            final_hidden = data["final_hidden"][ended] if self._final_hidden_rows else None
-            next_value[ended] = value(data["final_obs"][ended], final_hidden)
-
-    def _restart_episodes(self) -> None:
-        """Carry no episode (and no recurrent state) into the next rollout (every env was just reset)."""
-        self._episode_return.zero_()
-        self._episode_length.zero_()
-        if self._hidden is not None:
-            self._hidden = self._hidden.clone().zero_()
+        last_hidden = None if hidden is None else _hidden_td(hidden, n)
+        next_value[-1].copy_(value(self.stepper.obs, last_hidden))
+        chunk = max(1, 65_536 // n)
+        for start in range(0, steps, chunk):
+            rows = data[start : start + chunk].reshape(-1)
+            final_hidden = rows["final_hidden"] if self._final_hidden else None
+            final_value = value(rows["final_obs"], final_hidden).view(-1, n)
+            done = data["done"][start : start + chunk]
+            next_value[start : start + chunk] = torch.where(done, final_value, next_value[start : start + chunk])
 
     def restart(self) -> None:
         """Start afresh: reset every env before the next rollout and carry no episode into it.
@@ -395,35 +376,49 @@ class SyncCollector:
         For a resume whose env could not restore its state: the saved
         observation and episode carries belong to an env state that is gone.
         """
-        self._obs = None
-        self._restart_episodes()
+        self._fresh = True
+        self.stepper.restart_episodes()
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue collecting exactly where this collector stopped."""
-        obs = observations.to_state(self._obs)
-        state = {"obs": obs, "episode_return": self._episode_return, "episode_length": self._episode_length}
-        if self._hidden is not None:
-            state["hidden"] = observations.to_state(self._hidden)
+        stepper = self.stepper
+        obs = None if self._fresh else observations.to_state(stepper.obs)
+        state = {"obs": obs, "episode_return": stepper.episode_return, "episode_length": stepper.episode_length}
+        if stepper.hidden is not None:
+            state["hidden"] = dict(stepper.hidden)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output.
+        """Restore :meth:`state_dict` output, into the collector's own buffers (their addresses stay).
 
         Raises:
             ValueError: a recurrent policy's collector from a state without the policy's ``hidden`` keys (one
                 saved with another policy), naming the keys.
         """
-        self._obs = observations.from_state(state["obs"], self.env.num_envs, self.env.device)
-        self._episode_return.copy_(state["episode_return"])
-        self._episode_length.copy_(state["episode_length"])
-        if self._hidden is not None:
+        stepper = self.stepper
+        obs = observations.from_state(state["obs"], self.env.num_envs, self.env.device)
+        self._fresh = obs is None
+        if obs is not None:
+            stepper.set_obs(obs)
+        stepper.episode_return.copy_(state["episode_return"])
+        stepper.episode_length.copy_(state["episode_length"])
+        if stepper.hidden is not None:
             saved = state.get("hidden") or {}
             if set(saved) != set(self._hidden_keys):
                 raise ValueError(
                     f"the collector's saved recurrent state has keys {sorted(saved)}, the policy's are "
                     f"{sorted(self._hidden_keys)}: it was saved with another policy"
                 )
-            self._hidden = observations.from_state(saved, self.env.num_envs, self.env.device)
+            hidden = observations.from_state(saved, self.env.num_envs, self.env.device)
+            for key in self._hidden_keys:
+                stepper.hidden[key].copy_(hidden[key])
+
+
+def _hidden_td(hidden: dict[str, torch.Tensor], n: int) -> TensorDict:
+    """A recurrent state's dict of ``[n, ...]`` tensors as a TensorDict of batch size ``[n]``."""
+    from tensordict import TensorDict  # imported where used: see rlchain.commands.config
+
+    return TensorDict(dict(hidden), batch_size=[n])
 
 
 class EpisodeWindow:

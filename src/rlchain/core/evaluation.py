@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from rlchain.console import error_line
-from rlchain.core.collector import check_actions, kept_state, policy_input, step_env
-from rlchain.core.envs.base import VecEnv, info_terms
+from rlchain.core.envs.base import VecEnv
 from rlchain.core.policies import Policy
+from rlchain.core.stepping import EnvStepper, check_actions
 from rlchain.settings import SettingError
 from rlchain.utils import MAX_SEED
 
@@ -187,12 +187,12 @@ def evaluate(
     was_training = policy.training
     policy.eval()
     per_env = math.ceil(num_episodes / n)
-    obs, _ = env.reset(seed=seed)
-    hidden = policy.initial_state(n, dev) if getattr(policy, "is_recurrent", False) else None
-    ret, length = torch.zeros(n, device=dev), torch.zeros(n, device=dev)
+    stepper = EnvStepper(env, policy, deterministic=deterministic)
+    stepper.reset(seed=seed)
     finished = torch.zeros(n, dtype=torch.int64, device=dev)
     # One row per episode: episode k of env i is row k * n + i.
-    ep_ret, ep_len, ep_succ = (torch.zeros(per_env * n, device=dev) for _ in range(3))
+    ep_ret = torch.zeros(per_env * n, dtype=torch.float64, device=dev)
+    ep_len, ep_succ = (torch.zeros(per_env * n, device=dev) for _ in range(2))
     ep_metrics: dict[str, torch.Tensor] = {}
     columns = torch.arange(n, device=dev)
     video = _Recorder(env, video_episodes)
@@ -200,29 +200,23 @@ def evaluate(
     max_steps = per_env * episode_limit  # every env ends an episode at least every max_episode_steps steps
     for step in range(1, max_steps + 1):
         video.capture()
-        td = policy.get_action(policy_input(obs, hidden), deterministic=deterministic)
-        obs, reward, terminated, truncated, info = step_env(env, obs, td["action"])
-        done = terminated | truncated
-        if hidden is not None:  # a fresh state where an episode ended (the env reset it)
-            hidden = kept_state(td["next_hidden"], ~done)
+        transition = stepper.step()
+        done = transition.done
         video.ended(done)
         counts = done & (finished < per_env)
         row = finished.clamp(max=per_env - 1) * n + columns
-        ret += reward
-        length += 1
-        _put(ep_ret, row, counts, ret)
-        _put(ep_len, row, counts, length)
-        _put(ep_succ, row, counts, info["success"].float())
-        names, values = info_terms(env, info, "metrics") if "metrics" in info else ((), None)
-        for name, value in zip(names, values.unbind(-1) if names else ()):
+        _put(ep_ret, row, counts, transition.episode_return)
+        _put(ep_len, row, counts, transition.episode_length.float())
+        _put(ep_succ, row, counts, transition.info["success"].float())
+        names, values = stepper.terms(transition.info, "metrics")
+        for name, value in zip(names, values.unbind(-1)):
             if name not in ep_metrics:
                 ep_metrics[name] = torch.zeros(per_env * n, device=dev)
             _put(ep_metrics[name], row, counts, value.float())
+        stepper.advance(transition)
         finished += done.long()
-        ret.masked_fill_(done, 0.0)
-        length.masked_fill_(done, 0.0)
         if step % episode_limit == 0:
-            check_actions(env, obs)  # an env's deferred action check, read with the episodes' count
+            check_actions(env, stepper.obs)  # an env's deferred action check, read with the episodes' count
             if bool((finished >= per_env).all()):
                 break
     else:

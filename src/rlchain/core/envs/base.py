@@ -235,6 +235,10 @@ class VecEnv(gym.vector.VectorEnv):
     resumes_episodes: bool = False
     #: Whether :meth:`spread_episode_starts` is implemented (``trainer.spread_episode_starts`` needs it).
     spreads_episode_starts: bool = False
+    #: Whether :meth:`step` compiles with ``torch.compile(fullgraph=True)``: torch ops only, state written in place,
+    #: no host read and no Python branch on a tensor's value, reward terms and metrics declared
+    #: (``reward_terms``, ``metric_names``). The collector then compiles (and on CUDA captures) its whole step.
+    compiles_step: bool = False
     num_envs: int
     device: torch.device
     max_episode_steps: int

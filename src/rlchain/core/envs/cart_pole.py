@@ -141,6 +141,7 @@ class CartPoleEnv(TorchVecEnv):
     """
 
     spreads_episode_starts = True
+    compiles_step = True
     #: The one column of ``info["rewards"]``: 1 every step.
     reward_terms = ("alive",)
     #: The columns of ``info["metrics"]``: the absolute pole angle (rad) and cart position (m).

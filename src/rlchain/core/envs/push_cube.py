@@ -251,6 +251,7 @@ class PushCubeEnv(TorchVecEnv):
 
     metadata: dict[str, Any] = {**TorchVecEnv.metadata, "render_modes": ["rgb_array"], "render_fps": 10.0}
     spreads_episode_starts = True
+    compiles_step = True
     #: The columns of ``info["rewards"]``: the weighted terms of the module docstring.
     reward_terms = ("reach", "place", "smoothness", "success")
     #: The columns of ``info["metrics"]``: the cube's distance to the goal (m), and 1 where it left the table.
