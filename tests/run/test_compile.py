@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rlchain.core.algorithms import PPO
+from rlchain.core.buffer import minibatch_order
 from rlchain.core.envs import PushCubeEnv
 from rlchain.core.policies import ActorCritic
 from rlchain.run.trainer import Trainer
@@ -38,17 +39,20 @@ def test_a_compiled_run_trains_with_the_eager_step_and_logs_its_compile_time_onc
         fresh_eval=False,
         compile=True,
     )
-    assert ppo.train_step is not ppo._train_step
-    rollout = trainer.collector.collect().data.reshape(-1)[:64].clone()
+    assert ppo.indexed_step is not ppo._indexed_step
+    rollout = trainer.collector.collect().data.reshape(-1)[:64].select("obs", "action", "sample_log_prob", "value")
     rollout.set("advantages", torch.randn(64))
     rollout.set("returns", torch.randn(64) * 3)
+    ppo._stage(rollout)
+    ppo._order = minibatch_order(64, 64, torch.Generator().manual_seed(1), out=ppo._order_buffer)
     kept = [*policy.parameters(), *(t for state in ppo._adam_state for t in state)]
     start = [t.detach().clone() for t in kept]
     results = []
-    for step in (ppo.train_step, ppo._train_step):
+    for step in (ppo.indexed_step, ppo._indexed_step):
         with torch.no_grad():
             torch._foreach_copy_(kept, start)
-        row = step(rollout)
+        ppo._position.zero_()
+        row = step()
         results.append((row, [t.detach().clone() for t in kept]))
     (compiled_row, compiled_after), (eager_row, eager_after) = results
     torch.testing.assert_close(compiled_row, eager_row, rtol=1e-5, atol=1e-6)

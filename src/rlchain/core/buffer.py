@@ -120,12 +120,33 @@ class RolloutBuffer:
                 self.data["final_hidden"] = self.data["hidden"].clone()
 
 
-def minibatches(data: TensorDict, batch_size: int, generator: torch.Generator) -> Iterator[TensorDict]:
-    """Yield random minibatches of equal size, every sample at most once.
+def minibatch_order(
+    samples: int, batch_size: int, generator: torch.Generator, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The update's minibatches of ``samples`` samples, as indices: int64 ``[samples // size, size]`` with
+    ``size = min(batch_size, samples)``, every sample at most once, in a seeded random order.
 
-    The ``B`` samples are put in a seeded random order and cut into ``B // size`` minibatches of
-    ``size = min(batch_size, B)`` samples; the ``B % size`` samples the order puts last are left out (a different
-    remainder at every call). Equal minibatches keep one shape for a compiled or captured update.
+    Minibatches are all of one size (one shape for a compiled or captured update): the ``samples % size`` samples
+    the order puts last are left out (a different remainder at every call).
+
+    Args:
+        samples: samples in the rollout (> 0).
+        batch_size: samples per minibatch (> 0).
+        generator: seeds the order (on the device of the indices).
+        out: int64 ``[samples]`` to write the order into (a fixed buffer), or None for a new tensor.
+
+    Raises:
+        ValueError: a non-positive ``batch_size``.
+    """
+    check_positive("batch_size", batch_size, integer=True)
+    size = min(batch_size, samples)
+    order = torch.randperm(samples, generator=generator, device=generator.device, out=out)
+    return order[: samples // size * size].view(-1, size)
+
+
+def minibatches(data: TensorDict, batch_size: int, generator: torch.Generator) -> Iterator[TensorDict]:
+    """Yield the minibatches of :func:`minibatch_order`: random minibatches of equal size, every sample at most
+    once.
 
     Args:
         data: TensorDict of any batch shape; it is flattened to ``[B]``.
@@ -135,13 +156,9 @@ def minibatches(data: TensorDict, batch_size: int, generator: torch.Generator) -
     Raises:
         ValueError: a non-positive ``batch_size``.
     """
-    check_positive("batch_size", batch_size, integer=True)
     flat = data.reshape(-1)
-    total = flat.batch_size[0]
-    size = min(batch_size, total)
-    perm = torch.randperm(total, generator=generator, device=generator.device).to(flat.device)
-    for k in range(total // size):
-        yield flat[perm[k * size : (k + 1) * size]]
+    for indices in minibatch_order(flat.batch_size[0], batch_size, generator).to(flat.device):
+        yield flat[indices]
 
 
 def sequence_minibatches(

@@ -15,7 +15,7 @@ runner's ``load``; :meth:`Trainer.train` where nobody did). What happens:
 
 In a multi-process run rank 0 alone reads the files and sends what it read
 to every rank; a fresh start sends rank 0's initial policy. With
-``compile`` the acting forward pass and the update's loss are compiled last,
+``compile`` the collection step and the minibatch update are compiled last,
 before the first step.
 """
 
@@ -48,6 +48,7 @@ def start(
     resume_from: str | None = None,
     init_from: str | None = None,
     compile: bool = False,
+    cudagraphs: bool = False,
 ) -> RunState:
     """Resume, start the policy from another run (``init_from``), or start afresh; then compile (``compile``).
 
@@ -59,7 +60,8 @@ def start(
         world: the run's processes (:func:`rlchain.distributed.world`).
         resume_from: the checkpoint or run to resume (``trainer.resume_from``; ``auto``: ``output_dir``'s own).
         init_from: the checkpoint or run the policy starts from (``trainer.init_from``), where not resuming.
-        compile: compile the acting forward pass and the update's loss (``trainer.compile``).
+        compile: compile the collection step and the minibatch update (``trainer.compile``).
+        cudagraphs: replay them as CUDA graphs (``trainer.cudagraphs``).
 
     Returns:
         The state the run starts from (``started``): the checkpoint's step count, last row and W&B run for a
@@ -71,7 +73,7 @@ def start(
             resuming; a ``resume_from`` or ``init_from`` that does not exist,
             is not an rlchain checkpoint or holds a policy that does not match
             the trainer's (naming the parameters and shapes); ``compile=True``
-            where compiling fails; all before any step.
+            where compiling fails; ``cudagraphs=True`` where capture cannot apply; all before any step.
         CollectiveError: a multi-process run whose ranks do not all take part.
     """
     if state.started:
@@ -110,7 +112,9 @@ def start(
     else:
         _init_policy(parts, source[2], source[1])
         state = dataclasses.replace(state, init_from=source[1])
-    compile_s = _compile(parts.collector, parts.algorithm) if compile else None
+    if cudagraphs:
+        _check_capture(parts.collector, parts.algorithm, world, compile)
+    compile_s = _compile(parts.collector, parts.algorithm, cudagraphs) if compile else None
     return dataclasses.replace(state, compile_s=compile_s, started=True)
 
 
@@ -160,8 +164,30 @@ def _read(path: str | Path, name: str, parts: RunParts, world: World) -> dict[st
     return checkpoint
 
 
-def _compile(collector: SyncCollector, algorithm: Algorithm) -> float:
-    """Compile the acting forward pass and the minibatch loss (``compile``); return the seconds it took.
+def _check_capture(collector: SyncCollector, algorithm: Algorithm, world: World, compile: bool) -> None:
+    """Refuse ``cudagraphs=True`` where capture cannot apply, in one line naming why.
+
+    Raises:
+        SettingError: without ``compile``, off CUDA, an env whose step does not compile, a recurrent policy, or a
+            multi-process run.
+    """
+    device = collector.env.device
+    why = (
+        "it replays the compiled steps: expected trainer.compile=true with it"
+        if not compile
+        else f"CUDA graphs need a CUDA device, and the run's is {device}"
+        if device.type != "cuda"
+        else collector.compiles_whole()
+        or ("a recurrent policy's update replays sequences with a host read" if algorithm.recurrent else None)
+        or ("the gradients' all-reduce of a multi-process run is not captured" if world.distributed else None)
+    )
+    if why is not None:
+        raise SettingError("cudagraphs", True, f" cannot apply here: {why}; expected false")
+
+
+def _compile(collector: SyncCollector, algorithm: Algorithm, cudagraphs: bool = False) -> float:
+    """Compile the collection step and the minibatch update (``compile``), and with ``cudagraphs`` wrap each to
+    replay as one CUDA graph; return the seconds it took.
 
     Raises:
         SettingError: ``compile=True`` where compiling fails (no C++ compiler for the CPU backend, an op
@@ -171,11 +197,16 @@ def _compile(collector: SyncCollector, algorithm: Algorithm) -> float:
     try:
         collector.compile()
         algorithm.compile(collector.buffer.data)
+        if cudagraphs:
+            collector.capture()
+            algorithm.capture()
     except Exception as err:  # noqa: BLE001 - torch's compiler raises many kinds; each becomes this one line
         cause = " ".join(str(err).split("\n")[0].split()) or type(err).__name__
         raise SettingError(
             "compile", True, f" cannot run here: {type(err).__name__}: {cause[:300]}; expected false (eager PyTorch)"
         ) from None
     seconds = time.perf_counter() - began
-    notice(f"compiled the acting forward pass and the update's loss in {seconds:.1f} s (time/compile_s)")
+    what = "the collection step" if collector.compiled_whole else "the acting forward pass"
+    what += " and the minibatch update" if algorithm.compiled_whole else " and the update's loss"
+    notice(f"compiled {what}{' (CUDA graphs)' if cudagraphs else ''} in {seconds:.1f} s (time/compile_s)")
     return seconds

@@ -150,9 +150,15 @@ class TrainerConfig(Settings):
     message naming the collective and the rank that did not join it. It must cover what rank 0 does alone while the
     others wait: an evaluation, a checkpoint."""
     compile: bool = False
-    """Compile the update's minibatch loss (forward and backward) and the acting forward pass with torch.compile
-    (mode default) before the first step; the time it takes is logged once as time/compile_s and left out of SPS.
-    Needs a C++ compiler for the CPU backend (a run that cannot compile says so before any step)."""
+    """Compile the collection step (act, env step, writes) and the minibatch update (loss, backward, clip, Adam)
+    each whole with torch.compile(fullgraph=True) before the first step; where the env steps outside torch's
+    compiler (env=gym, mjlab, maniskill) only the acting forward pass, and for a recurrent policy or under torchrun
+    only the loss. The time it takes is logged once as time/compile_s and left out of SPS. Needs a C++ compiler for
+    the CPU backend (a run that cannot compile says so before any step)."""
+    cudagraphs: bool = False
+    """Replay the compiled collection step and minibatch update each as one CUDA graph (with compile=true; a CUDA
+    device, an env whose step compiles, a feed-forward policy, one process): refused before any step, naming why,
+    where it cannot apply."""
     progress: bool = True
     """Show the progress of the iterations: a bar on a terminal, plain lines otherwise (nothing on a terminal
     that another process owns, as a parallel job of the devices launcher)."""
@@ -308,6 +314,7 @@ class Trainer:
             resume_from=cfg.resume_from,
             init_from=cfg.init_from,
             compile=cfg.compile,
+            cudagraphs=cfg.cudagraphs,
         )
         return self.state
 

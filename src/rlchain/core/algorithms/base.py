@@ -11,7 +11,7 @@ import torch
 from torch.optim.adam import adam
 
 from rlchain.console import notice
-from rlchain.core.buffer import minibatches, sequence_minibatches
+from rlchain.core.buffer import minibatch_order, sequence_minibatches
 from rlchain.core.policies import Policy
 from rlchain.distributed import world
 from rlchain.settings import SettingError, Settings, setting
@@ -240,7 +240,19 @@ class Algorithm:
         self.minibatch_loss: Callable[[TensorDict], dict[str, torch.Tensor]] = self._minibatch_loss
         """The loss of one minibatch (:meth:`_minibatch_loss`)."""
         self.train_step: Callable[[TensorDict], torch.Tensor] = self._train_step
-        """One minibatch's optimiser step (:meth:`_train_step`; compiled whole by :meth:`compile`)."""
+        """One minibatch's optimiser step (:meth:`_train_step`)."""
+        self.indexed_step: Callable[[], torch.Tensor] = self._indexed_step
+        """A feed-forward policy's minibatch step over the staged update data (:meth:`_indexed_step`; compiled
+        whole by :meth:`compile`, replayed as a CUDA graph by :meth:`capture`)."""
+        self.compiled_whole = False
+        """Whether :meth:`compile` compiled the whole minibatch step (else at most the loss)."""
+        self._staged: TensorDict | None = None
+        """The update's samples, flat ``[B]``, in a buffer of fixed addresses (a feed-forward policy's update)."""
+        self._order = torch.zeros(0, dtype=torch.int64, device=device)
+        """This epoch's minibatches as sample indices ``[M, size]`` (:func:`~rlchain.core.buffer.minibatch_order`)."""
+        self._order_buffer = torch.zeros(0, dtype=torch.int64, device=device)
+        self._position = torch.zeros(1, dtype=torch.int64, device=device)
+        """The minibatch of the epoch that the next :meth:`_indexed_step` takes, on the device."""
 
     @property
     def current_lr(self) -> float:
@@ -298,16 +310,17 @@ class Algorithm:
 
     def _minibatches(self, data: TensorDict, shuffled: bool = True):
         """The update's minibatches of a ``[T, N]`` rollout, every sample at most once: for a feed-forward policy
-        minibatches of one size (:func:`~rlchain.core.buffer.minibatches`: seeded random samples; in order for
+        minibatches of one size (:func:`~rlchain.core.buffer.minibatch_order`: seeded random samples; in order for
         ``shuffled=False``, where the last may be smaller so that every sample counts); for a recurrent policy
         whole sequences ``[seq_len, S]`` (:func:`~rlchain.core.buffer.sequence_minibatches`)."""
         if self.recurrent:
             steps = data.batch_size[0]
             generator = self.generator if shuffled else None
             return sequence_minibatches(data, self._seq_len(steps), self.cfg.batch_size, generator)
-        if shuffled:
-            return minibatches(data, self.cfg.batch_size, self.generator)
         flat = data.reshape(-1)
+        if shuffled:
+            order = minibatch_order(flat.batch_size[0], self.cfg.batch_size, self.generator)
+            return (flat[indices] for indices in order.to(flat.device))
         return (
             flat[start : start + self.cfg.batch_size] for start in range(0, flat.batch_size[0], self.cfg.batch_size)
         )
@@ -379,6 +392,28 @@ class Algorithm:
         self._totals.add_(row)
         return row
 
+    def _stage(self, flat: TensorDict) -> None:
+        """Copy the update's samples ``flat`` (``[B]``) into :attr:`_staged`, whose addresses stay from update to
+        update (a new buffer only when the keys or ``B`` change)."""
+        staged = self._staged
+        if (
+            staged is None
+            or staged.batch_size != flat.batch_size
+            or set(staged.keys(True, True)) != set(flat.keys(True, True))
+        ):
+            self._staged = flat.clone()
+            self._order_buffer = torch.empty(flat.batch_size[0], dtype=torch.int64, device=self.lr.device)
+            return
+        staged.update_(flat)
+
+    def _indexed_step(self) -> torch.Tensor:
+        """:attr:`train_step` on the epoch's next minibatch of the staged samples (row :attr:`_position` of the
+        order), the position moved on, on the device: the same call every minibatch, so that it compiles once and
+        replays as one CUDA graph."""
+        indices = self._order.index_select(0, self._position).squeeze(0)
+        self._position.add_(1)
+        return self.train_step(self._staged[indices])
+
     def _finish_update(self, count: int) -> dict[str, float]:
         """Count the update and read it, once: the means of its terms over its ``count`` minibatches (and the ranks),
         its fault record and whether every parameter is finite.
@@ -436,10 +471,20 @@ class Algorithm:
         self._fault.zero_()
         kl_column = self.term_names.index("approx_kl")
         count, epochs = 0, 0
+        if not self.recurrent:
+            self._stage(data.reshape(-1))
         for _ in range(self.cfg.n_epochs):
-            for batch in self._minibatches(data):
-                row = self.train_step(batch)
-                count += 1
+            if self.recurrent:
+                for batch in self._minibatches(data):
+                    row = self.train_step(batch)
+                    count += 1
+            else:  # fixed buffers: the order written in place, the step takes its minibatch on the device
+                samples = self._staged.batch_size[0]
+                self._order = minibatch_order(samples, self.cfg.batch_size, self.generator, out=self._order_buffer)
+                self._position.zero_()
+                for _ in range(self._order.shape[0]):
+                    row = self.indexed_step()
+                    count += 1
             epochs += 1
             if stop_kl is not None and float(world().mean(row[kl_column], "the all-reduce of the KL stop")) > stop_kl:
                 break
@@ -459,32 +504,63 @@ class Algorithm:
         raise NotImplementedError
 
     def compile(self, rollout: TensorDict) -> None:
-        """Compile :meth:`_train_step` whole with ``torch.compile(fullgraph=True)`` (``trainer.compile``) and run
-        it once, so that it is compiled before the first update.
+        """Compile the update's step with ``torch.compile`` (``trainer.compile``) and run it once, so that it is
+        compiled before the first update: a feed-forward policy's whole minibatch step (:meth:`_indexed_step`:
+        loss, gradients, clip, Adam) with ``fullgraph=True``; a recurrent policy's loss alone (its sequence replay
+        reads the host), and in a multi-process run the loss alone (the gradients' all-reduce runs eagerly).
 
-        The example it runs is a minibatch of the update's size cut from ``rollout`` (the collector's ``[T, N]``
-        storage; its zeros before the first rollout do), with the keys :attr:`update_keys` added as zeros. The
-        parameters, the optimiser's state and the rate are restored afterwards: nothing changes.
+        The example it runs is cut from ``rollout`` (the collector's ``[T, N]`` storage; its zeros before the
+        first rollout do), with the keys :attr:`update_keys` added as zeros. The parameters, the optimiser's
+        state and the rate are restored afterwards: nothing changes.
 
         Raises:
             Exception: what compiling raises (e.g. torch's ``InductorError`` without a C++ compiler, or dynamo's
                 ``Unsupported`` for a loss that does not compile whole).
         """
-        example = next(iter(self._minibatches(rollout, shuffled=False))).clone()
+        example = rollout.clone()
         for key in self.update_keys:
             example.set(key, torch.zeros(example.batch_size, device=example.device))
+        if self.recurrent or world().distributed:
+            self.compiled_whole = False
+            self.minibatch_loss = torch.compile(self._minibatch_loss)
+            batch = next(iter(self._minibatches(example, shuffled=False)))
+            grads = torch.autograd.grad(self.minibatch_loss(batch)["loss"], self._params, allow_unused=True)
+            del grads
+            return
+        compiled = torch.compile(self._indexed_step, fullgraph=True)
+
+        def indexed_step() -> torch.Tensor:
+            with torch._dynamo.config.patch(trace_autograd_ops=True):
+                return compiled()
+
+        self.indexed_step = indexed_step
+        self.compiled_whole = True
+        self._warm_up(example)
+
+    def capture(self) -> None:
+        """Replay the compiled :attr:`indexed_step` as one CUDA graph (``trainer.cudagraphs``; after
+        :meth:`compile`, a feed-forward policy on CUDA), with tensordict's ``CudaGraphModule``: every tensor it
+        keeps across steps (parameters, Adam's state, the rate, the staged samples, the order) has a fixed address,
+        and its output is copied out of the graph. The first two calls run it eagerly (warm-up, then capture)."""
+        from tensordict.nn import CudaGraphModule  # imported where used: see rlchain.commands.config
+
+        self.indexed_step = CudaGraphModule(self.indexed_step, warmup=2, device=self.lr.device)
+
+    def _warm_up(self, example: TensorDict) -> None:
+        """Run :attr:`indexed_step` once on ``example`` (``[T, N]``, the update's keys) and restore what it changed:
+        the parameters, the optimiser's state, the rate and the update's sums."""
         kept = [*self._params, *(t for state in self._adam_state for t in state), self.lr]
         saved = [t.detach().clone() for t in kept]
-        compiled = torch.compile(self._train_step, fullgraph=True)
-
-        def train_step(batch: TensorDict) -> torch.Tensor:
-            with torch._dynamo.config.patch(trace_autograd_ops=True):
-                return compiled(batch)
-
-        self.train_step = train_step
-        self.train_step(example)
+        self._stage(example.reshape(-1))
+        self._order = minibatch_order(
+            self._staged.batch_size[0], self.cfg.batch_size, torch.Generator(self.lr.device), out=self._order_buffer
+        )
+        self._position.zero_()
+        self.indexed_step()
         with torch.no_grad():
             torch._foreach_copy_(kept, saved)
+        self._totals.zero_()
+        self._fault.zero_()
 
     def check_env(self, env: Any) -> None:
         """Raise :class:`~rlchain.settings.SettingError` if this algorithm cannot train on ``env`` (before any step)."""

@@ -1,0 +1,178 @@
+"""The collection step and the minibatch update compiled whole (``fullgraph=True``) and replayed as CUDA graphs:
+the same rollout and the same first update as eager, fixed addresses, and the refusals where capture cannot apply.
+
+The CPU tests compile with ``backend="aot_eager"`` (dynamo's whole graph, functionalisation and autograd, with
+eager kernels, so the random draws are eager's too): inductor's code generation of push_cube's step takes minutes
+on a 2-core machine; ``tests/run/test_compile.py`` runs inductor on the update.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlchain.core.algorithms import GRPO, PPO
+from rlchain.core.collector import SyncCollector
+from rlchain.core.envs import CartPoleEnv, PushCubeEnv
+from rlchain.core.policies import ActorCritic, ActorOnly
+from rlchain.run.trainer import Trainer
+from rlchain.settings import SettingError
+from tests.helpers.toy_env import LineEnv
+
+CASES = {
+    "push_cube_ppo": (lambda: PushCubeEnv(num_envs=16, seed=0), ActorCritic, PPO, {}),
+    "push_cube_grpo": (
+        lambda: PushCubeEnv(num_envs=16, seed=0, max_episode_steps=8),
+        ActorOnly,
+        GRPO,
+        {"group_size": 4},
+    ),
+    "cart_pole_ppo": (lambda: CartPoleEnv(num_envs=16, seed=0), ActorCritic, PPO, {}),
+}
+
+
+def _build(case: str, compiled: bool, steps: int = 8):
+    make_env, make_policy, make_algorithm, settings = CASES[case]
+    torch.manual_seed(0)
+    env = make_env()
+    policy = make_policy(env.single_observation_space, env.single_action_space, hidden_sizes=[32, 32])
+    algorithm = make_algorithm(policy, batch_size=32, n_epochs=2, **settings)
+    collector = SyncCollector(env, policy, steps, reset_options=algorithm.reset_options)
+    if compiled:
+        collector.step_fn = torch.compile(collector._collect_step, fullgraph=True, backend="aot_eager")
+        compiled_step = torch.compile(algorithm._indexed_step, fullgraph=True, backend="aot_eager")
+
+        def indexed_step():
+            with torch._dynamo.config.patch(trace_autograd_ops=True):
+                return compiled_step()
+
+        algorithm.indexed_step = indexed_step
+    return env, policy, algorithm, collector
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_compiled_collection_step_and_update_give_eagers_rollouts_and_updates(case):
+    """Two iterations (rollout, update) compiled whole against eager from the same seed: the same rollouts, the
+    same update terms and parameters, to float rounding (the first iteration to 1e-5 relative; the second starts
+    from parameters that rounding moved, so it gets 1e-4)."""
+    results = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        env, policy, algorithm, collector = _build(case, compiled)
+        iterations = []
+        for _ in range(2):
+            rollout = collector.collect()
+            stats = algorithm.update(rollout.data)
+            iterations.append((rollout.data.clone(), rollout.term_means, rollout.episodes, stats))
+        results.append((iterations, [p.detach().clone() for p in policy.parameters()]))
+    (eager, eager_params), (compiled, compiled_params) = results
+    for rtol, (data_e, terms_e, episodes_e, stats_e), (data_c, terms_c, episodes_c, stats_c) in zip(
+        (1e-5, 1e-4), eager, compiled
+    ):
+        for key in ("obs", "action", "sample_log_prob", "value", "reward", "done", "next_value", "episode_return"):
+            torch.testing.assert_close(data_c[key], data_e[key], rtol=rtol, atol=rtol / 10, msg=key)
+        assert terms_c == pytest.approx(terms_e, rel=rtol, abs=rtol / 100)
+        assert episodes_c.returns == pytest.approx(episodes_e.returns, rel=rtol, abs=rtol / 10)
+        assert (episodes_c.lengths, episodes_c.successes) == (episodes_e.lengths, episodes_e.successes)
+        assert stats_c == pytest.approx(stats_e, rel=rtol, abs=rtol / 10)
+    for c, e in zip(compiled_params, eager_params):
+        torch.testing.assert_close(c, e, rtol=1e-4, atol=1e-5)
+
+
+def test_the_collection_step_and_the_update_keep_their_tensors_addresses():
+    """What a CUDA graph replays must stay where it was captured: the storage, the stepper's buffers, the step
+    counter, the term sums, the env's state, the parameters, Adam's state, the rate, the staged samples and the
+    minibatch order keep their addresses through rollouts with group resets, updates and a checkpoint load."""
+    env, policy, algorithm, collector = _build("push_cube_grpo", compiled=False)
+
+    def addresses():
+        tensors = {f"data.{k}": v for k, v in collector.buffer.data.items(True, True)}
+        tensors.update({f"obs.{k}": v for k, v in collector.stepper.obs.items()} if collector._groups else {})
+        tensors.update(
+            step=collector._t,
+            episode_return=collector.stepper.episode_return,
+            episode_length=collector.stepper.episode_length,
+            lr=algorithm.lr,
+            order=algorithm._order_buffer,
+            position=algorithm._position,
+        )
+        tensors.update({f"sums.{g}": v for g, v in collector._term_sums.items()})
+        tensors.update({f"env.{k}": v for k, v in env.get_state().items()})
+        tensors.update({f"param.{k}": v for k, v in policy.state_dict().items()})
+        tensors.update({f"adam.{i}": t for i, t in enumerate(t for state in algorithm._adam_state for t in state)})
+        tensors.update({f"staged.{k}": v for k, v in algorithm._staged.items(True, True)})
+        return {k: v.data_ptr() for k, v in tensors.items()}
+
+    algorithm.update(collector.collect().data)
+    first = addresses()
+    for _ in range(2):
+        algorithm.update(collector.collect().data)
+    algorithm.load_state_dict(algorithm.state_dict())
+    collector.load_state_dict(collector.state_dict())
+    env.load_state_dict(env.state_dict())
+    assert addresses() == first
+
+
+def test_trainer_compile_compiles_the_whole_steps_of_a_compiling_env_and_the_acting_pass_of_another(tmp_path):
+    """``trainer.compile=true`` compiles push_cube's collection step whole and a host-style env's acting pass."""
+    torch._dynamo.reset()
+    for env, whole in ((PushCubeEnv(num_envs=8, seed=0), True), (LineEnv(num_envs=8), False)):
+        policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+        collector = SyncCollector(env, policy, 4)
+        assert (collector.compiles_whole() is None) == whole
+        if whole:
+            collector.step_fn = torch.compile(collector._collect_step, fullgraph=True, backend="aot_eager")
+            collector.compiled_whole = True
+        assert collector.collect().data["done"].shape == (4, 8)
+
+
+@pytest.mark.parametrize(
+    "overrides, why",
+    [
+        ({"compile": False}, "it replays the compiled steps: expected trainer.compile=true with it"),
+        ({"compile": True}, "CUDA graphs need a CUDA device, and the run's is cpu"),
+    ],
+)
+def test_cudagraphs_where_they_cannot_apply_are_refused_before_any_step(tmp_path, overrides, why):
+    env = PushCubeEnv(num_envs=8, seed=0)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    trainer = Trainer(
+        env, policy, PPO(policy), iterations=1, rollout_steps=4, output_dir=str(tmp_path), progress=False,
+        fresh_eval=False, cudagraphs=True, **overrides,
+    )  # fmt: skip
+    with pytest.raises(SettingError) as err:
+        trainer.start()
+    assert str(err.value) == f"cudagraphs=True cannot apply here: {why}; expected false"
+    assert not trainer.state.started
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", ["push_cube_ppo", "push_cube_grpo"])
+def test_captured_steps_replay_the_compiled_ones_on_cuda(case):
+    """On CUDA, the collection step and the minibatch update compiled and captured as CUDA graphs against the same
+    compiled without capture, from the same state: the same rollouts and updates to float rounding (the random
+    draws of a compiled step are the same with and without a graph)."""
+    from rlchain.run.starting import _compile
+
+    make_env, make_policy, make_algorithm, settings = CASES[case]
+    results = []
+    for cudagraphs in (False, True):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        env = make_env().__class__(num_envs=1024, seed=0, device="cuda", max_episode_steps=16)
+        policy = make_policy(env.single_observation_space, env.single_action_space, hidden_sizes=[64, 64]).cuda()
+        algorithm = make_algorithm(policy, batch_size=2048, n_epochs=2, **settings)
+        collector = SyncCollector(env, policy, 16, reset_options=algorithm.reset_options)
+        _compile(collector, algorithm, cudagraphs)
+        torch.manual_seed(1)
+        torch.cuda.manual_seed(1)
+        out = []
+        for _ in range(4):  # past the warm-up and capture calls
+            rollout = collector.collect()
+            out.append((rollout.data.clone(), algorithm.update(rollout.data)))
+        results.append(out)
+    for (data_a, stats_a), (data_b, stats_b) in zip(*results):
+        for key in ("obs", "action", "reward", "done", "episode_return"):
+            torch.testing.assert_close(data_b[key], data_a[key], rtol=1e-4, atol=1e-5, msg=key)
+        assert stats_b == pytest.approx(stats_a, rel=1e-3, abs=1e-6)
