@@ -31,6 +31,7 @@ class VPG(Algorithm):
     """``loss = -log pi(a|s) * A + vf_coef * (V(s) - R)^2 / 2 - ent_coef * entropy`` over minibatches."""
 
     update_keys = ("advantages", "returns")  # what update adds to each minibatch (for trainer.compile)
+    term_names = ("policy_loss", "value_loss", "entropy")  # what _minibatch_loss reports besides the loss
 
     def __init__(self, policy: Policy, **settings: Any) -> None:
         super().__init__(policy, VPGConfig(**settings))
@@ -49,7 +50,7 @@ class VPG(Algorithm):
         data = rollout.select("obs", "action").clone(False)
         data.set("advantages", (advantages - advantages.mean()) / (advantages.std() + 1e-8))
         data.set("returns", returns)
-        stats, _ = self._optimise(data, self.minibatch_loss)  # Adam, schedule, clipping, non-finite checks
+        stats, _ = self._optimise(data)  # minibatches, Adam, schedule, clipping, non-finite checks
         self.policy.update_obs_normalizer(rollout["obs"])
         return stats  # logged under losses/
 

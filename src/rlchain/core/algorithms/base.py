@@ -411,8 +411,9 @@ class Algorithm:
         order), the position moved on, on the device: the same call every minibatch, so that it compiles once and
         replays as one CUDA graph."""
         indices = self._order.index_select(0, self._position).squeeze(0)
-        self._position.add_(1)
-        return self.train_step(self._staged[indices])
+        row = self.train_step(self._staged[indices])
+        self._position.add_(1)  # after the backward pass, which reads the indices
+        return row
 
     def _finish_update(self, count: int) -> dict[str, float]:
         """Count the update and read it, once: the means of its terms over its ``count`` minibatches (and the ranks),
@@ -441,6 +442,7 @@ class Algorithm:
     def _optimise(
         self,
         data: TensorDict,
+        *,
         stop_kl: float | None = None,
         weight: torch.Tensor | None = None,
     ) -> tuple[dict[str, float], int]:
@@ -469,7 +471,7 @@ class Algorithm:
         self._schedule_before_update()
         self._totals.zero_()
         self._fault.zero_()
-        kl_column = self.term_names.index("approx_kl")
+        kl_column = self.term_names.index("approx_kl") if stop_kl is not None else None
         count, epochs = 0, 0
         if not self.recurrent:
             self._stage(data.reshape(-1))
