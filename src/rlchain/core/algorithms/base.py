@@ -410,9 +410,10 @@ class Algorithm:
         """:attr:`train_step` on the epoch's next minibatch of the staged samples (row :attr:`_position` of the
         order), the position moved on, on the device: the same call every minibatch, so that it compiles once and
         replays as one CUDA graph."""
-        indices = self._order.index_select(0, self._position).squeeze(0)
+        # A copy of the position: the joint graph's backward must not see the position it moves on.
+        indices = self._order.index_select(0, self._position.clone()).squeeze(0)
         row = self.train_step(self._staged[indices])
-        self._position.add_(1)  # after the backward pass, which reads the indices
+        self._position.add_(1)
         return row
 
     def _finish_update(self, count: int) -> dict[str, float]:
