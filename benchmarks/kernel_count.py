@@ -6,14 +6,15 @@ On a GPU every operator that reaches torch's dispatcher is at least one kernel l
 so a loop of small ops is launch-bound. Counted on the CPU, in one process:
 
 * eager: every aten call that reaches the dispatcher, counted by a ``TorchDispatchMode``;
-* compiled (``torch.compile(fn, fullgraph=True)``, inductor): the kernels inductor generated for the graph
-  (each launched once per call) plus the aten calls the compiled call still dispatches (its externs: matrix
-  products, copies), counted by the profiler; and the graph breaks ``torch._dynamo.explain`` finds.
+* compiled (``torch.compile(fn, fullgraph=True)``, inductor): the generated kernels one call launches (their
+  calls in the ``call`` function of the code inductor generated, a fused kernel once per call site) plus the aten
+  calls the compiled call still dispatches (its externs: matrix products, copies), counted by the profiler; and
+  the graph breaks ``torch._dynamo.explain`` finds.
 
 The env steps are push_cube's (state observations) and cart_pole's at ``--num-envs`` envs. The collection step
-and the PPO/GRPO minibatch update are counted eager, from the ``push_cube_ppo`` and ``push_cube_grpo`` presets:
-a collection step is the difference between rollouts of 16 and 8 steps, over 8; a minibatch update the
-difference between updates of 2 epochs and 1, over the minibatches of an epoch.
+(``SyncCollector._collect_step``: act, env step, the row written) and the minibatch update
+(``Algorithm._indexed_step``: loss, backward, clip, Adam) come from the ``push_cube_ppo`` and ``push_cube_grpo``
+presets at ``--num-envs`` envs, each counted eager and compiled whole as ``trainer.compile=true`` compiles them.
 
 Last, the CPU env steps/s of the push_cube step eager and compiled at ``--num-envs`` envs, on one thread, in the
 same run. Prints a markdown table; ``--out`` writes the numbers as JSON.
@@ -23,11 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from pathlib import Path
 
 import torch
-import torch._inductor.metrics as inductor_metrics
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlchain.core.envs import CartPoleEnv, PushCubeEnv
@@ -52,65 +53,95 @@ def eager_calls(fn, *args) -> int:
     return count.calls
 
 
-def compiled_calls(fn, *args) -> tuple[int, int, int]:
-    """``(graph breaks, kernels generated, aten calls dispatched per call)`` of ``fn`` compiled whole."""
-    breaks = torch._dynamo.explain(fn)(*args).graph_break_count
-    torch._dynamo.reset()
-    inductor_metrics.reset()
-    compiled = torch.compile(fn, fullgraph=True)
-    compiled(*args)
-    kernels = inductor_metrics.generated_kernel_count
-    compiled(*args)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+class GeneratedCode:
+    """The Python modules inductor generates while its ``with`` block compiles (their source, in order)."""
+
+    def __enter__(self) -> list[str]:
+        from torch._inductor import codecache
+
+        self.cache, self.sources = codecache.PyCodeCache, []
+        self.load = self.cache.load_by_key_path
+
+        def load(key, path, *args, **kwargs):
+            self.sources.append(Path(path).read_text())
+            return self.load(key, path, *args, **kwargs)
+
+        self.cache.load_by_key_path = load
+        return self.sources
+
+    def __exit__(self, *exc) -> None:
+        self.cache.load_by_key_path = self.load
+
+
+def kernel_calls(sources: list[str]) -> int:
+    """The kernels one call of the compiled graphs launches: the calls of generated kernels in each module's
+    ``call`` function (a kernel run on several tensors counts once per call)."""
+    return sum(
+        len(re.findall(r"^\s+((?:cpp|triton)_\w+)(?:\.run)?\(", source[source.find("def call(") :], re.M))
+        for source in sources
+    )
+
+
+def compiled_calls(fn, *args, autograd: bool = False) -> tuple[int, int, int]:
+    """``(graph breaks, generated kernels launched per call, aten calls dispatched per call)`` of ``fn`` compiled
+    whole; ``autograd`` traces a backward inside ``fn`` (the minibatch update) as ``trainer.compile`` does."""
+    with torch._dynamo.config.patch(trace_autograd_ops=autograd):
+        breaks = torch._dynamo.explain(fn)(*args).graph_break_count
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, fullgraph=True)
+        with GeneratedCode() as sources:
+            compiled(*args)
         compiled(*args)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            compiled(*args)
     dispatched = sum(
         1
         for e in prof.events()
         if e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
     )
-    return breaks, kernels, dispatched
+    return breaks, kernel_calls(sources), dispatched
+
+
+def _row(what: str, fn, *args, autograd: bool = False) -> dict:
+    eager = eager_calls(fn, *args)
+    breaks, kernels, dispatched = compiled_calls(fn, *args, autograd=autograd)
+    return {"what": what, "eager": eager, "compiled": kernels + dispatched, "kernels": kernels, "breaks": breaks}
 
 
 def env_rows(num_envs: int) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
-    rows = []
-    for name, env, action in (
-        ("push_cube step", PushCubeEnv(num_envs=num_envs), torch.rand(num_envs, 2, generator=gen) * 2 - 1),
-        ("cart_pole step", CartPoleEnv(num_envs=num_envs), torch.randint(0, 2, (num_envs,), generator=gen)),
-    ):
-        eager = eager_calls(env.step, action)
-        breaks, kernels, dispatched = compiled_calls(env.step, action)
-        rows.append(
-            {"what": name, "eager": eager, "compiled": kernels + dispatched, "kernels": kernels, "breaks": breaks}
+    return [
+        _row(name, env.step, action)
+        for name, env, action in (
+            ("push_cube step", PushCubeEnv(num_envs=num_envs), torch.rand(num_envs, 2, generator=gen) * 2 - 1),
+            ("cart_pole step", CartPoleEnv(num_envs=num_envs), torch.randint(0, 2, (num_envs,), generator=gen)),
         )
-    return rows
+    ]
 
 
-def training_rows() -> list[dict]:
+def training_rows(num_envs: int) -> list[dict]:
     from ppo_floor import build_preset
 
-    from rlchain.core.collector import SyncCollector
+    from rlchain.core.buffer import minibatch_order
 
     rows = []
     for algo in ("ppo", "grpo"):
-        cfg, env, policy, algorithm, collector = build_preset(0, f"push_cube_{algo}")
-        if algo == "ppo":
-            counts = []
-            for steps in (8, 16):
-                short = SyncCollector(env, policy, steps, reset_options=algorithm.reset_options)
-                short.collect()
-                counts.append(eager_calls(short.collect))
-            rows.append({"what": "collection step (push_cube_ppo)", "eager": (counts[1] - counts[0]) // 8})
-        collector.collect()
-        data = collector.buffer.data
-        counts = []
-        for epochs in (1, 2):
-            algorithm.cfg.n_epochs = epochs
-            counts.append(eager_calls(algorithm.update, data))
-        minibatches = max(1, data.numel() // int(cfg.algorithm.batch_size))
-        rows.append(
-            {"what": f"{algo} minibatch update (push_cube_{algo})", "eager": (counts[1] - counts[0]) // minibatches}
-        )
+        cfg, env, policy, algorithm, collector = build_preset(0, f"push_cube_{algo}", f"env.num_envs={num_envs}")
+        collector._start_rollout()
+        rows.append(_row(f"collection step (push_cube_{algo})", collector._collect_step))
+        data = collector.collect().data
+        flat = data.reshape(-1).select("obs", "action", "sample_log_prob", *(["value"] if algo == "ppo" else []))
+        for key in algorithm.update_keys:
+            flat.set(key, torch.zeros(flat.batch_size))
+        algorithm._stage(flat.clone())
+        samples = algorithm._staged.batch_size[0]
+        order = minibatch_order(samples, algorithm.cfg.batch_size, torch.Generator(), out=algorithm._order_buffer)
+        algorithm._order = order.repeat(64, 1)  # room for every call the counts make
+
+        def step(algorithm=algorithm):
+            return algorithm._indexed_step()
+
+        rows.append(_row(f"{algo} minibatch update (push_cube_{algo})", step, autograd=True))
     return rows
 
 
@@ -130,7 +161,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the numbers as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = env_rows(args.num_envs) + training_rows()
+    rows = env_rows(args.num_envs) + training_rows(args.num_envs)
     print(f"torch {torch.__version__}, one CPU thread, {args.num_envs} envs")
     print("| what | aten calls eager | launches compiled (kernels + dispatched) | graph breaks (fullgraph) |")
     print("|---|---:|---:|---:|")

@@ -245,6 +245,7 @@ class SyncCollector:
         for sums in self._term_sums.values():
             sums.zero_()
 
+    @torch.no_grad()
     def _collect_step(self) -> None:
         """One step of the rollout (see the class docstring), written at row :attr:`_t` of the storage."""
         data, t = self.buffer.data, self._t
