@@ -91,10 +91,10 @@ def update_floor(policy, rollout: TensorDict, n_epochs: int, batch_size: int) ->
     return timed(run)
 
 
-def build_preset(seed: int, experiment: str = "push_cube_ppo"):
-    """The ``experiment`` preset on the CPU, built in ``rlchain-train``'s order from seed ``seed``:
-    ``(cfg, env, policy, algorithm, collector)``."""
-    cfg = compose_config([f"experiment={experiment}", f"seed={seed}", "device=cpu"])
+def build_preset(seed: int, experiment: str = "push_cube_ppo", *overrides: str):
+    """The ``experiment`` preset on the CPU (with ``overrides``), built in ``rlchain-train``'s order from seed
+    ``seed``: ``(cfg, env, policy, algorithm, collector)``."""
+    cfg = compose_config([f"experiment={experiment}", f"seed={seed}", "device=cpu", *overrides])
     torch.manual_seed(seed)
     env = instantiate(cfg.env, _convert_="all")
     policy = instantiate(
