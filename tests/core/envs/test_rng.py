@@ -1,5 +1,5 @@
 """The counter-based stream of the torch-native tasks: SplitMix64's mixing as plain Python integers says what
-every draw must be, on every device and under torch.compile."""
+every draw must be (two elements from each 64-bit word), on every device and under torch.compile."""
 
 import math
 
@@ -19,33 +19,53 @@ def mix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def reference_uniform(seed: int, counter: int, rows: int, n: int) -> torch.Tensor:
+def reference_halves(seed: int, counter: int, count: int) -> list[int]:
+    """The 32-bit halves of one draw of ``count`` elements: element e takes half e % 2 (low first) of word e // 2."""
     key = mix64((seed * GOLDEN + counter) & MASK)
-    bits = [mix64((i * GOLDEN + key) & MASK) >> 40 for i in range(rows * n)]
-    return torch.tensor(bits, dtype=torch.float64).view(rows, n) / 2**24
+    words = [mix64((j * GOLDEN + key) & MASK) for j in range((count + 1) // 2)]
+    return [(words[e // 2] >> (32 * (e % 2))) & 0xFFFFFFFF for e in range(count)]
 
 
-def test_uniform_draws_are_splitmix64_of_seed_counter_and_index():
+def reference_uniform(seed: int, counter: int, rows: int, n: int) -> torch.Tensor:
+    low = [h & 0xFFFFFF for h in reference_halves(seed, counter, rows * n)]
+    return torch.tensor(low, dtype=torch.float64).view(rows, n) / 2**24
+
+
+def reference_normal(seed: int, counter: int, rows: int, n: int) -> torch.Tensor:
+    count = rows * n
+    u = reference_uniform(seed, counter, 1, 2 * ((count + 1) // 2))[0]
+    z = []
+    for k in range(0, len(u), 2):
+        radius, angle = math.sqrt(-2 * math.log1p(-float(u[k]))), 2 * math.pi * float(u[k + 1])
+        z += [radius * math.cos(angle), radius * math.sin(angle)]
+    return torch.tensor(z[:count], dtype=torch.float64).view(rows, n)
+
+
+def test_uniform_draws_are_splitmix64_halves_of_seed_counter_and_index():
     rng = CounterRng(seed=12345, device=torch.device("cpu"))
-    for counter in range(3):
-        got = rng.uniform(3, 5)
-        assert got.dtype == torch.float32 and got.shape == (3, 5)
-        assert torch.equal(got.double(), reference_uniform(12345, counter, 3, 5))
-    assert rng.state.tolist() == [12345, 3]
+    for counter, (rows, n) in enumerate([(3, 5), (2, 4), (1, 1), (4, 7)]):  # odd counts leave a half unused
+        got = rng.uniform(rows, n)
+        assert got.dtype == torch.float32 and got.shape == (rows, n)
+        assert torch.equal(got.double(), reference_uniform(12345, counter, rows, n))
+    assert rng.state.tolist() == [12345, 4]
+    # A seed whose key words have the sign bit set reads the same (int64 arithmetic wraps as uint64 would).
+    rng = CounterRng(seed=2**62 + 3, device=torch.device("cpu"))
+    assert torch.equal(rng.uniform(5, 9).double(), reference_uniform(2**62 + 3, 0, 5, 9))
 
 
-def test_integers_and_normal_follow_from_the_same_bits():
+def test_integers_and_normal_follow_from_the_same_halves():
     rng = CounterRng(seed=7, device=torch.device("cpu"))
-    ints = rng.integers(10, 1000)
-    assert ints.dtype == torch.int64 and 0 <= int(ints.min()) and int(ints.max()) < 10
+    ints = rng.integers(10, 1001)
+    assert ints.dtype == torch.int64 and ints.shape == (1001,) and 0 <= int(ints.min()) and int(ints.max()) < 10
     assert len(set(ints.tolist())) == 10
-    key = mix64(7 * GOLDEN & MASK)
-    expected = [((mix64((i * GOLDEN + key) & MASK) >> 32) * 10) >> 32 for i in range(1000)]
-    assert ints.tolist() == expected
-    u = reference_uniform(7, 1, 2, 4)
-    z = rng.normal(1, 4)
-    expected_z = torch.sqrt(-2 * torch.log1p(-u[0])) * torch.cos(2 * math.pi * u[1])
-    torch.testing.assert_close(z[0].double(), expected_z, rtol=1e-5, atol=1e-6)
+    assert ints.tolist() == [(h * 10) >> 32 for h in reference_halves(7, 0, 1001)]
+    top = rng.integers(2**31, 6)  # the largest high: products stay below 2**63
+    assert top.tolist() == [(h * 2**31) >> 32 for h in reference_halves(7, 1, 6)]
+    for counter, (rows, n) in enumerate([(1, 4), (3, 5)], start=2):
+        z = rng.normal(rows, n)
+        assert z.dtype == torch.float32 and z.shape == (rows, n)
+        torch.testing.assert_close(z.double(), reference_normal(7, counter, rows, n), rtol=1e-5, atol=1e-5)
+    assert rng.state.tolist() == [7, 4]
 
 
 def test_the_stream_is_uniform_and_its_state_restores_it():
@@ -55,6 +75,8 @@ def test_the_stream_is_uniform_and_its_state_restores_it():
     assert 0.0 <= float(u.min()) and float(u.max()) < 1.0
     # Rows of one draw and successive draws are not copies of each other.
     assert float(torch.corrcoef(u[:2])[0, 1]) == pytest.approx(0.0, abs=0.02)
+    # Nor are the two halves of one word (even and odd elements).
+    assert float(torch.corrcoef(u.view(-1, 2).T)[0, 1]) == pytest.approx(0.0, abs=0.01)
     saved = rng.state_dict()
     first = rng.uniform(2, 8)
     rng.uniform(5, 5)
@@ -62,17 +84,24 @@ def test_the_stream_is_uniform_and_its_state_restores_it():
     assert torch.equal(rng.uniform(2, 8), first)
     rng.seed(0)
     assert torch.equal(rng.uniform(4, 50_000), u)
+    z = rng.normal(2, 50_000)  # a Box-Muller pair per word: its cos and sin are uncorrelated
+    assert abs(float(z.mean())) < 0.01 and abs(float(z.var()) - 1) < 0.02
+    assert float(torch.corrcoef(z.view(-1, 2).T)[0, 1]) == pytest.approx(0.0, abs=0.01)
     with pytest.raises(ValueError, match=r"^env state rng is \(3,\): expected an int64 tensor \[2\]"):
         rng.load_state_dict(torch.zeros(3, dtype=torch.int64))
 
 
 def test_a_compiled_draw_is_the_eager_draw():
     eager, compiled = CounterRng(3, torch.device("cpu")), CounterRng(3, torch.device("cpu"))
-    draw = torch.compile(lambda: (compiled.uniform(27, 64), compiled.normal(2, 15)), fullgraph=True)
+    draw = torch.compile(
+        lambda: (compiled.uniform(27, 64), compiled.uniform(3, 5), compiled.normal(3, 15), compiled.integers(9, 15)),
+        fullgraph=True,
+    )
     for _ in range(3):
-        u, z = draw()
-        assert torch.equal(u, eager.uniform(27, 64))
-        torch.testing.assert_close(z, eager.normal(2, 15), rtol=1e-6, atol=1e-6)
+        u, odd, z, ints = draw()
+        assert torch.equal(u, eager.uniform(27, 64)) and torch.equal(odd, eager.uniform(3, 5))
+        torch.testing.assert_close(z, eager.normal(3, 15), rtol=1e-6, atol=1e-6)
+        assert torch.equal(ints, eager.integers(9, 15))
     assert torch.equal(compiled.state, eager.state)
 
 
@@ -82,3 +111,6 @@ def test_the_stream_is_the_same_on_cuda():
     cpu, cuda = CounterRng(11, torch.device("cpu")), CounterRng(11, torch.device("cuda"))
     for _ in range(3):
         assert torch.equal(cpu.uniform(27, 4096), cuda.uniform(27, 4096).cpu())
+        assert torch.equal(cpu.uniform(3, 5), cuda.uniform(3, 5).cpu())
+        assert torch.equal(cpu.integers(1000, 77), cuda.integers(1000, 77).cpu())
+        torch.testing.assert_close(cpu.normal(3, 5), cuda.normal(3, 5).cpu(), rtol=1e-5, atol=1e-5)

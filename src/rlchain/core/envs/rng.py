@@ -3,16 +3,17 @@
 A torch-native task draws its initial states and observation noise inside ``step`` (same-step auto-reset). A
 ``torch.Generator`` there cannot be traced by ``torch.compile``, and its state lives on the host. Here every draw
 is a pure function of ``(seed, draw counter, element index)`` (a counter-based generator: Salmon et al. 2011,
-"Parallel random numbers: as easy as 1, 2, 3"), computed with int64 tensor ops on the task's device: SplitMix64's
-finaliser (Steele, Lea & Flood 2014, "Fast splittable pseudorandom number generators") mixes the key, and each
-draw advances the counter, a device tensor, in place. So a draw needs no host read, ``torch.compile(step,
-fullgraph=True)`` traces it, a CUDA graph replays it (the counter's address is fixed), the same seed gives the
-same stream on the CPU and on CUDA, eager and compiled alike, and a checkpoint saves the whole stream in two
-integers.
+"Parallel random numbers: as easy as 1, 2, 3"), computed with integer tensor ops on the task's device: SplitMix64's
+finaliser (Steele, Lea & Flood 2014, "Fast splittable pseudorandom number generators") mixes the key and the word
+index, each 64-bit word gives two elements (one per 32-bit half), and each draw advances the counter, a device
+tensor, in place. So a draw needs no host read, ``torch.compile(step, fullgraph=True)`` traces it, a CUDA graph
+replays it (the counter's address is fixed), the same seed gives the same stream on the CPU and on CUDA, eager and
+compiled alike, and a checkpoint saves the whole stream in two integers. :class:`CounterRng` states the mapping.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -26,27 +27,40 @@ _MIX1 = 0xBF58476D1CE4E5B9 - 2**64
 _MIX2 = 0x94D049BB133111EB - 2**64
 #: Bits of a float32 uniform (its mantissa and the implicit one): values k / 2**24, k in [0, 2**24).
 _UNIFORM_BITS = 24
+# Eager, a word's two 32-bit halves are read by viewing the words as int32 (no copy): low half first in memory.
+_LOW_HALF_FIRST = sys.byteorder == "little"
 
 
 def _shift_right(z: torch.Tensor, k: int) -> torch.Tensor:
     """Logical right shift of int64 ``z`` by ``k`` bits (torch's ``>>`` is arithmetic: it copies the sign bit)."""
-    return (z >> k) & ((1 << (64 - k)) - 1)
+    return (z >> k).bitwise_and_((1 << (64 - k)) - 1)
 
 
-def mix64(z: torch.Tensor) -> torch.Tensor:
-    """SplitMix64's finaliser of int64 ``z`` (elementwise, any shape): a bijection of the 64 bits whose every
-    output bit depends on every input bit."""
-    z = (z ^ _shift_right(z, 30)) * _MIX1
-    z = (z ^ _shift_right(z, 27)) * _MIX2
-    return z ^ _shift_right(z, 31)
+def _mix64_(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser of int64 ``z`` (elementwise, any shape), written into ``z`` (a fresh tensor: no
+    allocation per step of the mixing) and returned: a bijection of the 64 bits whose every output bit depends on
+    every input bit."""
+    z.bitwise_xor_(_shift_right(z, 30)).mul_(_MIX1)
+    z.bitwise_xor_(_shift_right(z, 27)).mul_(_MIX2)
+    return z.bitwise_xor_(_shift_right(z, 31))
 
 
 class CounterRng:
     """A task's own random stream: ``[rows, n]`` draws from ``(seed, counter)``, the counter advanced in place.
 
-    Draw ``c`` (the counter's value before it) gives element ``i`` (row-major) the bits
-    ``mix64(i * G + mix64(seed * G + c))`` (``G`` SplitMix64's golden-ratio increment); a uniform keeps the top 24
-    bits. The stream is the same on every device and under ``torch.compile``.
+    Draw ``c`` (the counter's value before it) hashes the 64-bit words ``w_j = mix64(j * G + mix64(seed * G +
+    c))``, ``j = 0, 1, ...`` (``G`` SplitMix64's golden-ratio increment, ``mix64`` its finaliser, arithmetic
+    modulo ``2**64``). Each word gives two elements: element ``e`` of the draw (row-major) takes the 32-bit half
+    ``h_e = (w_{e // 2} >> 32 * (e % 2)) mod 2**32`` (the low half for even ``e``), so ``rows * n`` elements hash
+    ``ceil(rows * n / 2)`` words. From ``h_e``:
+
+    * :meth:`uniform`: ``(h_e mod 2**24) / 2**24``, its low 24 bits (a float32's precision);
+    * :meth:`integers`: ``(h_e * high) >> 32``, the 32 bits scaled (no modulo bias);
+    * :meth:`normal`: elements ``2k`` and ``2k + 1`` are the Box-Muller pair ``r cos(t)`` and ``r sin(t)`` of the
+      uniforms ``u_{2k}`` and ``u_{2k+1}``: ``r = sqrt(-2 ln(1 - u_{2k}))``, ``t = 2 pi u_{2k+1}`` (so at most
+      ``sqrt(48 ln 2)``, about 5.8, standard deviations from 0).
+
+    The stream is the same on every device and under ``torch.compile``.
 
     Args:
         seed: a non-negative int (the env's ``seed`` setting).
@@ -68,25 +82,40 @@ class CounterRng:
         """Restart the stream from ``seed`` (in place)."""
         self.state.copy_(torch.tensor([int(seed), 0], dtype=torch.int64))
 
-    def _bits(self, rows: int, n: int) -> torch.Tensor:
-        """int64 ``[rows, n]`` of 64 random bits each; advances the counter by one."""
+    def _halves(self, count: int) -> torch.Tensor:
+        """The ``h_e`` of one draw of ``count`` elements, ``[count]``: int32 or int64 whose low 32 bits are
+        ``h_e``; advances the counter by one."""
         seed, counter = self.state.unbind()
-        key = mix64(seed * _GOLDEN + counter)
+        key = _mix64_(seed * _GOLDEN + counter)
         self.state[1:].add_(1)
-        index = torch.arange(rows * n, dtype=torch.int64, device=self.device).view(rows, n)
-        return mix64(index * self._golden + key)
+        if _LOW_HALF_FIRST and not torch.compiler.is_compiling():
+            # Eager: each word hashed once and its halves read in place, as int32.
+            index = torch.arange((count + 1) // 2, dtype=torch.int64, device=self.device)
+            return _mix64_(index.mul_(self._golden).add_(key)).view(torch.int32)[:count]
+        # Compiled: each element hashes its own word, so the draw is one fused kernel (inductor does not fuse a view
+        # to a dtype of another width, and a stack of the halves costs a kernel or a second hash on a GPU).
+        element = torch.arange(count, dtype=torch.int64, device=self.device)
+        words = _mix64_((element >> 1).mul_(self._golden).add_(key))
+        return words >> ((element & 1) * 32)
+
+    def _uniforms(self, count: int) -> torch.Tensor:
+        """float32 ``[count]``: the uniforms of one draw of ``count`` elements."""
+        low = self._halves(count).bitwise_and_((1 << _UNIFORM_BITS) - 1)
+        return low.to(torch.float32).mul_(2.0**-_UNIFORM_BITS)
 
     def uniform(self, rows: int, n: int) -> torch.Tensor:
         """float32 ``[rows, n]`` uniform on ``[0, 1)`` (multiples of ``2**-24``); one draw of the counter."""
-        bits = _shift_right(self._bits(rows, n), 64 - _UNIFORM_BITS)
-        return bits.to(torch.float32) * (2.0**-_UNIFORM_BITS)
+        return self._uniforms(rows * n).view(rows, n)
 
     def normal(self, rows: int, n: int) -> torch.Tensor:
-        """float32 ``[rows, n]`` standard normal (Box-Muller over two uniforms of one draw, so at most about 5.8
-        standard deviations from 0); one draw of the counter."""
-        u = self.uniform(2 * rows, n)
-        radius = torch.sqrt(-2.0 * torch.log1p(-u[:rows]))  # 1 - u in (0, 1]: a finite logarithm
-        return radius * torch.cos((2.0 * torch.pi) * u[rows:])
+        """float32 ``[rows, n]`` standard normal (Box-Muller: one 64-bit word per two elements); one draw of the
+        counter."""
+        pairs = (rows * n + 1) // 2
+        u = self._uniforms(2 * pairs).view(pairs, 2)
+        radius = torch.sqrt(-2.0 * torch.log1p(-u[:, 0]))  # 1 - u in (0, 1]: a finite logarithm
+        angle = (2.0 * torch.pi) * u[:, 1]
+        z = torch.stack((radius * torch.cos(angle), radius * torch.sin(angle)), dim=-1)
+        return z.view(-1)[: rows * n].view(rows, n)
 
     def integers(self, high: int, n: int) -> torch.Tensor:
         """int64 ``[n]`` uniform on ``[0, high)``; one draw of the counter.
@@ -96,7 +125,8 @@ class CounterRng:
         """
         if not 1 <= high <= 2**31:
             raise ValueError(f"high is {high}: expected an integer in [1, 2**31]")
-        return (_shift_right(self._bits(1, n)[0], 32) * high) >> 32  # the top 32 bits scaled: no modulo bias
+        halves = self._halves(n).to(torch.int64).bitwise_and_(2**32 - 1)
+        return (halves * high) >> 32
 
     def state_dict(self) -> torch.Tensor:
         """The stream's state (a copy): int64 ``[2]``, ``(seed, counter)``."""
