@@ -182,7 +182,10 @@ def test_the_collectors_state_holds_every_group_and_round_trips():
     assert set(state["obs"]) == {"actor", "critic"} and all(isinstance(v, torch.Tensor) for v in state["obs"].values())
     other = SyncCollector(env, _policy(env), rollout_steps=3)
     other.load_state_dict(state)
-    assert all(torch.equal(a, b) for a, b in zip(observations.leaves(other.stepper.obs), observations.leaves(collector.stepper.obs)))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(observations.leaves(other.stepper.obs), observations.leaves(collector.stepper.obs))
+    )
 
 
 def _value_fit(critic_obs: list[str]) -> tuple[float, float]:
