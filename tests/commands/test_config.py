@@ -294,7 +294,9 @@ def test_the_smoke_tested_presets_are_read_from_the_package_mujoco_and_push_cube
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_task_presets_train_with_a_tiny_budget(compose_cfg, preset):
-    # 8-step episodes: a GRPO rollout must hold a whole one
+    # 8-step episodes: a GRPO rollout must hold a whole one. The GPU presets' compiled and captured steps are for
+    # CUDA (cudagraphs is refused off it, and inductor takes minutes on a small CPU): eager here; the compiled
+    # steps are tested against eager in tests/core/test_captured_steps.py and tests/run/test_compile.py
     tiny = [
         "trainer.iterations=2",
         "trainer.rollout_steps=8",
@@ -302,10 +304,14 @@ def test_task_presets_train_with_a_tiny_budget(compose_cfg, preset):
         "trainer.num_eval_envs=2",
         "trainer.num_eval_episodes=2",
         "trainer.progress=false",
+        "trainer.compile=false",
+        "trainer.cudagraphs=false",
         "device=cpu",
     ]
     cfg = compose_cfg([f"experiment={preset}", *tiny])
     cfg.env["max_episode_steps"] = 8
+    if preset.endswith("_gpu"):  # push_cube's 4096 envs on a GPU: 64 here
+        cfg.env.num_envs, cfg.algorithm.batch_size = 64, 256
     if cfg.env._target_.endswith("MjlabEnv"):  # the robots' 4096 envs are for a GPU: 16 here
         cfg.env.num_envs, cfg.algorithm.batch_size = 16, 64
     if cfg.env._target_.endswith("ManiSkillEnv"):  # a process per env on the CPU: 2 here
@@ -314,6 +320,15 @@ def test_task_presets_train_with_a_tiny_budget(compose_cfg, preset):
     summary = build(cfg).train()
     assert summary.status == "completed" and summary.global_step == 2 * 8 * cfg.env.num_envs
     assert summary.objective == summary.final[summary.objective_name]
+
+
+@pytest.mark.parametrize("preset", ["push_cube_ppo_gpu", "push_cube_grpo_gpu"])
+def test_gpu_presets_compile_and_capture_on_cuda_in_whole_minibatches(compose_cfg, preset):
+    cfg = compose_cfg([f"experiment={preset}"])
+    assert (cfg.device, cfg.trainer.compile, cfg.trainer.cudagraphs, cfg.env.num_envs) == ("cuda", True, True, 4096)
+    # every minibatch has batch_size samples: a size that divides the rollout leaves none out
+    assert cfg.env.num_envs * cfg.trainer.rollout_steps % cfg.algorithm.batch_size == 0
+    assert cfg.trainer.eval_freq < cfg.trainer.iterations
 
 
 @pytest.mark.parametrize(
