@@ -45,6 +45,24 @@ def _mix64_(z: torch.Tensor) -> torch.Tensor:
     return z.bitwise_xor_(_shift_right(z, 31))
 
 
+def _halves_by_word(key: torch.Tensor, golden: torch.Tensor, count: int) -> torch.Tensor:
+    """The ``h_e`` of :class:`CounterRng`, ``e < count``, as int32 ``[count]`` (their bits): each word hashed once
+    and read in place as two int32, low half first (so only where memory is little-endian). The eager way: half
+    the hashing of :func:`_halves_by_element`; compiled, inductor does not fuse a view to a dtype of another width
+    into the draw's kernel. ``key`` is the draw's ``mix64(seed * G + c)``, ``golden`` ``G`` as a tensor."""
+    index = torch.arange((count + 1) // 2, dtype=torch.int64, device=key.device)
+    return _mix64_(index.mul_(golden).add_(key)).view(torch.int32)[:count]
+
+
+def _halves_by_element(key: torch.Tensor, golden: torch.Tensor, count: int) -> torch.Tensor:
+    """The ``h_e`` of :class:`CounterRng`, ``e < count``, as the low 32 bits of int64 ``[count]``: each element
+    hashes its own word, so that a compiled draw is one fused kernel (twice the hashing of :func:`_halves_by_word`,
+    as much as one hash per element; the compiled way). Arguments as :func:`_halves_by_word`'s."""
+    element = torch.arange(count, dtype=torch.int64, device=key.device)
+    words = _mix64_((element >> 1).mul_(golden).add_(key))
+    return words >> ((element & 1) * 32)
+
+
 class CounterRng:
     """A task's own random stream: ``[rows, n]`` draws from ``(seed, counter)``, the counter advanced in place.
 
@@ -89,14 +107,8 @@ class CounterRng:
         key = _mix64_(seed * _GOLDEN + counter)
         self.state[1:].add_(1)
         if _LOW_HALF_FIRST and not torch.compiler.is_compiling():
-            # Eager: each word hashed once and its halves read in place, as int32.
-            index = torch.arange((count + 1) // 2, dtype=torch.int64, device=self.device)
-            return _mix64_(index.mul_(self._golden).add_(key)).view(torch.int32)[:count]
-        # Compiled: each element hashes its own word, so the draw is one fused kernel (inductor does not fuse a view
-        # to a dtype of another width, and a stack of the halves costs a kernel or a second hash on a GPU).
-        element = torch.arange(count, dtype=torch.int64, device=self.device)
-        words = _mix64_((element >> 1).mul_(self._golden).add_(key))
-        return words >> ((element & 1) * 32)
+            return _halves_by_word(key, self._golden, count)
+        return _halves_by_element(key, self._golden, count)
 
     def _uniforms(self, count: int) -> torch.Tensor:
         """float32 ``[count]``: the uniforms of one draw of ``count`` elements."""
