@@ -96,8 +96,8 @@ def test_help_and_cfg_job(tmp_path):
         "env: cart_pole, gym, maniskill, mjlab, push_cube\n",
         "experiment: cart_pole_grpo, cart_pole_no_vel_ppo, cart_pole_ppo, gym_cart_pole_ppo, gym_half_cheetah_ppo, gym_hopper_ppo, "
         "gym_pendulum_ppo, gym_walker2d_ppo, maniskill_push_cube_ppo, mjlab_cartpole_balance_ppo, "
-        "mjlab_cartpole_swingup_ppo, mjlab_go1_flat_ppo, mjlab_lift_cube_ppo, push_cube_grpo, push_cube_pixels_ppo, "
-        "push_cube_ppo",
+        "mjlab_cartpole_swingup_ppo, mjlab_go1_flat_ppo, mjlab_lift_cube_ppo, push_cube_grpo, push_cube_grpo_gpu, "
+        "push_cube_pixels_ppo, push_cube_ppo, push_cube_ppo_gpu\n",
         "sweep: grpo_push_cube, ppo_push_cube",
         "policy: actor_critic, actor_only\n",
         "hydra/launcher: basic, devices, slurm, slurm_local",
