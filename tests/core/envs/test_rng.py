@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from rlchain.core.envs.rng import _GOLDEN, CounterRng, _halves_by_element, _halves_by_word
+from rlchain.core.envs.rng import _GOLDEN, CounterRng, _halves_by_stack, _halves_by_word
 
 MASK = 2**64 - 1
 GOLDEN = 0x9E3779B97F4A7C15
@@ -105,9 +105,9 @@ def test_a_compiled_draw_is_the_eager_draw():
     assert torch.equal(compiled.state, eager.state)
 
 
-@pytest.mark.parametrize("halves", [_halves_by_word, _halves_by_element])
+@pytest.mark.parametrize("halves", [_halves_by_word, _halves_by_stack])
 def test_both_ways_to_the_halves_give_the_mapping_eager_and_compiled(halves):
-    # By word: what an eager draw uses; by element: what a compiled one uses. Both, either way, give the mapping.
+    # By word: what an eager draw uses; by stack: what a compiled one uses. Both, either way, give the mapping.
     key = mix64((5 * GOLDEN + 2) & MASK)  # draw 2 of seed 5
     key = torch.tensor(key - 2**64 if key >= 2**63 else key, dtype=torch.int64)  # its 64 bits as an int64
     golden = torch.tensor(_GOLDEN)

@@ -47,20 +47,21 @@ def _mix64_(z: torch.Tensor) -> torch.Tensor:
 
 def _halves_by_word(key: torch.Tensor, golden: torch.Tensor, count: int) -> torch.Tensor:
     """The ``h_e`` of :class:`CounterRng`, ``e < count``, as int32 ``[count]`` (their bits): each word hashed once
-    and read in place as two int32, low half first (so only where memory is little-endian). The eager way: half
-    the hashing of :func:`_halves_by_element`; compiled, inductor does not fuse a view to a dtype of another width
-    into the draw's kernel. ``key`` is the draw's ``mix64(seed * G + c)``, ``golden`` ``G`` as a tensor."""
+    and read in place as two int32, low half first (so only where memory is little-endian). The eager way (compiled,
+    inductor does not fuse a view to a dtype of another width into the draw's kernel). ``key`` is the draw's
+    ``mix64(seed * G + c)``, ``golden`` ``G`` as a tensor."""
     index = torch.arange((count + 1) // 2, dtype=torch.int64, device=key.device)
     return _mix64_(index.mul_(golden).add_(key)).view(torch.int32)[:count]
 
 
-def _halves_by_element(key: torch.Tensor, golden: torch.Tensor, count: int) -> torch.Tensor:
-    """The ``h_e`` of :class:`CounterRng`, ``e < count``, as the low 32 bits of int64 ``[count]``: each element
-    hashes its own word, so that a compiled draw is one fused kernel (twice the hashing of :func:`_halves_by_word`,
-    as much as one hash per element; the compiled way). Arguments as :func:`_halves_by_word`'s."""
-    element = torch.arange(count, dtype=torch.int64, device=key.device)
-    words = _mix64_((element >> 1).mul_(golden).add_(key))
-    return words >> ((element & 1) * 32)
+def _halves_by_stack(key: torch.Tensor, golden: torch.Tensor, count: int) -> torch.Tensor:
+    """The ``h_e`` of :class:`CounterRng`, ``e < count``, as the low 32 bits of int64 ``[count]``: each word hashed
+    once, its low and high halves stacked as elements ``2j`` and ``2j + 1``. The compiled way: inductor fuses the
+    hashing and the stack into one kernel (eager, the stack's copies cost more than the int32 view of
+    :func:`_halves_by_word`). Arguments as :func:`_halves_by_word`'s."""
+    index = torch.arange((count + 1) // 2, dtype=torch.int64, device=key.device)
+    words = _mix64_(index.mul_(golden).add_(key))
+    return torch.stack((words.bitwise_and(2**32 - 1), _shift_right(words, 32)), -1).view(-1)[:count]
 
 
 class CounterRng:
@@ -108,7 +109,7 @@ class CounterRng:
         self.state[1:].add_(1)
         if _LOW_HALF_FIRST and not torch.compiler.is_compiling():
             return _halves_by_word(key, self._golden, count)
-        return _halves_by_element(key, self._golden, count)
+        return _halves_by_stack(key, self._golden, count)
 
     def _uniforms(self, count: int) -> torch.Tensor:
         """float32 ``[count]``: the uniforms of one draw of ``count`` elements."""
