@@ -312,7 +312,6 @@ def test_a_recurrent_policy_exported_with_its_state_steps_through_two_episodes_a
     from tensordict import TensorDict
 
     from rlchain.commands.export import export_policy, input_spaces, metadata_of, state_spaces
-    from rlchain.core.collector import kept_state
 
     env, policy = _recurrent_cart_pole(rnn_type)
     inputs, state = input_spaces(policy, env.single_observation_space), state_spaces(policy)
@@ -348,8 +347,9 @@ def test_a_recurrent_policy_exported_with_its_state_steps_through_two_episodes_a
                 torch.testing.assert_close(value, step["next_hidden"]["actor_" + name[0]], atol=1e-5, rtol=1e-5)
             obs, _, terminated, truncated, _ = env.step(step["action"])
             done = terminated | truncated
-            live = kept_state(step["next_hidden"], ~done)
-            exported = [torch.where(done.view(-1, 1, 1), torch.zeros_like(h), h) for h in exported]
+            ended = done.view(-1, 1, 1)  # a fresh state where an episode ended
+            live = step["next_hidden"].apply(lambda h, ended=ended: torch.where(ended, torch.zeros_like(h), h))
+            exported = [torch.where(ended, torch.zeros_like(h), h) for h in exported]
             episodes += done.long()
             steps += 1
     assert steps > 20  # two whole episodes of each env, resets included

@@ -11,7 +11,7 @@ from rlchain.core import observations
 from rlchain.core.buffer import RolloutBuffer
 from rlchain.core.envs.base import VecEnv
 from rlchain.core.policies import Policy
-from rlchain.core.stepping import EnvStepper, check_actions, kept_state, policy_input, step_env
+from rlchain.core.stepping import EnvStepper, check_actions, policy_input, step_env
 from rlchain.settings import SettingError
 
 if TYPE_CHECKING:
@@ -23,7 +23,6 @@ __all__ = [
     "Rollout",
     "SyncCollector",
     "check_actions",
-    "kept_state",
     "policy_input",
     "step_env",
 ]
@@ -357,12 +356,9 @@ class SyncCollector:
         if not self.policy.has_critic:
             next_value.zero_()
             return
-        value = lambda x, h: self.policy.get_value(policy_input(x, h))["value"]  # noqa: E731
-        steps, n = data.batch_size
-        hidden = self.stepper.hidden
+        value, (steps, n) = self.stepper.value, data.batch_size
         next_value[:-1].copy_(data["value"][1:])
-        last_hidden = None if hidden is None else _hidden_td(hidden, n)
-        next_value[-1].copy_(value(self.stepper.obs, last_hidden))
+        next_value[-1].copy_(value(self.stepper.obs, self.stepper.hidden))
         chunk = max(1, 65_536 // n)
         for start in range(0, steps, chunk):
             rows = data[start : start + chunk].reshape(-1)
@@ -413,13 +409,6 @@ class SyncCollector:
             hidden = observations.from_state(saved, self.env.num_envs, self.env.device)
             for key in self._hidden_keys:
                 stepper.hidden[key].copy_(hidden[key])
-
-
-def _hidden_td(hidden: dict[str, torch.Tensor], n: int) -> TensorDict:
-    """A recurrent state's dict of ``[n, ...]`` tensors as a TensorDict of batch size ``[n]``."""
-    from tensordict import TensorDict  # imported where used: see rlchain.commands.config
-
-    return TensorDict(dict(hidden), batch_size=[n])
 
 
 class EpisodeWindow:

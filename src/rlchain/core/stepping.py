@@ -20,7 +20,7 @@ from rlchain.core.policies import Policy
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["EnvStepper", "Transition", "check_actions", "kept_state", "policy_input", "step_env"]
+__all__ = ["EnvStepper", "Transition", "check_actions", "policy_input", "step_env"]
 
 
 def step_env(env: VecEnv, obs: Obs, action: torch.Tensor) -> tuple:
@@ -71,16 +71,6 @@ def policy_input(obs: Obs, hidden: TensorDict | None) -> TensorDict:
 
     batch = [observations.leaves(obs)[0].shape[0]]
     return TensorDict({"obs": obs} if hidden is None else {"obs": obs, "hidden": hidden}, batch_size=batch)
-
-
-def kept_state(hidden: TensorDict, keep: torch.Tensor) -> TensorDict:
-    """A recurrent policy's state ``hidden`` (batch size ``[N]``) zeroed in the envs where ``keep`` (bool or 0/1
-    ``[N]``) is false, those whose episode ended (their next observation is a new episode's first): new tensors, no
-    host sync."""
-    from tensordict import TensorDict  # imported where used: see rlchain.commands.config
-
-    kept = {k: v * keep.view(-1, *(1,) * (v.dim() - 1)) for k, v in hidden.items()}
-    return TensorDict(kept, batch_size=hidden.batch_size)
 
 
 class Transition(NamedTuple):
@@ -190,6 +180,15 @@ class EnvStepper:
         td = self.policy.get_action(policy_input(obs, hidden), deterministic=self.deterministic)
         nxt = dict(td["next_hidden"].items()) if hidden is not None else None
         return td["action"], td["sample_log_prob"], td["value"], nxt
+
+    def value(self, obs: Obs, hidden: TensorDict | dict[str, torch.Tensor] | None) -> torch.Tensor:
+        """The critic's value of ``obs`` ``[B, ...]`` (from a recurrent critic's state ``hidden``), float32 ``[B]``:
+        the policy's tensor core ``value`` where it has one, else
+        :meth:`~rlchain.core.policies.Policy.get_value` on a TensorDict."""
+        core = getattr(self.policy, "value", None)
+        if core is not None:
+            return core(obs, hidden)
+        return self.policy.get_value(policy_input(obs, hidden))["value"]
 
     def step(self) -> Transition:
         """Act on :attr:`obs`, step the env, add the step to each env's episode; see :class:`Transition`.
