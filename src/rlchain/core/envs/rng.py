@@ -45,22 +45,28 @@ def _mix64_(z: torch.Tensor) -> torch.Tensor:
     return z.bitwise_xor_(_shift_right(z, 31))
 
 
+def _words(key: torch.Tensor, golden: torch.Tensor, count: int) -> torch.Tensor:
+    """The words ``w_j = mix64(j * G + key)`` of :class:`CounterRng`, ``j < ceil(count / 2)``, int64: the two
+    halves of each give two of a draw's ``count`` elements. ``key`` is the draw's ``mix64(seed * G + c)``,
+    ``golden`` ``G`` as a tensor."""
+    index = torch.arange((count + 1) // 2, dtype=torch.int64, device=key.device)
+    return _mix64_(index.mul_(golden).add_(key))
+
+
 def _halves_by_word(key: torch.Tensor, golden: torch.Tensor, count: int) -> torch.Tensor:
     """The ``h_e`` of :class:`CounterRng`, ``e < count``, as int32 ``[count]`` (their bits): each word hashed once
     and read in place as two int32, low half first (so only where memory is little-endian). The eager way (compiled,
-    inductor does not fuse a view to a dtype of another width into the draw's kernel). ``key`` is the draw's
-    ``mix64(seed * G + c)``, ``golden`` ``G`` as a tensor."""
-    index = torch.arange((count + 1) // 2, dtype=torch.int64, device=key.device)
-    return _mix64_(index.mul_(golden).add_(key)).view(torch.int32)[:count]
+    inductor does not fuse a view to a dtype of another width into the draw's kernel). Arguments as
+    :func:`_words`'s."""
+    return _words(key, golden, count).view(torch.int32)[:count]
 
 
 def _halves_by_stack(key: torch.Tensor, golden: torch.Tensor, count: int) -> torch.Tensor:
     """The ``h_e`` of :class:`CounterRng`, ``e < count``, as the low 32 bits of int64 ``[count]``: each word hashed
     once, its low and high halves stacked as elements ``2j`` and ``2j + 1``. The compiled way: inductor fuses the
     hashing and the stack into one kernel (eager, the stack's copies cost more than the int32 view of
-    :func:`_halves_by_word`). Arguments as :func:`_halves_by_word`'s."""
-    index = torch.arange((count + 1) // 2, dtype=torch.int64, device=key.device)
-    words = _mix64_(index.mul_(golden).add_(key))
+    :func:`_halves_by_word`). Arguments as :func:`_words`'s."""
+    words = _words(key, golden, count)
     return torch.stack((words.bitwise_and(2**32 - 1), _shift_right(words, 32)), -1).view(-1)[:count]
 
 
