@@ -7,7 +7,8 @@ Prints one row per (device, mode, num_envs). Each row is the best of ``--repeats
 steps after a warm-up; actions are drawn beforehand on the env's device so only the step is timed. Modes:
 
 * ``eager``: ``env.step``;
-* ``compiled``: ``torch.compile(env.step, fullgraph=True)`` (the compile time is printed apart);
+* ``compiled``: ``env.step`` compiled whole as ``trainer.compile`` compiles a step
+  (:func:`rlchain.core.stepping.compile_step`; the compile time is printed apart);
 * ``graphed`` (CUDA): the eager step captured once as a CUDA graph (``torch.cuda.graph``) and replayed, the
   action copied into the graph's input first;
 * ``compiled+graphed`` (CUDA): the compiled step captured and replayed the same way.
@@ -23,13 +24,14 @@ import time
 import torch
 
 from rlchain.core.envs import PushCubeEnv
+from rlchain.core.stepping import compile_step
 
 MODES = ("eager", "compiled", "graphed", "compiled+graphed")
 
 
 def stepper(env: PushCubeEnv, mode: str, action: torch.Tensor):
     """A function of the action that steps ``env`` in ``mode`` (compiled and warmed up, or captured)."""
-    step = torch.compile(env.step, fullgraph=True) if mode.startswith("compiled") else env.step
+    step = compile_step(env.step) if mode.startswith("compiled") else env.step
     if "graphed" not in mode:
         return step
     static = action.clone()

@@ -16,8 +16,9 @@ The env steps are push_cube's (state observations) and cart_pole's at ``--num-en
 (``Algorithm._indexed_step``: loss, backward, clip, Adam) come from the ``push_cube_ppo`` and ``push_cube_grpo``
 presets at ``--num-envs`` envs, each counted eager and compiled whole as ``trainer.compile=true`` compiles them.
 
-Last, the CPU env steps/s of the push_cube step eager and compiled at ``--num-envs`` envs, on one thread, in the
-same run. Prints a markdown table; ``--out`` writes the numbers as JSON.
+Last, the CPU env steps/s of the push_cube step at ``--num-envs`` envs, on one thread, in the same run: eager,
+compiled as ``trainer.compile`` compiles it (:func:`rlchain.core.stepping.compile_step`) and compiled with
+inductor's default options. Prints a markdown table; ``--out`` writes the numbers as JSON.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlchain.core.envs import CartPoleEnv, PushCubeEnv
+from rlchain.core.stepping import compile_step
 
 
 class AtenCalls(TorchDispatchMode):
@@ -172,17 +174,22 @@ def main() -> None:
         print(f"| {row['what']} | {row['eager']} | {compiled} | {row.get('breaks', '-')} |")
 
     action = torch.rand(args.num_envs, 2, generator=torch.Generator().manual_seed(1)) * 2 - 1
-    eager_env, compiled_env = PushCubeEnv(num_envs=args.num_envs), PushCubeEnv(num_envs=args.num_envs)
-    compiled_step = torch.compile(compiled_env.step, fullgraph=True)
-    compiled_step(action)
+    envs = [PushCubeEnv(num_envs=args.num_envs) for _ in range(3)]
+    steps = {
+        "eager": envs[0].step,
+        "compiled": compile_step(envs[1].step),  # as trainer.compile compiles it
+        "torch.compile": torch.compile(envs[2].step, fullgraph=True),  # inductor's default options
+    }
+    for name in ("compiled", "torch.compile"):
+        steps[name](action)
     sps = {}
-    for _ in range(2):  # alternated, best of two: the two share the machine's state
-        for name, step in (("eager", eager_env.step), ("compiled", compiled_step)):
+    for _ in range(4):  # alternated, best of four: they share the machine's state
+        for name, step in steps.items():
             sps[name] = max(sps.get(name, 0.0), steps_per_second(step, action, args.num_envs, args.steps))
-    ratio = sps["compiled"] / sps["eager"]
     print(
-        f"push_cube env steps/s on one thread at {args.num_envs} envs: eager {sps['eager']:,.0f}, "
-        f"compiled {sps['compiled']:,.0f} ({ratio:.2f}x)"
+        f"push_cube env steps/s on one thread at {args.num_envs} envs: eager {sps['eager']:,.0f}, compiled "
+        f"{sps['compiled']:,.0f} ({sps['compiled'] / sps['eager']:.2f}x; with inductor's default options "
+        f"{sps['torch.compile']:,.0f}, {sps['torch.compile'] / sps['eager']:.2f}x)"
     )
     if args.out is not None:
         args.out.write_text(json.dumps({"num_envs": args.num_envs, "rows": rows, "env_steps_per_s": sps}, indent=2))

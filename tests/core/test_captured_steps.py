@@ -15,6 +15,7 @@ from rlchain.core.algorithms import GRPO, PPO
 from rlchain.core.collector import SyncCollector
 from rlchain.core.envs import CartPoleEnv, PushCubeEnv
 from rlchain.core.policies import ActorCritic, ActorOnly
+from rlchain.core.stepping import compile_step
 from rlchain.run.trainer import Trainer
 from rlchain.settings import SettingError
 from tests.helpers.toy_env import LineEnv
@@ -172,3 +173,32 @@ def test_captured_steps_replay_the_compiled_ones_on_cuda(case):
         for key in ("obs", "action", "reward", "done", "episode_return"):
             torch.testing.assert_close(data_b[key], data_a[key], rtol=1e-4, atol=1e-5, msg=key)
         assert stats_b == pytest.approx(stats_a, rel=1e-3, abs=1e-6)
+
+
+def test_compile_step_traces_whole_and_vectorises_a_steps_strided_outputs_with_eagers_results():
+    # An env step's shape: per-env values computed elementwise and written into [N, K] outputs (stride K), the
+    # loop that inductor's tiling heuristics leave scalar and compile_step's options vectorise.
+    def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r = torch.hypot(x, y)
+        a = torch.atan2(y, x)
+        terms = (torch.tanh(r), torch.exp(-r), torch.cos(a), torch.sin(a), r * a, x - y)
+        return torch.stack(terms, dim=-1), torch.stack((r, a), dim=-1)
+
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+    from torch._inductor.utils import run_and_get_code
+
+    if not pick_vec_isa():
+        pytest.skip("this CPU has no vector instruction set that inductor generates code for")
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(1003, generator=gen), torch.randn(1003, generator=gen)  # a tail past the vector width
+    outputs, sources = run_and_get_code(compile_step(step), x, y)
+    for got, want in zip(outputs, step(x, y)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert "at::vec::Vectorized<float>" in "\n".join(sources)  # inductor's defaults leave this loop scalar
+
+    def breaks(x: torch.Tensor) -> torch.Tensor:
+        torch._dynamo.graph_break()
+        return x * 2
+
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        compile_step(breaks)(x)

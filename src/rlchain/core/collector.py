@@ -11,7 +11,7 @@ from rlchain.core import observations
 from rlchain.core.buffer import RolloutBuffer
 from rlchain.core.envs.base import VecEnv
 from rlchain.core.policies import Policy
-from rlchain.core.stepping import EnvStepper, check_actions, policy_input, step_env
+from rlchain.core.stepping import EnvStepper, check_actions, compile_step, policy_input, step_env
 from rlchain.settings import SettingError
 
 if TYPE_CHECKING:
@@ -189,9 +189,9 @@ class SyncCollector:
 
     @torch.no_grad()
     def compile(self) -> None:
-        """Compile the collection step with ``torch.compile`` (``trainer.compile``): the whole of
-        :meth:`_collect_step` with ``fullgraph=True`` where :meth:`compiles_whole` allows, else the policy's
-        acting pass; then run it once, so that it is compiled before the first rollout.
+        """Compile the collection step (``trainer.compile``): the whole of :meth:`_collect_step` with
+        :func:`~rlchain.core.stepping.compile_step` where :meth:`compiles_whole` allows, else the policy's acting
+        pass with ``torch.compile``; then run it once, so that it is compiled before the first rollout.
 
         The warm-up leaves everything as it was: the env's and the collector's state are restored
         (:meth:`state_dict`), the run's random streams forked off.
@@ -207,7 +207,7 @@ class SyncCollector:
             with torch.random.fork_rng(devices=devices):
                 self.stepper.act(self.stepper.obs, self.stepper.hidden)
             return
-        self.step_fn = torch.compile(self._collect_step, fullgraph=True)
+        self.step_fn = compile_step(self._collect_step)
         self.compiled_whole = True
         env_state = copy.deepcopy(self.env.state_dict())
         saved = copy.deepcopy(self.state_dict())

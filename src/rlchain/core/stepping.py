@@ -20,7 +20,25 @@ from rlchain.core.policies import Policy
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["EnvStepper", "Transition", "check_actions", "policy_input", "step_env"]
+__all__ = ["EnvStepper", "Transition", "check_actions", "compile_step", "policy_input", "step_env"]
+
+#: Inductor's options for a compiled env or collection step: its C++ loops vectorised even where inductor's
+#: tiling heuristics would leave them scalar for their strided loads and stores (a step's ``[N, K]`` outputs are
+#: written with stride ``K``). CPU code only; benchmarks/README.md has what it buys.
+STEP_COMPILE_OPTIONS = {"cpp.enable_tiling_heuristics": False}
+
+
+def compile_step(fn: Any) -> Any:
+    """``fn`` compiled whole, as ``trainer.compile`` compiles the collection step: ``torch.compile(fn,
+    fullgraph=True)`` with inductor and :data:`STEP_COMPILE_OPTIONS`. The compiled function returns what ``fn``
+    returns, within float rounding.
+
+    Raises:
+        torch._dynamo.exc.Unsupported: at the first call, where ``fn`` does not trace whole (a graph break; a
+            host read raises dynamo's ``UserError``).
+        Exception: what inductor raises at the first call (e.g. ``InductorError`` without a C++ compiler).
+    """
+    return torch.compile(fn, fullgraph=True, options=STEP_COMPILE_OPTIONS)
 
 
 def step_env(env: VecEnv, obs: Obs, action: torch.Tensor) -> tuple:
