@@ -3,7 +3,8 @@ the same rollout and the same first update as eager, fixed addresses, and the re
 
 The CPU tests compile with ``backend="aot_eager"`` (dynamo's whole graph, functionalisation and autograd, with
 eager kernels, so the random draws are eager's too): inductor's code generation of push_cube's step takes minutes
-on a 2-core machine; ``tests/run/test_compile.py`` runs inductor on the update.
+on a 2-core machine; ``tests/run/test_compile.py`` runs inductor on the update, and the last test here on a small
+function compiled as the collection step is (``compile_step``).
 """
 
 from __future__ import annotations
