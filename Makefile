@@ -22,8 +22,9 @@ install:
 		&& $(PIP) install --quiet --disable-pip-version-check -e ".[dev]" -c "$$pinned"; \
 		status=$$?; rm -f "$$pinned"; exit $$status
 
+# `python -m rlchain` is rlchain-train, run by the Python that `install` installed into (activated or not).
 train: install
-	rlchain-train algorithm=grpo env=push_cube
+	$(PYTHON) -m rlchain algorithm=grpo env=push_cube
 
 # .ci/vulkan gives ManiSkill's simulator a Vulkan device (Mesa's CPU driver on a Debian 12 machine run as root
 # that has none; elsewhere one line saying what is missing, and the ManiSkill tests skip). Then ruff and the docs

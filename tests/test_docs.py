@@ -77,3 +77,24 @@ def test_the_readme_presets_name_every_preset(group):
     (item,) = [item for item in _items(_section("Presets")) if item.startswith(f"`conf/{group}/`")]
     missing = [p.stem for p in (REPO / "conf" / group).glob("*.yaml") if f"`{p.stem}`" not in item]
     assert not missing, f"the README's presets miss {group}={missing}"
+
+
+@pytest.mark.parametrize("target", ["train", "test", "bench"])
+def test_the_quick_starts_make_targets_run_the_python_they_are_given(target, tmp_path):
+    # `make train PYTHON=<a virtualenv's python>` without the virtualenv activated installs into that Python; the
+    # command it then runs must be that Python's too, not whatever `rlchain-train` is first on PATH.
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("no make on this machine")
+    python = tmp_path / "venv" / "bin" / "python"
+    dry = subprocess.run(
+        ["make", "-n", "--no-print-directory", target, f"PYTHON={python}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    last = dry.strip().splitlines()[-1]  # the target's own command, after the install
+    assert last.startswith(f"{python} "), f"make {target} runs {last!r}, not with {python}"
