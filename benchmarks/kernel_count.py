@@ -90,7 +90,8 @@ def compiled_calls(fn, *args, autograd: bool = False) -> tuple[int, int, int]:
     with torch._dynamo.config.patch(trace_autograd_ops=autograd):
         breaks = torch._dynamo.explain(fn)(*args).graph_break_count
         torch._dynamo.reset()
-        compiled = torch.compile(fn, fullgraph=True)
+        # As trainer.compile compiles each: a step with compile_step, the update with inductor's defaults.
+        compiled = torch.compile(fn, fullgraph=True) if autograd else compile_step(fn)
         with GeneratedCode() as sources:
             compiled(*args)
         compiled(*args)
