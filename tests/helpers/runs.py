@@ -13,6 +13,8 @@ from pathlib import Path
 
 from rlchain.commands.report import JobResult, load_jobs
 from rlchain.run.summary import RunSummary
+from tests.helpers import forkserver
+from tests.helpers.forkserver import ForkServer
 
 #: The checkout's root (its ``tests`` package is importable from there) and this folder.
 REPO = Path(__file__).resolve().parents[2]
@@ -54,15 +56,36 @@ def sigint_as_in_a_terminal() -> None:
 def run_cli(
     args: list[str], cwd: Path, module: str = "rlchain", timeout: float = 300, **env_extra: str | None
 ) -> subprocess.CompletedProcess:
-    """Run ``python -m <module> *args`` in ``cwd`` the way a user's shell would (see :func:`subprocess_env`)."""
+    """Run ``python -m <module> *args`` in ``cwd`` the way a user's shell would (see :func:`subprocess_env`).
+
+    The process is forked from this worker's :class:`~tests.helpers.forkserver.ForkServer`, which has done the
+    imports already, unless ``env_extra`` changes what those imports would read; then it starts fresh.
+    """
+    env = subprocess_env(**env_extra)
+    server = fork_server()
+    if server is not None and server.serves(env):
+        return server.run(module, args, cwd, env, timeout)
     return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=cwd,
-        env=subprocess_env(**env_extra),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+        [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def fork_server() -> ForkServer | None:
+    """This process's fork server (None where the OS has no ``fork`` or ``pidfd_open``), started at its first
+    command with this process's environment, and again when that has changed since (an env built in a test's
+    own process sets ``MUJOCO_GL``): a command is forked only from a server of its own environment."""
+    global _server
+    if not forkserver.AVAILABLE:
+        return None
+    env = subprocess_env()
+    if _server is None or not _server.serves(env):
+        if _server is not None:
+            _server.close()
+        _server = ForkServer(env, REPO)
+    return _server
+
+
+_server: ForkServer | None = None
 
 
 def python_with_egl(code: str, timeout: float) -> subprocess.CompletedProcess:
