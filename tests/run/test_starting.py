@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 import torch
@@ -328,8 +329,10 @@ def test_a_run_resumed_into_its_directory_does_not_repeat_logged_rows(tmp_path):
     first.train()
     (tmp_path / "at_2.pt").write_bytes((tmp_path / "checkpoints" / "latest.pt").read_bytes())
     first.cfg.iterations = 4
+    _a_later_second()
     first.train()
     assert [r["global_step"] for r in rows(tmp_path)] == [32, 64, 96, 128]
+    _a_later_second()
     make(4, resume_from=str(tmp_path / "at_2.pt")).train()
     assert [r["global_step"] for r in rows(tmp_path)] == [32, 64, 96, 128]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -337,6 +340,19 @@ def test_a_run_resumed_into_its_directory_does_not_repeat_logged_rows(tmp_path):
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("charts/SPS")] == [32, 64, 96, 128]
+
+
+def _a_later_second() -> None:
+    """Wait for the clock's next second, as a resumed run, a process of its own, starts in a later second.
+
+    TensorBoard reads a directory's event files in the order of their names, and a writer names its file by
+    the second it opened it, then by a counter of the process written without padding: two writers of one
+    process opened in the same second sort as the strings of their counters ("10" before "9"), and the
+    purge of a resume's rows then runs in the wrong order.
+    """
+    start = int(time.time())
+    while int(time.time()) == start:
+        time.sleep(0.01)
 
 
 #: 8-step push_cube episodes, so that a GRPO rollout (TINY: 8 steps) holds a whole one.
