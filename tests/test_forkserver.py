@@ -65,6 +65,16 @@ def test_a_forked_command_past_its_timeout_is_killed(tmp_path):
 def test_a_command_that_sets_what_an_import_reads_starts_fresh(tmp_path):
     (tmp_path / "probe.py").write_text(PROBE)
     # torch's thread count comes from OMP_NUM_THREADS when torch starts: a forked child would keep the server's
-    threads = torch.get_num_threads() + 1
+    threads = 2 if torch.get_num_threads() == 1 else 1
     proc = run_cli(["0"], tmp_path, module="probe", OMP_NUM_THREADS=str(threads))
     assert proc.returncode == 0 and f"{tmp_path} ['0'] None {threads} __main__" in proc.stdout
+
+
+def test_a_server_that_died_is_started_again(tmp_path):
+    (tmp_path / "probe.py").write_text(PROBE)
+    dead = fork_server()
+    dead._proc.kill()
+    dead._proc.wait()
+    proc = run_cli(["0"], tmp_path, module="probe")
+    assert proc.returncode == 0, proc.stderr
+    assert fork_server() is not dead and fork_server().alive

@@ -126,9 +126,15 @@ class ForkServer:
         )
         assert json.loads(self._proc.stdout.readline()) == {"ready": True}, "the fork server did not start"
 
+    @property
+    def alive(self) -> bool:
+        """Whether the server is still running."""
+        return self._proc.poll() is None
+
     def close(self) -> None:
         """End the server (it exits at the end of its input)."""
-        self._proc.stdin.close()
+        if self.alive:
+            self._proc.stdin.close()
         self._proc.wait(timeout=60)
 
     def serves(self, env: dict[str, str]) -> bool:

@@ -73,12 +73,13 @@ def run_cli(
 def fork_server() -> ForkServer | None:
     """This process's fork server (None where the OS has no ``fork`` or ``pidfd_open``), started at its first
     command with this process's environment, and again when that has changed since (an env built in a test's
-    own process sets ``MUJOCO_GL``): a command is forked only from a server of its own environment."""
+    own process sets ``MUJOCO_GL``) or the server has died: a command is forked only from a live server of its
+    own environment."""
     global _server
     if not forkserver.AVAILABLE:
         return None
     env = subprocess_env()
-    if _server is None or not _server.serves(env):
+    if _server is None or not _server.alive or not _server.serves(env):
         if _server is not None:
             _server.close()
         _server = ForkServer(env, REPO)
