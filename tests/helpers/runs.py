@@ -13,8 +13,7 @@ from pathlib import Path
 
 from rlchain.commands.report import JobResult, load_jobs
 from rlchain.run.summary import RunSummary
-from tests.helpers import forkserver
-from tests.helpers.forkserver import ForkServer
+from tests.helpers.forkserver import AVAILABLE, ForkServer
 
 #: The checkout's root (its ``tests`` package is importable from there) and this folder.
 REPO = Path(__file__).resolve().parents[2]
@@ -76,7 +75,7 @@ def fork_server() -> ForkServer | None:
     own process sets ``MUJOCO_GL``) or the server has died: a command is forked only from a live server of its
     own environment."""
     global _server
-    if not forkserver.AVAILABLE:
+    if not AVAILABLE:
         return None
     env = subprocess_env()
     if _server is None or not _server.alive or not _server.serves(env):
