@@ -132,7 +132,8 @@ class Algorithm:
     * optional, with their defaults here: :meth:`_minibatch_loss` (raises
       ``NotImplementedError``; the loss of one minibatch, which
       :meth:`_optimise` runs over ``n_epochs`` of seeded minibatches and
-      :meth:`compile` compiles), :attr:`update_keys` (``()``),
+      :meth:`compile` compiles), :attr:`sample_keys` (``obs``, ``action``,
+      ``sample_log_prob``), :attr:`update_keys` (``()``),
       :attr:`reset_options` (None), :meth:`check_env` (accepts any env),
       :meth:`reset_reference` (nothing), :meth:`state_dict` /
       :meth:`load_state_dict` (optimiser, schedule, generator),
@@ -197,8 +198,12 @@ class Algorithm:
     #: which cuts sequences for such a policy); an algorithm that does not is refused one.
     trains_sequences: bool = False
 
-    #: Float ``[B]`` keys the update adds to the rollout's before its minibatches (PPO's ``advantages`` and
-    #: ``returns``); :meth:`compile`'s example minibatch has them as zeros.
+    #: The rollout keys the update's samples take from the rollout (:meth:`_samples`); :meth:`compile`'s example
+    #: has the same keys, so that the compiled step it traces is the one every update runs.
+    sample_keys: tuple[str, ...] = ("obs", "action", "sample_log_prob")
+
+    #: Float ``[B]`` keys the update adds to its samples, in the order it adds them (PPO's ``advantages`` and
+    #: ``returns``); :meth:`compile`'s example has them as zeros.
     update_keys: tuple[str, ...] = ()
 
     def __init__(self, policy: Policy, cfg: AlgorithmConfig) -> None:
@@ -324,6 +329,16 @@ class Algorithm:
         return (
             flat[start : start + self.cfg.batch_size] for start in range(0, flat.batch_size[0], self.cfg.batch_size)
         )
+
+    def _samples(self, rollout: TensorDict) -> TensorDict:
+        """The update's samples: the keys :attr:`sample_keys` (and a recurrent policy's ``hidden`` and ``done``) of
+        the ``[T, N]`` ``rollout``, in a TensorDict of their own (the tensors are shared, not copied), to which
+        :meth:`update` adds :attr:`update_keys`.
+
+        Raises:
+            KeyError: a key of :attr:`sample_keys` that the rollout lacks.
+        """
+        return rollout.select(*self.sample_keys, *self._rollout_keys()).clone(False)
 
     def _rollout_keys(self) -> tuple[str, ...]:
         """The rollout keys a recurrent policy's update replays its sequences with (``hidden``, ``done``); none
@@ -512,15 +527,16 @@ class Algorithm:
         loss, gradients, clip, Adam) with ``fullgraph=True``; a recurrent policy's loss alone (its sequence replay
         reads the host), and in a multi-process run the loss alone (the gradients' all-reduce runs eagerly).
 
-        The example it runs is cut from ``rollout`` (the collector's ``[T, N]`` storage; its zeros before the
-        first rollout do), with the keys :attr:`update_keys` added as zeros. The parameters, the optimiser's
+        The example it runs is :meth:`_samples` of ``rollout`` (the collector's ``[T, N]`` storage; its zeros
+        before the first rollout do) with the keys :attr:`update_keys` added as zeros: the keys of every update's
+        samples, so the first update runs the step compiled here. The parameters, the optimiser's
         state and the rate are restored afterwards: nothing changes.
 
         Raises:
             Exception: what compiling raises (e.g. torch's ``InductorError`` without a C++ compiler, or dynamo's
                 ``Unsupported`` for a loss that does not compile whole).
         """
-        example = rollout.clone()
+        example = self._samples(rollout)
         for key in self.update_keys:
             example.set(key, torch.zeros(example.batch_size, device=example.device))
         if self.recurrent or world().distributed:

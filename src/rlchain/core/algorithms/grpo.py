@@ -139,7 +139,7 @@ class GRPO(Algorithm):
     def update(self, rollout: TensorDict) -> dict[str, float]:
         """One GRPO update on a ``[T, N]`` rollout of an env that :meth:`check_env` accepted; see the class docstring."""
         advantages, mask = self.advantages(rollout)
-        data = rollout.select("obs", "action", "sample_log_prob", *self._rollout_keys()).clone(False)
+        data = self._samples(rollout)
         data.set("advantages", advantages)
         data.set("mask", mask.float())
         if self.ref_policy is not None:

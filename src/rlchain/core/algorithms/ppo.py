@@ -130,6 +130,7 @@ class PPO(Algorithm):
     """
 
     trains_sequences = True
+    sample_keys = ("obs", "action", "sample_log_prob", "value")
     update_keys = ("advantages", "returns")
     term_names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
 
@@ -168,7 +169,7 @@ class PPO(Algorithm):
         if cfg.norm_adv:  # over every rank's rollout
             mean, var, _ = moments(advantages.reshape(-1), "the all-reduce of the advantages' mean and std")
             advantages = (advantages - mean) / (var.sqrt() + 1e-8)
-        data = rollout.select("obs", "action", "sample_log_prob", "value", *self._rollout_keys()).clone(False)
+        data = self._samples(rollout)
         data.set("advantages", advantages)
         data.set("returns", returns)
 
