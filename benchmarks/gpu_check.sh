@@ -5,16 +5,16 @@
 # seconds to eval success 0.9, SPS, compile seconds), sweep.json, and summary.md (all of it as tables).
 #   bash benchmarks/gpu_check.sh
 # Steps, most telling first (cap in seconds):
-#   cuda           70  the cuda-marked tests (the captured steps against the compiled ones; the envs on CUDA)
+#   cuda           85  the cuda-marked tests (the captured steps against the compiled ones; the envs on CUDA)
 #   main           45  the main job on CUDA (rlchain-train algorithm=grpo env=push_cube device=cuda) until eval
 #                      success 0.9, eager (a training run stops there: SIGINT, it finishes its iteration and saves)
 #   main_compiled  65  the same with trainer.compile=true
 #   main_graphs    35  the same with trainer.compile=true trainer.cudagraphs=true
 #   ppo_gpu        55  experiment=push_cube_ppo_gpu (4,096 envs, compiled and captured) until eval success 0.9
 #   grpo_gpu       55  experiment=push_cube_grpo_gpu until eval success 0.9
-#   export         25  rlchain-eval and rlchain-export (onnx) of main_graphs' best.pt (else the first run above that
+#   export         20  rlchain-eval and rlchain-export (onnx) of main_graphs' best.pt (else the first run above that
 #                      wrote one); the file run on the CPU
-#   sweep          45  8 short jobs on the devices launcher with jobs_per_device 1, 4 and 8: wall seconds, each job's
+#   sweep          35  8 short jobs on the devices launcher with jobs_per_device 1, 4 and 8: wall seconds, each job's
 #                      device from launcher.jsonl (benchmarks/sweep_throughput.py)
 #   rsl_rl         25  benchmarks/vs_rsl_rl.py --device cuda at 4,096 envs, 3 iterations, one seed (SPS)
 #   env            30  push_cube env steps/s at 4,096 and 65,536 envs: eager, eager captured as one CUDA graph,
@@ -113,7 +113,7 @@ to_bar() {  # to_bar NAME SECONDS OVERRIDES...: rlchain-train with OVERRIDES unt
     rlchain-train "$@" trainer.fresh_eval=false trainer.progress=false "hydra.run.dir=$runs/$name"
 }
 
-step cuda 70 python3 -m pytest -q -m cuda -p no:cacheprovider tests
+step cuda 85 python3 -m pytest -q -m cuda -p no:cacheprovider tests
 # The main job reaches 0.9 by 1.54M env steps on the CPU (benchmarks/README.md): 40 iterations of 51,200 cover it.
 main=(algorithm=grpo env=push_cube device=cuda trainer.iterations=40 trainer.eval_freq=4)
 to_bar main 45 "${main[@]}"
@@ -137,9 +137,9 @@ trained=$runs/main_graphs
 for name in main_graphs main_compiled main grpo_gpu ppo_gpu; do
   if [ -f "$runs/$name/checkpoints/best.pt" ]; then trained=$runs/$name; break; fi
 done
-step export 25 bash -c "echo 'run: $trained' && rlchain-eval $trained num_episodes=256 && \
+step export 20 bash -c "echo 'run: $trained' && rlchain-eval $trained num_episodes=256 && \
 rlchain-export $trained format=onnx output=$runs/policy.onnx && python3 $runs/onnx_cpu.py $runs/policy.onnx"
-step sweep 45 python3 benchmarks/sweep_throughput.py --device cuda --jobs 8 --slots 1 4 8 --no-basic \
+step sweep 35 python3 benchmarks/sweep_throughput.py --device cuda --jobs 8 --slots 1 4 8 --no-basic \
   --num-envs 512 --rollout-steps 16 --iterations 1 --json "$OUT/sweep.json" trainer.fresh_eval=false
 step rsl_rl 25 python3 benchmarks/vs_rsl_rl.py --device cuda --num-envs 4096 --iterations 3 --seeds 0 --out "$runs/rsl"
 step env 30 python3 benchmarks/env_throughput.py --devices cuda --num-envs 4096 65536 \
