@@ -133,7 +133,7 @@ def training_rows(num_envs: int) -> list[dict]:
         collector._start_rollout()
         rows.append(_row(f"collection step (push_cube_{algo})", collector._collect_step))
         data = collector.collect().data
-        flat = data.reshape(-1).select("obs", "action", "sample_log_prob", *(["value"] if algo == "ppo" else []))
+        flat = algorithm._samples(data).reshape(-1)
         for key in algorithm.update_keys:
             flat.set(key, torch.zeros(flat.batch_size))
         algorithm._stage(flat.clone())
