@@ -123,7 +123,8 @@ def test_the_update_compiled_before_the_first_step_is_the_one_the_updates_run(mo
     from torch._dynamo.utils import counters
 
     # dynamo's whole graph with eager kernels: what is traced is the same as inductor's, in a fraction of the time
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: torch._dynamo.optimize("aot_eager", nopython=True)(fn))
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, fullgraph=True, backend="aot_eager"))
     torch._dynamo.reset()
     counters.clear()
     make_env, make_policy, make_algorithm, defaults = CASES[case]
