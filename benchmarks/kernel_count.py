@@ -133,10 +133,7 @@ def training_rows(num_envs: int) -> list[dict]:
         collector._start_rollout()
         rows.append(_row(f"collection step (push_cube_{algo})", collector._collect_step))
         data = collector.collect().data
-        flat = algorithm._samples(data).reshape(-1)
-        for key in algorithm.update_keys:
-            flat.set(key, torch.zeros(flat.batch_size))
-        algorithm._stage(flat.clone())
+        algorithm._stage(algorithm._example(data).reshape(-1).clone())
         samples = algorithm._staged.batch_size[0]
         order = minibatch_order(samples, algorithm.cfg.batch_size, torch.Generator(), out=algorithm._order_buffer)
         algorithm._order = order.repeat(64, 1)  # room for every call the counts make

@@ -340,6 +340,15 @@ class Algorithm:
         """
         return rollout.select(*self.sample_keys, *self._rollout_keys()).clone(False)
 
+    def _example(self, rollout: TensorDict) -> TensorDict:
+        """Samples with the keys of every update's (``[T, N]``): :meth:`_samples` of ``rollout`` with
+        :attr:`update_keys` added as float32 zeros, in the order the update adds them; what :meth:`compile` traces
+        the update's step on."""
+        example = self._samples(rollout)
+        for key in self.update_keys:
+            example.set(key, torch.zeros(example.batch_size, device=example.device))
+        return example
+
     def _rollout_keys(self) -> tuple[str, ...]:
         """The rollout keys a recurrent policy's update replays its sequences with (``hidden``, ``done``); none
         for a feed-forward policy."""
@@ -536,9 +545,7 @@ class Algorithm:
             Exception: what compiling raises (e.g. torch's ``InductorError`` without a C++ compiler, or dynamo's
                 ``Unsupported`` for a loss that does not compile whole).
         """
-        example = self._samples(rollout)
-        for key in self.update_keys:
-            example.set(key, torch.zeros(example.batch_size, device=example.device))
+        example = self._example(rollout)
         if self.recurrent or world().distributed:
             self.compiled_whole = False
             self.minibatch_loss = torch.compile(self._minibatch_loss)
