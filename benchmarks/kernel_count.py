@@ -133,7 +133,7 @@ def training_rows(num_envs: int) -> list[dict]:
         collector._start_rollout()
         rows.append(_row(f"collection step (push_cube_{algo})", collector._collect_step))
         data = collector.collect().data
-        algorithm._stage(algorithm._example(data).reshape(-1).clone())
+        algorithm._stage(algorithm._example(data).reshape(-1))
         samples = algorithm._staged.batch_size[0]
         order = minibatch_order(samples, algorithm.cfg.batch_size, torch.Generator(), out=algorithm._order_buffer)
         algorithm._order = order.repeat(64, 1)  # room for every call the counts make
