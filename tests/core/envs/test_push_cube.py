@@ -56,8 +56,13 @@ def random_contact_states(env: PushCubeEnv, gen: torch.Generator) -> None:
         )
     )
     # Start from a contact-free configuration, as the env itself guarantees.
-    env.pusher_x = torch.where(penetration(env) > 0, cube_x + 0.2 * torch.cos(ang), env.pusher_x)
-    env.pusher_y = torch.where(penetration(env) > 0, cube_y + 0.2 * torch.sin(ang), env.pusher_y)
+    inside = penetration(env) > 0
+    env.set_state(
+        dict(
+            pusher_x=torch.where(inside, cube_x + 0.2 * torch.cos(ang), env.pusher_x),
+            pusher_y=torch.where(inside, cube_y + 0.2 * torch.sin(ang), env.pusher_y),
+        )
+    )
 
 
 def test_no_interpenetration_deeper_than_2mm_under_random_pushing():

@@ -127,6 +127,9 @@ _COLOURS = (
 # Outline of the success region and radius of the goal dot, pixels; width of the cube's marked face, of cube_size.
 _RING_PX, _GOAL_PX, _FACE_FRACTION = 1.5, 2.5, 0.2
 
+#: The state the physics moves, the rows of one ``[8, N]`` block in this order (m, rad, m/s, rad/s).
+_PHYSICS_STATE = ("pusher_x", "pusher_y", "cube_x", "cube_y", "cube_yaw", "cube_vx", "cube_vy", "cube_omega")
+
 #: The spawn regions, each of which must lie inside the table.
 _SPAWN_REGIONS = ("cube_spawn_half_extent", "goal_spawn_half_extent", "pusher_spawn_half_extent")
 
@@ -294,22 +297,20 @@ class PushCubeEnv(TorchVecEnv):
         self._noise_group = 1  # the group size of the last reset, for the noise of its observation
         n, dev = self.num_envs, self.device
         self._rng = CounterRng(cfg.seed, dev)
-        # State, one contiguous float32 [N] tensor per coordinate (metres,
-        # radians, m/s, rad/s): elementwise ops on contiguous vectors are
-        # several times faster than on strided columns of an [N, k] tensor.
-        zeros = lambda: torch.zeros(n, device=dev, dtype=torch.float32)  # noqa: E731
-        self.pusher_x, self.pusher_y = zeros(), zeros()
-        self.cube_x, self.cube_y, self.cube_yaw = zeros(), zeros(), zeros()
-        self.cube_vx, self.cube_vy, self.cube_omega = zeros(), zeros(), zeros()
-        self.goal_x, self.goal_y = zeros(), zeros()
+        # State, one contiguous float32 [N] row per coordinate (metres, radians, m/s, rad/s): elementwise ops on
+        # contiguous vectors are several times faster than on strided columns of an [N, k] tensor. What the
+        # physics moves is one [8, N] block (its rows named below), written by one copy_ per step: a foreach copy
+        # of eight tensors there was a kernel that inductor's Triton backend could not generate (torch 2.11).
+        self._physics_state = torch.zeros(len(_PHYSICS_STATE), n, device=dev, dtype=torch.float32)
+        for name, row in zip(_PHYSICS_STATE, self._physics_state):
+            setattr(self, name, row)
+        self.goal_x = torch.zeros(n, device=dev, dtype=torch.float32)
+        self.goal_y = torch.zeros(n, device=dev, dtype=torch.float32)
         self.prev_action = torch.zeros(n, 2, device=dev, dtype=torch.float32)
         self.elapsed_steps = torch.zeros(n, device=dev, dtype=torch.int32)
-        # The shaping potentials of the current state (derived: recomputed after a restore).
-        self._reach_potential, self._place_potential = zeros(), zeros()
         if cfg.obs_mode != "state":
             self._render_canvas(cfg.image_size)  # built here, not inside a compiled step
         self._sample_and_set(torch.ones(n, dtype=torch.bool, device=dev), group_size=1)
-        self._after_set_state()
 
     @property
     def seed(self) -> int:
@@ -332,25 +333,7 @@ class PushCubeEnv(TorchVecEnv):
         """Goal position, float32 ``[N, 2]``, m (a copy)."""
         return torch.stack((self.goal_x, self.goal_y), dim=-1)
 
-    def _after_set_state(self) -> None:
-        reach, place, _ = self._potentials()
-        self._reach_potential.copy_(reach)
-        self._place_potential.copy_(place)
-
-    _STATE = (
-        "pusher_x",
-        "pusher_y",
-        "cube_x",
-        "cube_y",
-        "cube_yaw",
-        "cube_vx",
-        "cube_vy",
-        "cube_omega",
-        "goal_x",
-        "goal_y",
-        "prev_action",
-        "elapsed_steps",
-    )
+    _STATE = (*_PHYSICS_STATE, "goal_x", "goal_y", "prev_action", "elapsed_steps")
 
     # ------------------------------------------------------------------ reset
     def _sample_states(self, n: int) -> tuple[torch.Tensor, ...]:
@@ -538,14 +521,17 @@ class PushCubeEnv(TorchVecEnv):
         action = self._check_action(action)
         scale = cfg.action_scale / cfg.substeps
         dx, dy = action[:, 0] * scale, action[:, 1] * scale
+        # The potentials of the state the step starts from, computed here rather than kept from the last step: the
+        # same code computes them in every step, so a resumed run (compiled or eager) pays what the run it resumes
+        # would have paid, to the bit.
+        reach_before, place_before, _ = self._potentials()
         pose = (self.cube_x, self.cube_y, self.cube_yaw)
         twist = (self.cube_vx, self.cube_vy, self.cube_omega)
         pusher = (self.pusher_x, self.pusher_y)
-        state = [*pose, *twist, *pusher]
         for _ in range(cfg.substeps):
             pose, twist, pusher = self._substep(pose, twist, pusher, dx, dy)
-        # The state is written in place: its tensors keep their addresses (a captured CUDA graph reads them).
-        torch._foreach_copy_(state, [*pose, *twist, *pusher])
+        # Written in place, in the order of _PHYSICS_STATE: the block keeps its address (a CUDA graph reads it).
+        self._physics_state.copy_(torch.stack((*pusher, *pose, *twist)))
         self.elapsed_steps.add_(1)
 
         reach, place, distance = self._potentials()
@@ -553,8 +539,8 @@ class PushCubeEnv(TorchVecEnv):
         lim = cfg.table_half_extent
         off_table = (self.cube_x.abs() > lim) | (self.cube_y.abs() > lim)
         terms = (  # in the order of reward_terms
-            cfg.reach_weight * cfg.shaping_scale * (reach - self._reach_potential),
-            cfg.place_weight * cfg.shaping_scale * (place - self._place_potential),
+            cfg.reach_weight * cfg.shaping_scale * (reach - reach_before),
+            cfg.place_weight * cfg.shaping_scale * (place - place_before),
             -cfg.smoothness_weight * (action - self.prev_action).square().sum(dim=-1),
             cfg.success_weight * success.float(),
         )
@@ -566,7 +552,6 @@ class PushCubeEnv(TorchVecEnv):
         final_obs = self._observe()
         self.prev_action.copy_(action)
         self._sample_and_set(done, group_size=1)
-        self._after_set_state()
         info = {
             "final_obs": final_obs,
             "rewards": torch.stack(terms, dim=-1),
