@@ -1,14 +1,14 @@
 """PushCube env throughput: env steps per second with random actions, eager, compiled and captured.
 
 Usage: ``python benchmarks/env_throughput.py [--steps 200] [--repeats 3] [--num-envs 1 64 1024 8192]
-[--modes eager compiled] [--devices cpu cuda] [--threads 1]``
+[--modes eager compiled] [--devices cpu cuda] [--threads 1] [--json FILE]``
 
 Prints one row per (device, mode, num_envs). Each row is the best of ``--repeats`` timed blocks of ``--steps``
 steps after a warm-up; actions are drawn beforehand on the env's device so only the step is timed. Modes:
 
 * ``eager``: ``env.step``;
 * ``compiled``: ``env.step`` compiled whole as ``trainer.compile`` compiles a step
-  (:func:`rlchain.core.stepping.compile_step`; the compile time is printed apart);
+  (:func:`rlchain.core.compiling.compile_step`; the compile time is printed apart);
 * ``graphed`` (CUDA): the eager step captured once as a CUDA graph (``torch.cuda.graph``) and replayed, the
   action copied into the graph's input first;
 * ``compiled+graphed`` (CUDA): the compiled step captured and replayed the same way.
@@ -19,12 +19,14 @@ The step writes its state in place and reads nothing on the host, so a captured 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import torch
 
+from rlchain.core.compiling import compile_step
 from rlchain.core.envs import PushCubeEnv
-from rlchain.core.stepping import compile_step
 
 MODES = ("eager", "compiled", "graphed", "compiled+graphed")
 
@@ -87,6 +89,7 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=["eager"])
     parser.add_argument("--devices", nargs="+", default=None, help="default: cpu, and cuda where visible")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here, rewritten after each")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -95,6 +98,7 @@ def main() -> None:
     if torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()}")
     print(f"{'device':<8}{'mode':<18}{'num_envs':>10}{'env steps/s':>16}{'build s':>9}")
+    rows = []
     for device in devices:
         for mode in args.modes:
             if "graphed" in mode and not device.startswith("cuda"):
@@ -102,6 +106,9 @@ def main() -> None:
             for n in args.num_envs:
                 sps, build_s = measure(n, device, mode, args.steps, args.repeats)
                 print(f"{device:<8}{mode:<18}{n:>10}{sps:>16,.0f}{build_s:>9.1f}", flush=True)
+                rows.append({"device": device, "mode": mode, "num_envs": n, "sps": sps, "build_s": build_s})
+                if args.json is not None:
+                    args.json.write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,11 +13,11 @@ so a loop of small ops is launch-bound. Counted on the CPU, in one process:
 
 The env steps are push_cube's (state observations) and cart_pole's at ``--num-envs`` envs. The collection step
 (``SyncCollector._collect_step``: act, env step, the row written) and the minibatch update
-(``Algorithm._indexed_step``: loss, backward, clip, Adam) come from the ``push_cube_ppo`` and ``push_cube_grpo``
+(``MinibatchUpdate._indexed_step``: loss, backward, clip, Adam) come from the ``push_cube_ppo`` and ``push_cube_grpo``
 presets at ``--num-envs`` envs, each counted eager and compiled whole as ``trainer.compile=true`` compiles them.
 
 Last, the CPU env steps/s of the push_cube step at ``--num-envs`` envs, on one thread, in the same run: eager,
-compiled as ``trainer.compile`` compiles it (:func:`rlchain.core.stepping.compile_step`) and compiled with
+compiled as ``trainer.compile`` compiles it (:func:`rlchain.core.compiling.compile_step`) and compiled with
 inductor's default options. Prints a markdown table; ``--out`` writes the numbers as JSON.
 """
 
@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from rlchain.core.compiling import compile_step
 from rlchain.core.envs import CartPoleEnv, PushCubeEnv
-from rlchain.core.stepping import compile_step
 
 
 class AtenCalls(TorchDispatchMode):
@@ -132,14 +132,14 @@ def training_rows(num_envs: int) -> list[dict]:
         cfg, env, policy, algorithm, collector = build_preset(0, f"push_cube_{algo}", f"env.num_envs={num_envs}")
         collector._start_rollout()
         rows.append(_row(f"collection step (push_cube_{algo})", collector._collect_step))
-        data = collector.collect().data
-        algorithm._stage(algorithm._example(data).reshape(-1))
-        samples = algorithm._staged.batch_size[0]
-        order = minibatch_order(samples, algorithm.cfg.batch_size, torch.Generator(), out=algorithm._order_buffer)
-        algorithm._order = order.repeat(64, 1)  # room for every call the counts make
+        algorithm.update(collector.collect().data)  # stages the update's samples, as every update does
+        updater = algorithm.updater
+        samples = updater._staged.batch_size[0]
+        order = minibatch_order(samples, algorithm.cfg.batch_size, torch.Generator(), out=updater._order_buffer)
+        updater._order = order.repeat(64, 1)  # room for every call the counts make
 
-        def step(algorithm=algorithm):
-            return algorithm._indexed_step()
+        def step(updater=updater):
+            return updater._indexed_step()
 
         rows.append(_row(f"{algo} minibatch update (push_cube_{algo})", step, autograd=True))
     return rows

@@ -11,7 +11,7 @@ code unchanged:
 
 * collect: ``SyncCollector.collect`` (env steps, acting and value forward passes, bootstrap values);
 * GAE: ``compute_gae`` inside ``PPO.update``;
-* Adam: the optimiser step of each minibatch (``rlchain.core.algorithms.base._adam_step``; with ``--compile``
+* Adam: the optimiser step of each minibatch (``rlchain.core.algorithms.update._adam_step``; with ``--compile``
   it is fused into the compiled minibatch step and counts under the update passes);
 * update passes: the rest of ``PPO.update`` (minibatch gathers, forward and backward passes, the loss, gradient
   clipping, the observation statistics);
@@ -37,8 +37,9 @@ import torch
 from hydra.utils import instantiate
 from ppo_floor import build_preset
 
-import rlchain.core.algorithms.base as base_module
 import rlchain.core.algorithms.ppo as ppo_module
+import rlchain.core.algorithms.update as update_module
+from rlchain.core.algorithms.update import update_step
 from rlchain.core.evaluation import evaluate
 
 WARMUP = 2
@@ -74,15 +75,15 @@ def main() -> None:
     compile_s = None
     if args.compile:
         start = time.perf_counter()
-        collector.compile()
-        algorithm.compile(collector.buffer.data)
+        for step in (collector.step, update_step(algorithm, collector.buffer.data)):
+            step.compile()
         compile_s = time.perf_counter() - start
         print(f"compiled in {compile_s:.1f} s")
     eval_env = instantiate(cfg.env, num_envs=cfg.trainer.num_eval_envs, seed=args.seed + 1, _convert_="all")
 
     clock = Clock()
     ppo_module.compute_gae = clock.wrap("gae", ppo_module.compute_gae)
-    base_module._adam_step = clock.wrap("adam", base_module._adam_step)
+    update_module._adam_step = clock.wrap("adam", update_module._adam_step)
     collect, update = clock.wrap("collect", collector.collect), clock.wrap("update", algorithm.update)
     rows = []
     for i in range(WARMUP + args.iterations):

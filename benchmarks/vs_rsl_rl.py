@@ -61,11 +61,13 @@ seeds (ratios of the means):
   rlchain / rsl_rl (below 1: rlchain is faster);
 * env steps to the first evaluation with success rate >= 0.9 on each side.
 
-With ``--compile`` the rlchain side runs with ``trainer.compile=true``, each
-run with an empty inductor cache of its own (``TORCHINDUCTOR_CACHE_DIR`` in
-its run directory), so that it compiles from nothing, as a first run on a
-machine does. Its compilation time (``time/compile_s``) is counted in its
-SPS; ``SPS_without_compile`` leaves it out.
+With ``--compile`` the rlchain side runs with ``trainer.compile=true`` (with
+``--cudagraphs``, ``trainer.cudagraphs=true`` too), each run with an empty
+inductor cache of its own (``TORCHINDUCTOR_CACHE_DIR`` in its run directory),
+so that it compiles from nothing, as a first run on a machine does, unless
+``--inductor-cache`` names a cache to share (``benchmarks/gpu_check.py`` fills
+one first). Its compilation time (``time/compile_s``) is counted in its SPS;
+``SPS_without_compile`` leaves it out.
 
 It prints a markdown table and writes ``DIR/results.json`` (``--out``; a
 temporary directory by default), next to each side's run directory and log.
@@ -431,8 +433,10 @@ def read_run(path: Path) -> dict[str, Any]:
 
 
 def ratios(rl: dict[str, Any], rsl: dict[str, Any]) -> dict[str, float]:
-    """rlchain / rsl_rl of SPS and of the per-iteration collect and update seconds."""
-    return {key: rl[key] / rsl[key] for key in ("SPS", "collect_s_per_iter", "update_s_per_iter")}
+    """rlchain / rsl_rl of SPS (with and without rlchain's compile time) and of the per-iteration collect and update
+    seconds."""
+    keys = ("SPS", "SPS_without_compile", "collect_s_per_iter", "update_s_per_iter")
+    return {key: rl[key] / rsl[key] for key in keys}
 
 
 def launch(cmd: list[str], core: int, log_path: Path, **environ: str) -> subprocess.Popen:
@@ -513,9 +517,13 @@ def benchmark(args: argparse.Namespace) -> None:
             "trainer.progress=false",
         ]
         rl_environ = {}
-        if args.compile:
+        if args.compile or args.cudagraphs:
             rl_cmd.append("trainer.compile=true")
-            rl_environ["TORCHINDUCTOR_CACHE_DIR"] = str(out / f"inductor_cache_seed{seed}")  # compiles from nothing
+            # compiles from nothing, as a first run on a machine does, unless told which cache to share
+            cache = args.inductor_cache or out / f"inductor_cache_seed{seed}"
+            rl_environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+        if args.cudagraphs:
+            rl_cmd.append("trainer.cudagraphs=true")
         rsl_cmd = [
             sys.executable,
             str(Path(__file__).resolve()),
@@ -570,7 +578,8 @@ def benchmark(args: argparse.Namespace) -> None:
         "iterations": args.iterations,
         "device": args.device,
         "num_envs": args.num_envs,
-        "compile": args.compile,
+        "compile": args.compile or args.cudagraphs,
+        "cudagraphs": args.cudagraphs,
         "concurrent": concurrent,
         "rsl_rl_lib": metadata.version("rsl-rl-lib"),
         "torch": torch.__version__,
@@ -618,6 +627,15 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=None, help="default: the preset's (512); e.g. 4096 on cuda")
     parser.add_argument(
         "--compile", action="store_true", help="rlchain with trainer.compile=true, compiling from an empty cache"
+    )
+    parser.add_argument(
+        "--cudagraphs", action="store_true", help="rlchain with trainer.compile=true trainer.cudagraphs=true (CUDA)"
+    )
+    parser.add_argument(
+        "--inductor-cache",
+        type=Path,
+        default=None,
+        help="with --compile or --cudagraphs: this inductor cache directory (default: an empty one per run)",
     )
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: a temp dir)")
     args = parser.parse_args()

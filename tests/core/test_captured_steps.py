@@ -9,14 +9,17 @@ function compiled as the collection step is (``compile_step``).
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from rlchain.core.algorithms import GRPO, PPO
+from rlchain.core.algorithms.update import update_step
 from rlchain.core.collector import SyncCollector
+from rlchain.core.compiling import compile_step
 from rlchain.core.envs import CartPoleEnv, PushCubeEnv
 from rlchain.core.policies import ActorCritic, ActorOnly
-from rlchain.core.stepping import compile_step
 from rlchain.run.trainer import Trainer
 from rlchain.settings import SettingError
 from tests.helpers.toy_env import LineEnv
@@ -40,15 +43,10 @@ def _build(case: str, compiled: bool, steps: int = 8):
     policy = make_policy(env.single_observation_space, env.single_action_space, hidden_sizes=[32, 32])
     algorithm = make_algorithm(policy, batch_size=32, n_epochs=2, **settings)
     collector = SyncCollector(env, policy, steps, reset_options=algorithm.reset_options)
-    if compiled:
-        collector.step_fn = torch.compile(collector._collect_step, fullgraph=True, backend="aot_eager")
-        compiled_step = torch.compile(algorithm._indexed_step, fullgraph=True, backend="aot_eager")
-
-        def indexed_step():
-            with torch._dynamo.config.patch(trace_autograd_ops=True):
-                return compiled_step()
-
-        algorithm.indexed_step = indexed_step
+    if compiled:  # as trainer.compile compiles them (warm-ups included), with eager kernels
+        for step in (collector.step, update_step(algorithm, collector.buffer.data)):
+            step.compile(backend="aot_eager")
+            assert step.mode == "compiled"
     return env, policy, algorithm, collector
 
 
@@ -90,15 +88,16 @@ def test_the_collection_step_and_the_update_keep_their_tensors_addresses():
             step=collector._t,
             episode_return=collector.stepper.episode_return,
             episode_length=collector.stepper.episode_length,
-            lr=algorithm.lr,
-            order=algorithm._order_buffer,
-            position=algorithm._position,
+            lr=algorithm.updater.lr,
+            order=algorithm.updater._order_buffer,
+            position=algorithm.updater._position,
         )
         tensors.update({f"sums.{g}": v for g, v in collector._term_sums.items()})
         tensors.update({f"env.{k}": v for k, v in env.get_state().items()})
         tensors.update({f"param.{k}": v for k, v in policy.state_dict().items()})
-        tensors.update({f"adam.{i}": t for i, t in enumerate(t for state in algorithm._adam_state for t in state)})
-        tensors.update({f"staged.{k}": v for k, v in algorithm._staged.items(True, True)})
+        updater = algorithm.updater
+        tensors.update({f"adam.{i}": t for i, t in enumerate(t for state in updater._adam_state for t in state)})
+        tensors.update({f"staged.{k}": v for k, v in updater._staged.items(True, True)})
         return {k: v.data_ptr() for k, v in tensors.items()}
 
     algorithm.update(collector.collect().data)
@@ -116,15 +115,13 @@ def test_the_collection_step_and_the_update_keep_their_tensors_addresses():
     [("push_cube_ppo", {}), ("push_cube_grpo", {}), ("push_cube_grpo", {"kl_coef": 0.1})],
     ids=["ppo", "grpo", "grpo_kl"],
 )
-def test_the_update_compiled_before_the_first_step_is_the_one_the_updates_run(monkeypatch, case, settings):
-    """``Algorithm.compile`` traces its step on an example with the keys of the real updates' samples: the first
-    update runs that compiled step (no second compile, which on a GPU would cost a second inductor compile inside
-    the first update) and stages its samples where the example did (the addresses a CUDA graph replays)."""
+def test_the_update_compiled_before_the_first_step_is_the_one_the_updates_run(case, settings):
+    """The update's step is warmed up by one real update of the collector's storage: the first update runs that
+    compiled step (no second compile, which on a GPU would cost a second inductor compile inside the first update)
+    and stages its samples where the warm-up did (the addresses a CUDA graph replays); the warm-up leaves the
+    policy, the optimiser and the schedule as they were."""
     from torch._dynamo.utils import counters
 
-    # dynamo's whole graph with eager kernels: what is traced is the same as inductor's, in a fraction of the time
-    compile_ = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, fullgraph=True, backend="aot_eager"))
     torch._dynamo.reset()
     counters.clear()
     make_env, make_policy, make_algorithm, defaults = CASES[case]
@@ -133,12 +130,18 @@ def test_the_update_compiled_before_the_first_step_is_the_one_the_updates_run(mo
     policy = make_policy(env.single_observation_space, env.single_action_space, hidden_sizes=[32, 32])
     algorithm = make_algorithm(policy, batch_size=32, n_epochs=2, **{**defaults, **settings})
     collector = SyncCollector(env, policy, 8, reset_options=algorithm.reset_options)
-    algorithm.compile(collector.buffer.data)
-    assert algorithm.compiled_whole and counters["stats"]["unique_graphs"] == 1
-    staged = {k: v.data_ptr() for k, v in algorithm._staged.items(True, True)}
+    before = copy.deepcopy((policy.state_dict(), algorithm.state_dict()))
+    step = update_step(algorithm, collector.buffer.data)
+    step.compile(backend="aot_eager")
+    assert step.mode == "compiled" and counters["stats"]["unique_graphs"] == 1
+    for (name, a), b in zip(before[0].items(), policy.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert algorithm.iteration == 0 and algorithm.current_lr == algorithm.cfg.learning_rate
+    assert torch.equal(algorithm.updater.generator.get_state(), before[1]["generator"])
+    staged = {k: v.data_ptr() for k, v in algorithm.updater._staged.items(True, True)}
     algorithm.update(collector.collect().data)
     assert counters["stats"]["unique_graphs"] == 1
-    assert {k: v.data_ptr() for k, v in algorithm._staged.items(True, True)} == staged
+    assert {k: v.data_ptr() for k, v in algorithm.updater._staged.items(True, True)} == staged
 
 
 def test_trainer_compile_compiles_the_whole_steps_of_a_compiling_env_and_the_acting_pass_of_another(tmp_path):
@@ -147,10 +150,9 @@ def test_trainer_compile_compiles_the_whole_steps_of_a_compiling_env_and_the_act
     for env, whole in ((PushCubeEnv(num_envs=8, seed=0), True), (LineEnv(num_envs=8), False)):
         policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
         collector = SyncCollector(env, policy, 4)
-        assert (collector.compiles_whole() is None) == whole
-        if whole:
-            collector.step_fn = torch.compile(collector._collect_step, fullgraph=True, backend="aot_eager")
-            collector.compiled_whole = True
+        assert (collector.step.blocker is None) == whole
+        collector.step.compile(backend="aot_eager")
+        assert collector.step.mode == ("compiled" if whole else "part")
         assert collector.collect().data["done"].shape == (4, 8)
 
 
@@ -181,7 +183,6 @@ def test_captured_steps_replay_the_compiled_ones_on_cuda(case):
     """On CUDA, the collection step and the minibatch update compiled and captured as CUDA graphs against the same
     compiled without capture, from the same state: the same rollouts and updates to float rounding (the random
     draws of a compiled step are the same with and without a graph)."""
-    from rlchain.run.starting import _compile
 
     make_env, make_policy, make_algorithm, settings = CASES[case]
     results = []
@@ -192,7 +193,10 @@ def test_captured_steps_replay_the_compiled_ones_on_cuda(case):
         policy = make_policy(env.single_observation_space, env.single_action_space, hidden_sizes=[64, 64]).cuda()
         algorithm = make_algorithm(policy, batch_size=2048, n_epochs=2, **settings)
         collector = SyncCollector(env, policy, 16, reset_options=algorithm.reset_options)
-        _compile(collector, algorithm, cudagraphs)
+        for step in (collector.step, update_step(algorithm, collector.buffer.data)):
+            step.compile()
+            if cudagraphs:
+                step.capture()
         torch.manual_seed(1)
         torch.cuda.manual_seed(1)
         out = []

@@ -321,3 +321,35 @@ def test_nan_observations_are_reported_as_observations(env_cls):
         ValueError, match=rf"^observation contains NaN or inf: {env_cls.__name__} returned a non-finite obs"
     ):
         SyncCollector(env, policy, rollout_steps=8).collect()
+
+
+class DeferredLine(LineEnv):
+    """A LineEnv that checks its actions on the device, as a torch-native task does when compiled or on CUDA: a NaN
+    action goes into its state (NaN observations from the next step on), and only ``check_actions`` raises."""
+
+    def __init__(self, **settings):
+        super().__init__(**settings)
+        self.bad = torch.zeros((), dtype=torch.bool)
+
+    def step(self, action):
+        self.bad |= ~torch.isfinite(action).all()
+        return super().step(action)
+
+    def check_actions(self):
+        if bool(self.bad):
+            raise ValueError(NON_FINITE_ACTION)
+
+
+def test_a_deferred_check_blames_the_policys_nan_action_not_the_observations_it_made_nan():
+    # The policy's own NaN action (its output bias NaN, from finite observations) made the state, and so every
+    # later observation, NaN before the rollout's one check: the error is the action's, as eager on the CPU says.
+    # It had named "DeferredLine returned a non-finite observation".
+    env = DeferredLine(num_envs=4, max_episode_steps=50)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    with torch.no_grad():
+        policy.actor[-1].bias.fill_(float("nan"))
+    collector = SyncCollector(env, policy, rollout_steps=8)
+    with pytest.raises(ValueError) as err:
+        collector.collect()
+    assert str(err.value) == NON_FINITE_ACTION
+    assert bool((~torch.isfinite(collector.buffer.data["obs"][1:])).any(-1).all())  # the observations it made NaN

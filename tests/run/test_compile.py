@@ -39,19 +39,22 @@ def test_a_compiled_run_trains_with_the_eager_step_and_logs_its_compile_time_onc
         fresh_eval=False,
         compile=True,
     )
-    assert ppo.indexed_step is not ppo._indexed_step
+    trainer.start()
+    updater = ppo.updater
+    assert updater.step.mode == "compiled"
     rollout = trainer.collector.collect().data.reshape(-1)[:64].select("obs", "action", "sample_log_prob", "value")
     rollout.set("advantages", torch.randn(64))
     rollout.set("returns", torch.randn(64) * 3)
-    ppo._stage(rollout)
-    ppo._order = minibatch_order(64, 64, torch.Generator().manual_seed(1), out=ppo._order_buffer)
-    kept = [*policy.parameters(), *(t for state in ppo._adam_state for t in state)]
+    updater._stage(rollout)
+    updater._order = minibatch_order(64, 64, torch.Generator().manual_seed(1), out=updater._order_buffer)
+    kept = [*policy.parameters(), *(t for state in updater._adam_state for t in state)]
     start = [t.detach().clone() for t in kept]
     results = []
-    for step in (ppo.indexed_step, ppo._indexed_step):
+    for step in (updater.step, updater._indexed_step):  # compiled, then eager
         with torch.no_grad():
-            torch._foreach_copy_(kept, start)
-        ppo._position.zero_()
+            for t, s in zip(kept, start):
+                t.copy_(s)
+        updater._position.zero_()
         row = step()
         results.append((row, [t.detach().clone() for t in kept]))
     (compiled_row, compiled_after), (eager_row, eager_after) = results
@@ -60,8 +63,9 @@ def test_a_compiled_run_trains_with_the_eager_step_and_logs_its_compile_time_onc
     for compiled, eager in zip(compiled_after, eager_after):
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
     with torch.no_grad():
-        torch._foreach_copy_(kept, start)
-    ppo._totals.zero_()
+        for t, s in zip(kept, start):
+            t.copy_(s)
+    updater._totals.zero_()
 
     before = [p.detach().clone() for p in policy.parameters()]
     assert trainer.train().status == "completed"
@@ -72,11 +76,17 @@ def test_a_compiled_run_trains_with_the_eager_step_and_logs_its_compile_time_onc
 
 @pytest.mark.slow
 def test_a_run_that_cannot_compile_says_so_in_one_line_before_any_step(tmp_path):
-    """No C++ compiler for the CPU backend (CXX names none): one line naming trainer.compile, exit 1, no step."""
+    """No C++ compiler for the CPU backend (CXX names none): one line naming trainer.compile, the machine as the
+    cause, and the file with the full traceback; exit 1, no step."""
     proc = run_cli([*TINY, "trainer.compile=true", "hydra.run.dir=run"], tmp_path, CXX="/nonexistent/g++")
     assert proc.returncode == 1
     line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith("Invalid config: trainer.compile=True cannot run here: InductorError:"), proc.stderr
-    assert "No working C++ compiler" in line and line.endswith("expected false (eager PyTorch)")
+    trace = tmp_path / "run" / "compile_error.txt"
+    assert line == (
+        "trainer.compile=true: cannot run here: no working C++ compiler for inductor's CPU backend "
+        "(InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx: "
+        f"(None, '/nonexistent/g++')); run with trainer.compile=false (full traceback: {trace})"
+    ), proc.stderr
     assert "Traceback" not in proc.stderr
+    assert "InvalidCxxCompiler" in trace.read_text() and "Traceback (most recent call last)" in trace.read_text()
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -28,7 +28,7 @@ def started(trainer: Trainer) -> Trainer:
 
 def make_push_cube_ppo(tmp_path, iterations, resume_from=None, seed=3):
     torch.manual_seed(seed)
-    env = PushCubeEnv(num_envs=32, seed=seed)
+    env = PushCubeEnv(num_envs=32, seed=seed, max_episode_steps=20)  # episodes that cross the checkpoint
     policy = ActorCritic(
         env.single_observation_space, env.single_action_space, hidden_sizes=[32, 32], obs_normalization=True
     )
@@ -62,6 +62,12 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     for (name, a), b in zip(straight.policy.state_dict().items(), resumed.policy.state_dict().values()):
         assert torch.equal(a, b), name
     assert torch.equal(straight.env.cube_x, resumed.env.cube_x)
+    # The episodes in progress at the checkpoint go on: the resumed iteration logs the uninterrupted one's episode
+    # statistics (they had been cut at the resume, every carried return and length zeroed at its first step).
+    episodic = ("charts/episodic_return", "charts/episodic_length", "charts/success_rate")
+    want, got = rows(tmp_path / "a")[2], rows(tmp_path / "c")[-1]
+    assert want["global_step"] == got["global_step"] and "charts/episodic_length" in want
+    assert {key: got[key] for key in episodic} == {key: want[key] for key in episodic}
 
 
 def test_start_returns_the_state_a_run_starts_from_and_assigns_nothing(tmp_path):

@@ -30,8 +30,6 @@ class VPGConfig(AlgorithmConfig):
 class VPG(Algorithm):
     """``loss = -log pi(a|s) * A + vf_coef * (V(s) - R)^2 / 2 - ent_coef * entropy`` over minibatches."""
 
-    sample_keys = ("obs", "action")  # what its samples take from the rollout (self._samples)
-    update_keys = ("advantages", "returns")  # what update adds to them, in that order
     term_names = ("policy_loss", "value_loss", "entropy")  # what _minibatch_loss reports besides the loss
 
     def __init__(self, policy: Policy, **settings: Any) -> None:
@@ -48,7 +46,7 @@ class VPG(Algorithm):
             cfg.gamma,
             cfg.gae_lambda,
         )
-        data = self._samples(rollout)
+        data = self._samples(rollout, "obs", "action")  # the rollout keys the loss reads
         data.set("advantages", (advantages - advantages.mean()) / (advantages.std() + 1e-8))
         data.set("returns", returns)
         stats, _ = self._optimise(data)  # minibatches, Adam, schedule, clipping, non-finite checks

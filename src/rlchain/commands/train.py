@@ -40,6 +40,7 @@ from rlchain import distributed
 from rlchain.commands.command_line import register_help_resolver
 from rlchain.commands.config import RunConfig, check_top_level_keys
 from rlchain.console import error_line, logged_warnings, show
+from rlchain.core.compiling import CompileFailure
 from rlchain.distributed import CollectiveError, rank_seed
 from rlchain.run import tuning
 from rlchain.run.run_dir import remove_if_unused
@@ -98,8 +99,8 @@ def build(cfg: DictConfig) -> Trainer:
             value a component rejects, naming ``group.key``, the value and
             what is allowed (a checkpoint to resume from or start from that
             does not exist or does not fit, naming it); a job's trial that
-            cannot be opened (naming ``hydra.sweeper.trial``); all raised
-            before any env step is taken.
+            cannot be opened (naming ``hydra.sweeper.trial``); ``trainer.compile=true`` where compiling fails
+            (naming the step, the cause and the file with the traceback); all raised before any env step is taken.
     """
     with _component(""):
         check_top_level_keys(cfg)
@@ -144,7 +145,10 @@ def build(cfg: DictConfig) -> Trainer:
             _convert_="all",
             _recursive_=False,  # run_config holds _target_ keys: keep it data
         )
-        trainer.start()  # resume, init_from or a fresh start; compile
+        try:
+            trainer.start()  # resume, init_from or a fresh start; compile
+        except CompileFailure as err:  # its one line says what failed and where its traceback is
+            raise ConfigError(str(err)) from err
     return trainer
 
 

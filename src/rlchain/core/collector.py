@@ -9,9 +9,10 @@ import torch
 
 from rlchain.core import observations
 from rlchain.core.buffer import RolloutBuffer
+from rlchain.core.compiling import STEP_COMPILE_OPTIONS, Step
 from rlchain.core.envs.base import VecEnv
 from rlchain.core.policies import Policy
-from rlchain.core.stepping import EnvStepper, check_actions, compile_step, policy_input, step_env
+from rlchain.core.stepping import EnvStepper, check_actions, policy_input, step_env
 from rlchain.settings import SettingError
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class SyncCollector:
     step's row of the preallocated storage (``index_copy_`` at a step counter
     kept on the device), the env's reward terms and metrics added to fixed
     ``[N, K]`` sums. The step reads nothing on the host and branches on no
-    tensor; :meth:`compile` compiles it whole where the env's step compiles.
+    tensor; it is :attr:`step`, which ``trainer.compile`` compiles whole where the env's step compiles.
     :meth:`collect` reads the rollout's finished episodes to the host once at
     its end.
 
@@ -170,12 +171,22 @@ class SyncCollector:
             if names is not None:  # declared: fixed from the start
                 self._term_names[group] = tuple(names)
                 self._term_sums[group] = torch.zeros(n, len(names), device=dev)
-        self.step_fn = self._collect_step
-        """The collection step the rollout loop runs (:meth:`_collect_step`; compiled by :meth:`compile`)."""
-        self.compiled_whole = False
-        """Whether :meth:`compile` compiled the whole collection step (else only the policy's acting pass)."""
+        self.step = Step(
+            "collection step",
+            self._collect_step,
+            dev,
+            warm_up=self._warm_up,
+            snapshot=self._snapshot,
+            restore=self._restore,
+            blocker=self._blocker(),
+            part=self._compile_act,
+            options=STEP_COMPILE_OPTIONS,
+        )
+        """The collection step the rollout loop runs (:meth:`_collect_step`), a
+        :class:`~rlchain.core.compiling.Step`: ``trainer.compile`` compiles it whole where the env's step compiles
+        (else the policy's acting pass alone), ``trainer.cudagraphs`` captures it."""
 
-    def compiles_whole(self) -> str | None:
+    def _blocker(self) -> str | None:
         """Why the whole collection step cannot compile with ``fullgraph=True``, or None when it can: the env's
         step must compile (``env.compiles_step``) and declare its reward terms and metrics; a recurrent policy
         replays sequences with a host read (its acting pass alone compiles)."""
@@ -187,51 +198,27 @@ class SyncCollector:
             return "a recurrent policy's step is not compiled whole yet"
         return None
 
+    def _compile_act(self, compile_fn: Any) -> None:
+        """Where the whole step cannot compile: the policy's acting pass alone (:meth:`EnvStepper.act`)."""
+        self.stepper.act = compile_fn(self.stepper.act)
+
     @torch.no_grad()
-    def compile(self) -> None:
-        """Compile the collection step (``trainer.compile``): the whole of :meth:`_collect_step` with
-        :func:`~rlchain.core.stepping.compile_step` where :meth:`compiles_whole` allows, else the policy's acting
-        pass with ``torch.compile``; then run it once, so that it is compiled before the first rollout.
+    def _warm_up(self) -> None:
+        """A rollout's first step, as :meth:`collect` runs it (what :attr:`step`'s compile warms up with)."""
+        self._start_rollout()
+        self.step()
 
-        The warm-up leaves everything as it was: the env's and the collector's state are restored
-        (:meth:`state_dict`), the run's random streams forked off.
-
-        Raises:
-            Exception: what compiling raises (e.g. torch's ``InductorError`` without a C++ compiler).
-        """
+    def _snapshot(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The env's and the collector's state (copies), which :meth:`_restore` puts back after a warm-up."""
         import copy
 
-        devices = [self.env.device] if self.env.device.type == "cuda" else []
-        if self.compiles_whole() is not None:
-            self.stepper.act = torch.compile(self.stepper.act)
-            with torch.random.fork_rng(devices=devices):
-                self.stepper.act(self.stepper.obs, self.stepper.hidden)
-            return
-        self.step_fn = compile_step(self._collect_step)
-        self.compiled_whole = True
-        env_state = copy.deepcopy(self.env.state_dict())
-        saved = copy.deepcopy(self.state_dict())
-        with torch.random.fork_rng(devices=devices):
-            self._start_rollout()
-            self.step_fn()
+        return copy.deepcopy(self.env.state_dict()), copy.deepcopy(self.state_dict())
+
+    def _restore(self, saved: tuple[dict[str, Any], dict[str, Any]]) -> None:
+        env_state, state = saved
         self.env.load_state_dict(env_state)
-        self.load_state_dict(saved)
-        self.env.check_actions()
-
-    def capture(self) -> None:
-        """Replay the compiled collection step as one CUDA graph (``trainer.cudagraphs``; after :meth:`compile`
-        compiled it whole, on CUDA), with tensordict's ``CudaGraphModule``: the step keeps every tensor at a fixed
-        address (storage, env state, the stepper's buffers, the step counter). The first two calls run it eagerly
-        (warm-up, then capture).
-
-        Raises:
-            RuntimeError: a step that :meth:`compile` did not compile whole.
-        """
-        from tensordict.nn import CudaGraphModule  # imported where used: see rlchain.commands.config
-
-        if not self.compiled_whole:
-            raise RuntimeError(f"the collection step is not compiled whole: {self.compiles_whole()}")
-        self.step_fn = CudaGraphModule(self.step_fn, warmup=2, device=self.env.device)
+        self.load_state_dict(state)
+        self.env.check_actions()  # clears a deferred check that the warm-up's action may have set
 
     def _start_rollout(self) -> None:
         """Reset where the rollout must (the first one; every one with ``reset_options``) and zero the sums."""
@@ -331,9 +318,9 @@ class SyncCollector:
         env, data = self.env, self.buffer.data
         self._start_rollout()
         for _ in range(self.buffer.rollout_steps):
-            self.step_fn()
+            self.step()
         self.stepper.settle()  # the carries into the next rollout: zero where an episode just ended
-        check_actions(env, data["obs"])  # the rollout's one read of an env's deferred action check
+        check_actions(env, data["obs"], data["action"])  # the rollout's one read of an env's deferred action check
         self._bootstrap_values(data)
 
         # One host read per rollout: the counted episodes and the term means.
@@ -397,8 +384,7 @@ class SyncCollector:
         self._fresh = obs is None
         if obs is not None:
             stepper.set_obs(obs)
-        stepper.episode_return.copy_(state["episode_return"])
-        stepper.episode_length.copy_(state["episode_length"])
+        stepper.carry(state["episode_return"], state["episode_length"])
         if stepper.hidden is not None:
             saved = state.get("hidden") or {}
             if set(saved) != set(self._hidden_keys):

@@ -20,25 +20,7 @@ from rlchain.core.policies import Policy
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["EnvStepper", "Transition", "check_actions", "compile_step", "policy_input", "step_env"]
-
-#: Inductor's options for a compiled env or collection step: its C++ loops vectorised even where inductor's
-#: tiling heuristics would leave them scalar for their strided loads and stores (a step's ``[N, K]`` outputs are
-#: written with stride ``K``). CPU code only; benchmarks/README.md has what it buys.
-STEP_COMPILE_OPTIONS = {"cpp.enable_tiling_heuristics": False}
-
-
-def compile_step(fn: Any) -> Any:
-    """``fn`` compiled whole, as ``trainer.compile`` compiles the collection step: ``torch.compile(fn,
-    fullgraph=True)`` with inductor and :data:`STEP_COMPILE_OPTIONS`. The compiled function returns what ``fn``
-    returns, within float rounding.
-
-    Raises:
-        torch._dynamo.exc.Unsupported: at the first call, where ``fn`` does not trace whole (a graph break; a
-            host read raises dynamo's ``UserError``).
-        Exception: what inductor raises at the first call (e.g. ``InductorError`` without a C++ compiler).
-    """
-    return torch.compile(fn, fullgraph=True, options=STEP_COMPILE_OPTIONS)
+__all__ = ["EnvStepper", "Transition", "check_actions", "policy_input", "step_env"]
 
 
 def step_env(env: VecEnv, obs: Obs, action: torch.Tensor) -> tuple:
@@ -59,27 +41,51 @@ def step_env(env: VecEnv, obs: Obs, action: torch.Tensor) -> tuple:
         _trace_rejected_action(env, obs, err)
 
 
-def check_actions(env: VecEnv, obs: Obs) -> None:
+def check_actions(env: VecEnv, obs: Obs, actions: torch.Tensor | None = None) -> None:
     """``env.check_actions()`` (an env that checks its actions on the device raises here, once per rollout), with
-    the rejection traced to a non-finite observation as :func:`step_env` does; ``obs`` are the observations the
-    policy acted on since the last check (e.g. a rollout's ``[T, N]`` storage).
+    the rejection traced to a non-finite observation as :func:`step_env` does.
+
+    Args:
+        env: the env.
+        obs: the observations the policy acted on since the last check, in step order along the first dimension
+            (e.g. a rollout's ``[T, N, ...]`` storage).
+        actions: the actions it took from them (``[T, N, ...]``), or None. Where given, the observation is blamed
+            only if its first non-finite step comes at or before the first non-finite action's: a NaN action of
+            the policy's own (from finite observations) makes a simulated state, and so the later observations,
+            NaN too, and the fault is then the action's.
 
     Raises:
-        ValueError: the env's error, or one that names the observation when ``obs`` is not finite.
+        ValueError: the env's error, or one that names the observation when ``obs`` is not finite (and, with
+            ``actions``, was not finite first).
     """
     try:
         env.check_actions()
     except ValueError as err:
-        _trace_rejected_action(env, obs, err)
+        _trace_rejected_action(env, obs, err, actions)
 
 
-def _trace_rejected_action(env: VecEnv, obs: Obs, err: ValueError) -> NoReturn:
-    if observations.all_finite(obs):
+def _trace_rejected_action(env: VecEnv, obs: Obs, err: ValueError, actions: torch.Tensor | None = None) -> NoReturn:
+    obs_step = _first_non_finite_step(observations.leaves(obs))
+    if obs_step is None:
         raise err
+    if actions is not None and actions.is_floating_point():
+        action_step = _first_non_finite_step([actions])
+        if action_step is not None and action_step < obs_step:
+            raise err
     raise ValueError(
         f"observation contains NaN or inf: {type(env).__name__} returned a non-finite observation, "
         f"and the policy's action from it was rejected ({err})"
     ) from err
+
+
+def _first_non_finite_step(tensors: list[torch.Tensor]) -> int | None:
+    """The first index along the first dimension where some floating tensor of ``tensors`` (each ``[T, ...]``)
+    has a NaN or inf, else None (a host read; only on the error path)."""
+    bad = [(~torch.isfinite(t)).flatten(1).any(1) for t in tensors if t.is_floating_point() and t.dim() > 0]
+    if not bad:
+        return None
+    rows = torch.stack(bad).any(0) if len(bad) > 1 else bad[0]
+    return int(rows.float().argmax()) if bool(rows.any()) else None
 
 
 def policy_input(obs: Obs, hidden: TensorDict | None) -> TensorDict:
@@ -171,16 +177,25 @@ class EnvStepper:
         self.restart_episodes()
 
     def set_obs(self, obs: Obs) -> None:
-        """Copy ``obs`` (``[N, *obs_shape]`` or groups) into :attr:`obs`."""
-        torch._foreach_copy_(observations.leaves(self.obs, self.groups), observations.leaves(obs, self.groups))
+        """Copy ``obs`` (``[N, *obs_shape]`` or groups) into :attr:`obs`, one ``copy_`` per group (no foreach op: this
+        runs inside the compiled collection step; see :mod:`rlchain.core.compiling`)."""
+        for mine, new in zip(observations.leaves(self.obs, self.groups), observations.leaves(obs, self.groups)):
+            mine.copy_(new)
 
     def restart_episodes(self) -> None:
         """Carry no episode into the next step: returns, lengths and a recurrent state zeroed."""
-        self.episode_return.zero_()
-        self.episode_length.zero_()
-        self._running.zero_()
+        self.carry(torch.zeros_like(self.episode_return), torch.zeros_like(self.episode_length))
         if self.hidden is not None:
-            torch._foreach_zero_(list(self.hidden.values()))
+            for state in self.hidden.values():
+                state.zero_()
+
+    def carry(self, episode_return: torch.Tensor, episode_length: torch.Tensor) -> None:
+        """Take ``episode_return`` (float ``[N]``) and ``episode_length`` (int ``[N]``, steps) as the episodes
+        carried into the next step (what :meth:`settle` leaves, and a checkpoint saves): the next step adds to
+        them."""
+        self.episode_return.copy_(episode_return)
+        self.episode_length.copy_(episode_length)
+        self._running.fill_(1)
 
     def settle(self) -> None:
         """Fold the last step's ends into :attr:`episode_return` and :attr:`episode_length` (zero where an episode

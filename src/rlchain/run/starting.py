@@ -26,9 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rlchain.console import notice
-from rlchain.core.algorithms.base import Algorithm
-from rlchain.core.collector import SyncCollector
+from rlchain.core.algorithms.update import update_step
+from rlchain.core.compiling import Step, StepCompileError, compile_failure
 from rlchain.distributed import World
 from rlchain.run.checkpoint import Checkpoints, check_state_matches, checkpoint_of, load_checkpoint
 from rlchain.run.run_dir import taken
@@ -72,8 +74,9 @@ def start(
         SettingError: an ``output_dir`` that holds another run while not
             resuming; a ``resume_from`` or ``init_from`` that does not exist,
             is not an rlchain checkpoint or holds a policy that does not match
-            the trainer's (naming the parameters and shapes); ``compile=True``
-            where compiling fails; ``cudagraphs=True`` where capture cannot apply; all before any step.
+            the trainer's (naming the parameters and shapes); ``cudagraphs=True`` where capture cannot apply;
+            all before any step.
+        CompileFailure: ``compile=True`` where compiling fails (:func:`_compile`), before any step.
         CollectiveError: a multi-process run whose ranks do not all take part.
     """
     if state.started:
@@ -112,9 +115,10 @@ def start(
     else:
         _init_policy(parts, source[2], source[1])
         state = dataclasses.replace(state, init_from=source[1])
+    steps = (parts.collector.step, update_step(parts.algorithm, parts.collector.buffer.data))
     if cudagraphs:
-        _check_capture(parts.collector, parts.algorithm, world, compile)
-    compile_s = _compile(parts.collector, parts.algorithm, cudagraphs) if compile else None
+        _check_capture(steps, parts.env.device, compile)
+    compile_s = _compile(steps, cudagraphs, state.output_dir) if compile else None
     return dataclasses.replace(state, compile_s=compile_s, started=True)
 
 
@@ -164,49 +168,50 @@ def _read(path: str | Path, name: str, parts: RunParts, world: World) -> dict[st
     return checkpoint
 
 
-def _check_capture(collector: SyncCollector, algorithm: Algorithm, world: World, compile: bool) -> None:
+def _check_capture(steps: tuple[Step, ...], device: torch.device, compile: bool) -> None:
     """Refuse ``cudagraphs=True`` where capture cannot apply, in one line naming why.
 
     Raises:
-        SettingError: without ``compile``, off CUDA, an env whose step does not compile, a recurrent policy, or a
-            multi-process run.
+        SettingError: without ``compile``, off CUDA, or a step that cannot compile whole (an env whose step does
+            not compile, a recurrent policy, a multi-process run), naming the step's reason.
     """
-    device = collector.env.device
     why = (
         "it replays the compiled steps: expected trainer.compile=true with it"
         if not compile
         else f"CUDA graphs need a CUDA device, and the run's is {device}"
         if device.type != "cuda"
-        else collector.compiles_whole()
-        or ("a recurrent policy's update replays sequences with a host read" if algorithm.recurrent else None)
-        or ("the gradients' all-reduce of a multi-process run is not captured" if world.distributed else None)
+        else next((step.blocker for step in steps if step.blocker is not None), None)
     )
     if why is not None:
         raise SettingError("cudagraphs", True, f" cannot apply here: {why}; expected false")
 
 
-def _compile(collector: SyncCollector, algorithm: Algorithm, cudagraphs: bool = False) -> float:
-    """Compile the collection step and the minibatch update (``compile``), and with ``cudagraphs`` wrap each to
-    replay as one CUDA graph; return the seconds it took.
+def _compile(steps: tuple[Step, ...], cudagraphs: bool, output_dir: Path) -> float:
+    """Compile each step (``compile``: :meth:`~rlchain.core.compiling.Step.compile`), and with ``cudagraphs``
+    capture each as one CUDA graph; return the seconds it took.
 
     Raises:
-        SettingError: ``compile=True`` where compiling fails (no C++ compiler for the CPU backend, an op
-            torch cannot compile), with the cause on the same line, before any step.
+        CompileFailure: compiling failed: one line naming the step, the innermost cause and the kernel, with the
+            full traceback in ``output_dir/compile_error.txt`` (:func:`~rlchain.core.compiling.compile_failure`),
+            before any step.
     """
     began = time.perf_counter()
     try:
-        collector.compile()
-        algorithm.compile(collector.buffer.data)
-        if cudagraphs:
-            collector.capture()
-            algorithm.capture()
-    except Exception as err:  # noqa: BLE001 - torch's compiler raises many kinds; each becomes this one line
-        cause = " ".join(str(err).split("\n")[0].split()) or type(err).__name__
-        raise SettingError(
-            "compile", True, f" cannot run here: {type(err).__name__}: {cause[:300]}; expected false (eager PyTorch)"
-        ) from None
+        for step in steps:
+            step.compile()
+    except StepCompileError as err:
+        raise compile_failure(err, output_dir / "compile_error.txt") from None
+    if cudagraphs:
+        for step in steps:
+            step.capture()
     seconds = time.perf_counter() - began
-    what = "the collection step" if collector.compiled_whole else "the acting forward pass"
-    what += " and the minibatch update" if algorithm.compiled_whole else " and the update's loss"
+    what = " and ".join(
+        f"the {step.name}" + ("" if step.mode in ("compiled", "captured") else f"'s {_PARTS[step.name]}")
+        for step in steps
+    )
     notice(f"compiled {what}{' (CUDA graphs)' if cudagraphs else ''} in {seconds:.1f} s (time/compile_s)")
     return seconds
+
+
+#: What compiles of a step that cannot compile whole.
+_PARTS = {"collection step": "acting forward pass", "minibatch update": "loss"}

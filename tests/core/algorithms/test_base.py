@@ -73,21 +73,22 @@ def test_adaptive_minibatch_sets_each_steps_rate_from_that_minibatchs_kl(algo):
     settings = dict(learning_rate=1e-3, lr_schedule="adaptive_minibatch", target_kl=1e-6, batch_size=8, n_epochs=2)
     algorithm = PPO(policy, **settings) if algo == "ppo" else GRPO(policy, group_size=4, **settings)
     kls, rates = [], []
-    loss = algorithm.minibatch_loss
+    updater = algorithm.updater
+    loss = updater.loss
 
     def recording_loss(batch):
         terms = loss(batch)
         kls.append(terms["approx_kl"].item())
         return terms
 
-    step = algorithm.train_step
+    step = updater.train_step
 
     def recording_step(batch):
         row = step(batch)
         rates.append(algorithm.current_lr)  # the rate this step took
         return row
 
-    algorithm.minibatch_loss, algorithm.train_step = recording_loss, recording_step
+    updater.loss, updater.train_step = recording_loss, recording_step
     stats = algorithm.update(rollout)
     assert len(kls) == len(rates) == 8 and "update_kl" not in stats
     expected, lr = [], 1e-3
@@ -111,14 +112,14 @@ def test_a_kl_of_zero_leaves_the_adaptive_rate_unchanged(schedule):
     algorithm = PPO(policy, learning_rate=1e-3, lr_schedule=schedule, target_kl=0.01, batch_size=32, n_epochs=1)
     kls = []
     if schedule == "adaptive_minibatch":
-        loss = algorithm.minibatch_loss
+        loss = algorithm.updater.loss
 
         def recording_loss(batch):
             terms = loss(batch)
             kls.append(terms["approx_kl"].item())
             return terms
 
-        algorithm.minibatch_loss = recording_loss
+        algorithm.updater.loss = recording_loss
         stats = algorithm.update(rollout)
     else:
         before = [p.detach().clone() for p in policy.parameters()]
@@ -127,7 +128,7 @@ def test_a_kl_of_zero_leaves_the_adaptive_rate_unchanged(schedule):
             zero = sum(p.sum() for p in policy.parameters()) * 0.0
             return {"loss": zero, **dict.fromkeys(algorithm.term_names, zero.detach())}
 
-        algorithm.minibatch_loss = still_loss
+        algorithm.updater.loss = still_loss
         stats, _ = algorithm._optimise(rollout)
         assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
         kls.append(stats["update_kl"])
@@ -157,7 +158,7 @@ def test_the_kl_stop_reads_the_epochs_last_minibatch():
         loss = policy.actor(mb["obs"]).square().mean()
         return {"loss": loss, "approx_kl": torch.tensor(next(kls))}
 
-    algorithm.minibatch_loss = minibatch_loss
+    algorithm.updater.loss = minibatch_loss
     _, epochs = algorithm._optimise(batch, stop_kl=0.015)
     assert epochs == 1
 

@@ -81,7 +81,7 @@ def test_a_compiled_push_cube_resumes_to_the_bit():
     pays the rewards the uninterrupted env pays, bit for bit. It had not: the shaping potentials of the loaded
     state were recomputed eagerly at the load, 1 ulp from the compiled step's, and the first reward after a
     resume differed (7e-7 here). Inductor's own rounding is the point, so this compiles with it (about 30 s)."""
-    from rlchain.core.stepping import compile_step
+    from rlchain.core.compiling import compile_step
 
     steps = actions(PushCubeEnv(num_envs=256), 30)
     straight = PushCubeEnv(num_envs=256, seed=0, max_episode_steps=20)

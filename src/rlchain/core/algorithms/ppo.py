@@ -29,7 +29,6 @@ class PPOConfig(AlgorithmConfig):
     learning_rate: float = 1e-3
     """Adam step size (tuned on push_cube; initial value under a schedule)."""
     batch_size: int = 2048
-    """Samples (env transitions) per minibatch."""
     ent_coef: float = 0.01
     """Weight of the entropy bonus (keeps push_cube's action noise from collapsing before the task is solved)."""
     gae_lambda: float = setting(0.95, ge=0, le=1)
@@ -130,8 +129,6 @@ class PPO(Algorithm):
     """
 
     trains_sequences = True
-    sample_keys = ("obs", "action", "sample_log_prob", "value")
-    update_keys = ("advantages", "returns")
     term_names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
 
     def __init__(self, policy: Policy, **settings: Any) -> None:
@@ -169,7 +166,7 @@ class PPO(Algorithm):
         if cfg.norm_adv:  # over every rank's rollout
             mean, var, _ = moments(advantages.reshape(-1), "the all-reduce of the advantages' mean and std")
             advantages = (advantages - mean) / (var.sqrt() + 1e-8)
-        data = self._samples(rollout)
+        data = self._samples(rollout, "obs", "action", "sample_log_prob", "value")
         data.set("advantages", advantages)
         data.set("returns", returns)
 
