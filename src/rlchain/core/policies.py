@@ -1,9 +1,11 @@
 """Policies: ``torch.nn.Module`` s that act on plain tensors, with a TensorDict interface over them.
 
-The tensor core, for the step loops of collection and evaluation and for the minibatch update (no TensorDict is
-built, no host read, no Python branch on a tensor's value, so each compiles whole with ``torch.compile(...,
-fullgraph=True)``); ``obs`` is float32 ``[B, obs_dim]``, or a mapping of group name -> ``[B, *group_shape]``
-(:mod:`rlchain.core.observations`), ``state`` a recurrent policy's state (below) or None:
+The tensor core, which the step loops of collection and evaluation call directly (no TensorDict is built, no
+host read, no Python branch on a tensor's value, so each compiles whole with ``torch.compile(...,
+fullgraph=True)``); the minibatch update calls the TensorDict interface's :meth:`Policy.evaluate_actions` (in the
+algorithms' losses), which in :class:`ActorCritic` is a thin wrapper over :meth:`Policy.evaluate`, so the compiled
+update builds its one TensorDict at trace time. ``obs`` is float32 ``[B, obs_dim]``, or a mapping of group name ->
+``[B, *group_shape]`` (:mod:`rlchain.core.observations`), ``state`` a recurrent policy's state (below) or None:
 
 * :meth:`Policy.act` ``(obs, state, deterministic)`` -> ``(action, log_prob, value, next_state)``: the action
   (``[B, act_dim]`` float32 for Box, ``[B]`` int64 for Discrete), its log-probability ``[B]``, the value ``[B]``;

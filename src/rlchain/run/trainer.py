@@ -154,7 +154,8 @@ class TrainerConfig(Settings):
     each whole with torch.compile(fullgraph=True) before the first step; where the env steps outside torch's
     compiler (env=gym, mjlab, maniskill) only the acting forward pass, and for a recurrent policy or under torchrun
     only the loss. The time it takes is logged once as time/compile_s and left out of SPS. Needs a C++ compiler for
-    the CPU backend (a run that cannot compile says so before any step)."""
+    the CPU backend, Triton for CUDA: a run that cannot compile stops before any step with one line naming the
+    step and the cause, its traceback in the run directory's compile_error.txt."""
     cudagraphs: bool = False
     """Replay the compiled collection step and minibatch update each as one CUDA graph (with compile=true; a CUDA
     device, an env whose step compiles, a feed-forward policy, one process): refused before any step, naming why,
