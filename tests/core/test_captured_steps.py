@@ -151,8 +151,11 @@ def test_trainer_compile_compiles_the_whole_steps_of_a_compiling_env_and_the_act
         policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
         collector = SyncCollector(env, policy, 4)
         assert (collector.step.blocker is None) == whole
+        stepped, step = [], env.step
+        env.step = lambda action, step=step, stepped=stepped: stepped.append(1) or step(action)
         collector.step.compile(backend="aot_eager")
         assert collector.step.mode == ("compiled" if whole else "part")
+        assert len(stepped) == (1 if whole else 0)  # a host env is not stepped (nor reset) to warm up its acting pass
         assert collector.collect().data["done"].shape == (4, 8)
 
 

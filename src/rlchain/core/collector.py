@@ -204,17 +204,26 @@ class SyncCollector:
 
     @torch.no_grad()
     def _warm_up(self) -> None:
-        """A rollout's first step, as :meth:`collect` runs it (what :attr:`step`'s compile warms up with)."""
+        """What :attr:`step`'s compile warms up with: a rollout's first step, as :meth:`collect` runs it; where only
+        the acting pass compiled (an env stepping outside torch's compiler), that pass alone, the env untouched."""
+        if self.step.mode == "part":
+            self.stepper.act(self.stepper.obs, self.stepper.hidden)
+            return
         self._start_rollout()
         self.step()
 
-    def _snapshot(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The env's and the collector's state (copies), which :meth:`_restore` puts back after a warm-up."""
+    def _snapshot(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The env's and the collector's state (copies), which :meth:`_restore` puts back after a warm-up that
+        stepped the env (none where only the acting pass ran)."""
         import copy
 
+        if self.step.mode == "part":
+            return None
         return copy.deepcopy(self.env.state_dict()), copy.deepcopy(self.state_dict())
 
-    def _restore(self, saved: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    def _restore(self, saved: tuple[dict[str, Any], dict[str, Any]] | None) -> None:
+        if saved is None:
+            return
         env_state, state = saved
         self.env.load_state_dict(env_state)
         self.load_state_dict(state)

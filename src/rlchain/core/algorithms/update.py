@@ -25,13 +25,13 @@ from torch.optim.adam import adam
 
 from rlchain.console import notice
 from rlchain.core.buffer import minibatch_order, sequence_minibatches
+from rlchain.core.compiling import Step
 from rlchain.distributed import world
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
     from rlchain.core.algorithms.base import Algorithm, AlgorithmConfig
-    from rlchain.core.compiling import Step
     from rlchain.core.policies import Policy
 
 __all__ = ["ADAPTIVE", "LR_SCHEDULES", "MinibatchUpdate", "NonFiniteError", "first_non_finite", "update_step"]
@@ -137,8 +137,6 @@ class MinibatchUpdate:
         """The minibatch step (:meth:`_indexed_step`) as a :class:`~rlchain.core.compiling.Step` with this warm-up,
         installed as :attr:`step` (what :meth:`run` calls). Where it cannot compile whole (a recurrent policy's
         sequences are cut on the host; a multi-process run's gradients are averaged eagerly), the loss alone does."""
-        from rlchain.core.compiling import Step
-
         blocker = (
             "a recurrent policy's update replays sequences with a host read"
             if self.recurrent
