@@ -56,6 +56,55 @@ def test_a_key_the_config_lacks_is_one_line_with_a_close_match(tmp_path, args, l
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
 
 
+@pytest.mark.parametrize(
+    "args, lines",
+    [
+        (
+            ["algorithm=grpoo"],
+            [
+                "algorithm=grpoo: grpoo is not an option of algorithm (did you mean algorithm=grpo?): expected one of "
+                "grpo, ppo"
+            ],
+        ),
+        (
+            ["env=pushcube", "env.num_envs=8"],
+            [
+                "env=pushcube: pushcube is not an option of env (did you mean env=push_cube?): expected one of "
+                "cart_pole, gym, maniskill, mjlab, push_cube"
+            ],
+        ),
+        (
+            ["-m", "algorithm=ppo,grpoo,xyz"],  # each option of a sweep
+            [
+                "algorithm=ppo,grpoo,xyz: grpoo is not an option of algorithm (did you mean algorithm=grpo?): "
+                "expected one of grpo, ppo",
+                "algorithm=ppo,grpoo,xyz: xyz is not an option of algorithm: expected one of grpo, ppo",
+            ],
+        ),
+        (
+            [*USER_CONF, "env=lin"],  # a user's own options are options
+            [
+                "env=lin: lin is not an option of env (did you mean env=line?): expected one of cart_pole, fault_line, "
+                "gym, line, maniskill, mjlab, push_cube"
+            ],
+        ),
+    ],
+)
+def test_an_option_its_group_lacks_is_one_line_with_the_real_options_and_a_close_match(args, lines):
+    # Hydra's own message is 13 to 19 lines: the group's options with its *_schema ones, and the search path.
+    assert unknown_keys(args) == [f"Invalid config: {line}" for line in lines]
+
+
+@pytest.mark.slow
+def test_a_mistyped_option_on_the_command_line_is_one_line_and_exit_1(tmp_path):
+    proc = run_cli(["algorithm=grpoo", *TINY], tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        "Invalid config: algorithm=grpoo: grpoo is not an option of algorithm (did you mean algorithm=grpo?): "
+        "expected one of grpo, ppo"
+    ), proc.stderr
+
+
 def test_each_missing_key_has_its_line():
     lines = unknown_keys(["env.nm_envs=4", "trainer.itrations=3", "seed=1"])
     assert [line.split(" (did you mean ")[1].split("?")[0] for line in lines] == [
@@ -93,7 +142,7 @@ def test_command_lines_that_compose_pass(args):
 
 
 def test_a_composition_that_fails_otherwise_is_left_to_hydra(tmp_path):
-    assert unknown_keys(["algorithm=ppx", "trainer.iterations=2"]) == []
+    assert unknown_keys(["hydra/launcher=basik", "trainer.iterations=2"]) == []  # Hydra's own groups
     assert unknown_keys(["seed=0,1"]) == []  # a sweep without -m: Hydra's "Ambiguous value" message
     proc = run_cli(["env.num_envs=many", *TINY], tmp_path)
     assert proc.returncode == 1 and "Value 'many' of type 'str' could not be converted to Integer" in proc.stderr

@@ -1,5 +1,6 @@
 """The overrides of an ``rlchain-train`` command line checked before Hydra runs it: a key that is not in the
-config it composes is one line with a close match, instead of Hydra's advice to add it with ``+``.
+config it composes, or an option that its config group lacks (``algorithm=grpoo``), is one line with a close
+match, instead of Hydra's advice to add it with ``+`` or its listing of the group's schemas and search path.
 
 Hydra composes the config before rlchain's task function runs, and prints a
 misspelt key (``trainer.max_iterations=5``) as several lines that suggest
@@ -89,6 +90,11 @@ def unknown_keys(argv: Sequence[str], config_module: str = CONFIG_MODULE, config
     with initialize_config_module(config_module, version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
         plain = [o for o in parsed if not (o.is_add() or o.is_force_add() or o.is_delete() or o.package is not None)]
+        # the groups and options of the search path this command line composes with (a --config-dir's too)
+        _, repo = loader._parse_overrides_and_create_caching_repo(args.config_name or config_name, overrides)
+        options = [line for o in plain if repo.group_exists(o.key_or_group) for line in _unknown_options(repo, o)]
+        if options:
+            return options
         keys = [o for o in plain if not _is_group(loader, o.key_or_group)]
         if not keys:
             return []  # group choices only: nothing Hydra could miss in the config
@@ -107,6 +113,35 @@ def _is_group(loader: Any, key: str) -> bool:
     """Whether ``key`` (``env``, ``hydra/launcher``) is a config group on the loader's search path."""
     parent, _, name = key.rpartition("/")
     return name in loader.list_groups(parent)
+
+
+def _unknown_options(repo: Any, override: Any) -> list[str]:
+    """One line for each option that ``override`` (a choice of a config group, ``algorithm=grpoo``; a sweep's
+    ``algorithm=ppo,grpoo`` too) names and the group lacks: the group's real options (not the ``*_schema``
+    ones) and a close match, instead of Hydra's listing of the group with its schemas and the search path. Hydra's
+    own groups (``hydra/...``) and a choice of no option (``experiment=null``) are Hydra's to check."""
+    from hydra.core.object_type import ObjectType
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    group = override.key_or_group
+    if group.startswith("hydra/") or group in HIDDEN_GROUPS:
+        return []
+    value = override.value()
+    chosen = value.list if isinstance(value, ChoiceSweep) else [value]
+    if not all(isinstance(option, str) for option in chosen):
+        return []  # null, or a sweep Hydra expands otherwise (range, glob): Hydra's to check
+    known = sorted(o for o in repo.get_group_options(group, ObjectType.CONFIG) if not o.endswith("_schema"))
+    lines = []
+    for option in chosen:
+        if option in known:
+            continue
+        close = difflib.get_close_matches(option, known, n=1)
+        hint = f" (did you mean {group}={close[0]}?)" if close else ""
+        lines.append(
+            f"Invalid config: {override.input_line}: {option} is not an option of {group}{hint}: "
+            f"expected one of {', '.join(known)}"
+        )
+    return lines
 
 
 def _app_groups(loader: Any, parent: str = "") -> list[str]:
