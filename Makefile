@@ -3,11 +3,11 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install train test lint docs bench help
+.PHONY: install install-core train test lint docs bench help
 
 help:
-	@echo "make train   install, then train GRPO on push_cube (the main job)"
-	@echo "make test    install, add a Vulkan driver where none is (.ci/vulkan), then ruff, the strict docs build and the test suite"
+	@echo "make train   install what the main job needs (rlchain, no extra), then train GRPO on push_cube (the main job)"
+	@echo "make test    install every extra, add a Vulkan driver where none is (.ci/vulkan), then ruff, the strict docs build and the test suite"
 	@echo "make lint    ruff: the code is formatted (ruff format --check) and passes its lint rules (ruff check)"
 	@echo "make docs    build the docs site strictly into a temporary directory (mkdocs serve to read it)"
 	@echo "make bench   install, then run the speed benchmarks under benchmarks/"
@@ -15,15 +15,24 @@ help:
 # torch first: on a machine without it, `pip install torch==2.13.0` takes the
 # local CPU wheel. A torch that is already installed (CPU or CUDA) is left alone:
 # its version is a constraint of the install, so that no extra's requirement (mjlab's
-# torchvision) can replace it with another build.
-install:
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install --quiet torch==2.13.0
-	@pinned=$$(mktemp) && $(PYTHON) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$$pinned" \
-		&& $(PIP) install --quiet --disable-pip-version-check -e ".[dev]" -c "$$pinned"; \
+# torchvision) can replace it with another build. $(1): the extras, e.g. [dev].
+define pip_install
+	@$(PYTHON) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" || $(PIP) install --quiet torch==2.13.0
+	@pinned=$$(mktemp) && $(PYTHON) -c "from importlib.metadata import version; print('torch==' + version('torch').split('+')[0])" > "$$pinned" \
+		&& $(PIP) install --quiet --disable-pip-version-check -e ".$(1)" -c "$$pinned"; \
 		status=$$?; rm -f "$$pinned"; exit $$status
+endef
+
+# Everything the tests use: every extra (the simulators, Optuna, W&B, video, ONNX, the peers, the docs site).
+install:
+	$(call pip_install,[dev])
+
+# What the main job needs: rlchain and its own requirements (torch, Hydra, tensordict, gymnasium, ...), no extra.
+install-core:
+	$(call pip_install,)
 
 # `python -m rlchain` is rlchain-train, run by the Python that `install` installed into (activated or not).
-train: install
+train: install-core
 	$(PYTHON) -m rlchain algorithm=grpo env=push_cube
 
 # .ci/vulkan gives ManiSkill's simulator a Vulkan device (Mesa's CPU driver on a Debian 12 machine run as root

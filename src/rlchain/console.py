@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Iterator
 from typing import TextIO
 
-__all__ = ["RUN_LOG", "Progress", "error_line", "logged_warnings", "notice", "show"]
+__all__ = ["RUN_LOG", "Progress", "error_line", "logged_warnings", "notice", "progress_info", "show"]
 
 
 class _RootFiles(logging.Handler):
@@ -74,6 +74,41 @@ def logged_warnings() -> Iterator[None]:
         warnings.showwarning = shown
 
 
+#: The terminal width (columns) from which the progress line has a bar as well as its numbers.
+_BAR_WIDTH = 120
+
+
+def progress_info(global_step: int, row: dict[str, float], width: int | None = None) -> str:
+    """The numbers of a progress line: env steps, SPS, and of the logged ``row`` the return, success rate and the
+    evaluation's success rate (or return), most important last kept: where ``width`` (characters) is given, the
+    parts that do not fit are left out, the training return first, then the env steps, then the training success
+    rate, so that the evaluation and the SPS stay readable on an 80-column terminal."""
+    parts = {"steps": f"{_short(global_step)} steps", "SPS": f"{_short(row['charts/SPS'])} SPS"}
+    if "charts/episodic_return" in row:
+        parts["return"] = f"return {row['charts/episodic_return']:.2f}"
+    if "charts/success_rate" in row:
+        parts["success"] = f"success {row['charts/success_rate']:.2f}"
+    if "eval/success_rate" in row:
+        parts["eval"] = f"eval success {row['eval/success_rate']:.2f}"
+    elif "eval/avg_reward" in row:
+        parts["eval"] = f"eval return {row['eval/avg_reward']:.2f}"
+    text = " | ".join(parts.values())
+    for dropped in ("return", "steps", "success"):
+        if width is None or len(text) <= width:
+            break
+        parts.pop(dropped, None)
+        text = " | ".join(parts.values())
+    return text
+
+
+def _short(value: float) -> str:
+    """``value`` in three significant digits with a k or M suffix: 5,120,000 -> 5.12M, 45,616 -> 45.6k."""
+    for scale, suffix in ((1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.0f}"
+
+
 def _in_foreground(stream) -> bool:
     """Whether this process's group owns the terminal ``stream`` is (a shell's foreground job)."""
     try:
@@ -101,15 +136,19 @@ class Progress:
         self.total = total
         self.start, self.start_done = time.perf_counter(), done
         self._rich = None
-        terminal = Console().is_terminal
+        console = Console()
+        terminal = console.is_terminal
         self.enabled = enabled and (not terminal or _in_foreground(sys.stdout))
+        self._width = console.width
         if self.enabled and terminal:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+            # The counter and the numbers first, the bar only where the terminal has room to spare for it.
+            bar = [BarColumn(bar_width=20)] if self._width >= _BAR_WIDTH else []
             self._rich = Progress(
                 TextColumn("iter"),
                 MofNCompleteColumn(),
-                BarColumn(),
+                *bar,
                 TextColumn("{task.fields[info]}"),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
@@ -121,21 +160,17 @@ class Progress:
         """Show the iteration just done, its ``global_step`` and the headline metrics of its logged ``row``."""
         if not self.enabled:
             return
-        info = f"step {global_step:,} | SPS {row['charts/SPS']:,.0f}"
-        if "charts/episodic_return" in row:
-            info += f" | return {row['charts/episodic_return']:.2f}"
-        if "charts/success_rate" in row:
-            info += f" | success {row['charts/success_rate']:.2f}"
-        if "eval/success_rate" in row:
-            info += f" | eval success {row['eval/success_rate']:.2f}"
-        elif "eval/avg_reward" in row:
-            info += f" | eval return {row['eval/avg_reward']:.2f}"
         if self._rich is not None:
-            self._rich.update(self._task, completed=iteration, info=info)
+            room = (
+                self._width
+                - len(f"iter {self.total}/{self.total}  ETA 0:00:00 ")
+                - (22 if self._width >= _BAR_WIDTH else 0)
+            )
+            self._rich.update(self._task, completed=iteration, info=progress_info(global_step, row, room))
             return
         rate = (time.perf_counter() - self.start) / max(1, iteration - self.start_done)
         eta = rate * (self.total - iteration)
-        print(f"iter {iteration}/{self.total} | {info} | ETA {eta:.0f}s", flush=True)
+        print(f"iter {iteration}/{self.total} | {progress_info(global_step, row)} | ETA {eta:.0f}s", flush=True)
 
     def close(self) -> None:
         """Stop the bar (a no-op for plain lines)."""

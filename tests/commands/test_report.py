@@ -32,6 +32,7 @@ def test_summary_tables_rank_jobs_and_group_seeds(cpu_sweep):
         assert {"seed", "algorithm.learning_rate"} <= set(row)  # the overrides that vary, one column each
         fresh = s.summary.best_fresh["metrics"]["success_rate"]  # best.pt on fresh start states, beside the objective
         assert float(row["best.pt on fresh starts"]) == pytest.approx(fresh["mean"])
+    assert not (sweep / ".summary.lock").exists()  # the jobs' lock goes with the sweep's end
     md = (sweep / "summary.md").read_text()
     header = next(line for line in md.splitlines() if line.startswith("| job |"))
     assert "| objective | best.pt on fresh starts |" in header

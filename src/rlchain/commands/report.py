@@ -616,6 +616,7 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Write the tables (and plot) into ``hydra.sweep.dir``; raise :class:`SweepFailed` on failures."""
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        (sweep_dir / ".summary.lock").unlink(missing_ok=True)  # every job has ended: no process holds it now
         try:
             jobs = load_jobs(sweep_dir)
         except FileNotFoundError:
