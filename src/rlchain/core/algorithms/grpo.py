@@ -63,7 +63,7 @@ class GRPOConfig(AlgorithmConfig):
     """Adam step size (tuned on push_cube; initial value under a schedule)."""
     n_epochs: int = 5
     """Passes over each rollout (EmbodiChain uses 10; 5 learns as fast per env step on push_cube in half the time)."""
-    batch_size: int = 5120
+    batch_size: int = 3200
     kl_coef: float = setting(0.0, ge=0)
     """Weight of the KL penalty to the initial policy (0 when training from scratch)."""
     group_size: int = setting(8, ge=2)
