@@ -60,6 +60,7 @@ from rlchain.core.envs.base import VecEnv
 from rlchain.core.policies import Policy
 from rlchain.distributed import CollectiveError, World, world
 from rlchain.run.checkpoint import Checkpoints
+from rlchain.run.cpu_share import CpuShare
 from rlchain.run.evaluator import Evaluator
 from rlchain.run.objective import OBJECTIVE_DIRECTIONS, Objective, ObjectiveError
 from rlchain.run.starting import start
@@ -160,6 +161,11 @@ class TrainerConfig(Settings):
     """Replay the compiled collection step and minibatch update each as one CUDA graph (with compile=true; a CUDA
     device, an env whose step compiles, a feed-forward policy, one process): refused before any step, naming why,
     where it cannot apply."""
+    adapt_threads: bool = True
+    """On a CPU device, after each iteration train on as many of torch's threads as other processes leave CPUs free
+    (read from Linux's /proc/stat; at least 1, at most the count the run started with), saying so in one line the
+    first time: threads that spin for a core another process holds slow a run several times (benchmarks/README.md).
+    False: torch's thread count as it is."""
     progress: bool = True
     """Show the progress of the iterations: a bar on a terminal, plain lines otherwise (nothing on a terminal
     that another process owns, as a parallel job of the devices launcher)."""
@@ -359,6 +365,7 @@ class Trainer:
         ending: dict[str, Any] = {"status": "completed"}
         failure: BaseException | None = None
         writer = progress = None
+        cpu_share = CpuShare(cfg.adapt_threads, self.env.device)
         with StopSignals(abort_on_repeat=not self.world.distributed) as stop:
             try:
                 if self.world.main:  # rank 0 alone logs
@@ -383,6 +390,7 @@ class Trainer:
                 while state.iteration < cfg.iterations and stopped is None and not state.pruned:
                     row, stopped = self._iteration(writer, began, stop)
                     progress.update(state.iteration, state.global_step, row)
+                    cpu_share.update()
                 if state.pruned:
                     ending = {"status": "pruned"}
                     notice(
@@ -400,6 +408,7 @@ class Trainer:
                 if not isinstance(err, CollectiveError):  # another rank's failure is that rank's to report
                     self.world.report_failure(ending["error"])
             with stop.held():  # the summary and the logs are written whatever arrives now
+                cpu_share.close()
                 if progress is not None:
                     progress.close()
                 summary = self._summary(ending, start_time, time.perf_counter() - began, state.global_step - start_step)
