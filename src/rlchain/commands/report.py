@@ -30,9 +30,9 @@ where a launcher wrote one), and writes into the sweep directory:
 
 Usage::
 
-    rlchain-report multirun/2026-11-21/10-00-00
-    rlchain-report multirun/2026-11-21/10-00-00 --metric eval/success_rate --no-plot
-    rlchain-report multirun/2026-11-21/10-00-00 --at-steps 1e6 5e6
+    rlchain-report multirun/2026-11-21/10-00-00_3fa2c1
+    rlchain-report multirun/2026-11-21/10-00-00_3fa2c1 --metric eval/success_rate --no-plot
+    rlchain-report multirun/2026-11-21/10-00-00_3fa2c1 --at-steps 1e6 5e6
 """
 
 from __future__ import annotations
@@ -649,7 +649,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="rlchain-report",
         description="Write summary.csv, summary.md and learning_curves.png for an rlchain-train multirun.",
     )
-    parser.add_argument("sweep_dir", type=Path, help="the multirun directory, e.g. multirun/2026-11-21/10-00-00")
+    parser.add_argument("sweep_dir", type=Path, help="the multirun directory, e.g. multirun/2026-11-21/10-00-00_3fa2c1")
     parser.add_argument("--metric", help="metrics.jsonl key to plot (default: the jobs' objective, trainer.objective)")
     parser.add_argument(
         "--minimize",
