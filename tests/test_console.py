@@ -60,5 +60,5 @@ def test_a_run_on_an_80_column_terminal_shows_its_counter_and_numbers_whole(tmp_
     frames = [line.strip() for line in re.split(r"[\r\n]+", text) if line.strip().startswith("iter ")]
     assert frames, text
     last = frames[-1]
-    assert re.fullmatch(r"iter 2/2 .*\d SPS \| .*eval success \d\.\d\d ETA \d:\d\d:\d\d", last), last
+    assert re.fullmatch(r"iter 2/2 .*\d(\.\d+)?k? SPS \| .*eval success \d\.\d\d ETA \d:\d\d:\d\d", last), last
     assert "…" not in last and len(last) <= 80

@@ -111,7 +111,11 @@ def test_help_and_cfg_job(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["algorithm=ppx"], "Could not find 'algorithm/ppx'"),
+        (
+            ["algorithm=ppx"],
+            "Invalid config: algorithm=ppx: ppx is not an option of algorithm (did you mean algorithm=ppo?): "
+            "expected one of grpo, ppo",
+        ),
         (
             ["algorithm.learning_rat=1e-3"],
             "Invalid config: algorithm.learning_rat=1e-3: learning_rat is not a setting of "
