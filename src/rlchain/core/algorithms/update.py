@@ -24,6 +24,7 @@ import torch
 from torch.optim.adam import adam
 
 from rlchain.console import notice
+from rlchain.core.algorithms.config import ADAPTIVE, AlgorithmConfig
 from rlchain.core.buffer import minibatch_order, sequence_minibatches
 from rlchain.core.compiling import Step
 from rlchain.distributed import world
@@ -31,14 +32,9 @@ from rlchain.distributed import world
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-    from rlchain.core.algorithms.base import Algorithm, AlgorithmConfig
     from rlchain.core.policies import Policy
 
-__all__ = ["ADAPTIVE", "LR_SCHEDULES", "MinibatchUpdate", "NonFiniteError", "first_non_finite", "update_step"]
-
-LR_SCHEDULES = ("constant", "linear", "adaptive", "adaptive_minibatch")
-ADAPTIVE = ("adaptive", "adaptive_minibatch")
-"""The schedules that adapt the rate on ``target_kl`` (see :class:`~rlchain.core.algorithms.base.Algorithm`)."""
+__all__ = ["MinibatchUpdate", "NonFiniteError", "first_non_finite", "update_step"]
 
 
 class NonFiniteError(FloatingPointError):
@@ -412,8 +408,8 @@ class MinibatchUpdate:
             )
 
 
-def update_step(algorithm: Algorithm, rollout: TensorDict) -> Step:
-    """``algorithm``'s minibatch update as the :class:`~rlchain.core.compiling.Step` that ``trainer.compile``
+def update_step(algorithm: Any, rollout: TensorDict) -> Step:
+    """``algorithm``'s (an :class:`~rlchain.core.algorithms.base.Algorithm`) minibatch update as the :class:`~rlchain.core.compiling.Step` that ``trainer.compile``
     compiles and ``trainer.cudagraphs`` captures, warmed up by one ``algorithm.update(rollout)`` (the collector's
     ``[T, N]`` storage; its zeros before the first rollout do): the update's own samples, whatever their keys, so
     the first real update runs the step compiled here. What the warm-up changed (parameters, optimiser, schedule,
