@@ -74,8 +74,8 @@ def logged_warnings() -> Iterator[None]:
         warnings.showwarning = shown
 
 
-#: The terminal width (columns) from which the progress line has a bar as well as its numbers.
-_BAR_WIDTH = 120
+#: The terminal width (columns) from which the progress line has a bar as well as its numbers, and the bar's width.
+_BAR_WIDTH, _BAR = 120, 20
 
 
 def progress_info(global_step: int, row: dict[str, float], width: int | None = None) -> str:
@@ -144,7 +144,7 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             # The counter and the numbers first, the bar only where the terminal has room to spare for it.
-            bar = [BarColumn(bar_width=20)] if self._width >= _BAR_WIDTH else []
+            bar = [BarColumn(bar_width=_BAR)] if self._width >= _BAR_WIDTH else []
             self._rich = Progress(
                 TextColumn("iter"),
                 MofNCompleteColumn(),
@@ -164,7 +164,7 @@ class Progress:
             room = (
                 self._width
                 - len(f"iter {self.total}/{self.total}  ETA 0:00:00 ")
-                - (22 if self._width >= _BAR_WIDTH else 0)
+                - (_BAR + 2 if self._width >= _BAR_WIDTH else 0)  # the bar and the spaces beside it
             )
             self._rich.update(self._task, completed=iteration, info=progress_info(global_step, row, room))
             return

@@ -9,7 +9,7 @@ sees (privileged simulator state): Isaac Lab's and mjlab's ``policy``/``actor`` 
 the policy calls that group :data:`FLAT`.
 
 Everything that handles observations goes through the few functions here, so that both forms are handled in one
-place: storage (:func:`zeros`), the step loop's copies (:func:`leaves`), checks (:func:`all_finite`) and
+place: storage (:func:`zeros`), the step loop's copies (:func:`leaves`), checks (:func:`first_non_finite_step`) and
 checkpoints (:func:`to_state`, :func:`from_state`), images (:func:`is_image`, :func:`channels_last`).
 """
 
@@ -27,12 +27,12 @@ if TYPE_CHECKING:
 __all__ = [
     "FLAT",
     "Obs",
-    "all_finite",
     "channels_last",
     "from_state",
     "group_names",
     "group_spaces",
     "dtype",
+    "first_non_finite_step",
     "is_grouped",
     "is_image",
     "leaves",
@@ -114,9 +114,14 @@ def leaves(obs: Obs, names: tuple[str, ...] | None = None) -> tuple[torch.Tensor
     return tuple(obs[key] for key in (names if names is not None else obs.keys()))
 
 
-def all_finite(obs: Obs) -> bool:
-    """Whether every entry of every group is finite (one host read)."""
-    return bool(torch.stack([torch.isfinite(t).all() for t in leaves(obs)]).all())
+def first_non_finite_step(obs: Obs) -> int | None:
+    """The first index along the first dimension (the step of a ``[T, ...]`` rollout, the env of ``[N, ...]``)
+    where some floating group of ``obs`` has a NaN or inf, else None (a host read; images are never non-finite)."""
+    bad = [(~torch.isfinite(t)).flatten(1).any(1) for t in leaves(obs) if t.is_floating_point() and t.dim() > 0]
+    if not bad:
+        return None
+    rows = torch.stack(bad).any(0)
+    return int(rows.float().argmax()) if bool(rows.any()) else None
 
 
 def to_state(obs: Obs | None) -> Any:

@@ -65,27 +65,17 @@ def check_actions(env: VecEnv, obs: Obs, actions: torch.Tensor | None = None) ->
 
 
 def _trace_rejected_action(env: VecEnv, obs: Obs, err: ValueError, actions: torch.Tensor | None = None) -> NoReturn:
-    obs_step = _first_non_finite_step(observations.leaves(obs))
+    obs_step = observations.first_non_finite_step(obs)
     if obs_step is None:
         raise err
     if actions is not None and actions.is_floating_point():
-        action_step = _first_non_finite_step([actions])
+        action_step = observations.first_non_finite_step(actions)
         if action_step is not None and action_step < obs_step:
             raise err
     raise ValueError(
         f"observation contains NaN or inf: {type(env).__name__} returned a non-finite observation, "
         f"and the policy's action from it was rejected ({err})"
     ) from err
-
-
-def _first_non_finite_step(tensors: list[torch.Tensor]) -> int | None:
-    """The first index along the first dimension where some floating tensor of ``tensors`` (each ``[T, ...]``)
-    has a NaN or inf, else None (a host read; only on the error path)."""
-    bad = [(~torch.isfinite(t)).flatten(1).any(1) for t in tensors if t.is_floating_point() and t.dim() > 0]
-    if not bad:
-        return None
-    rows = torch.stack(bad).any(0) if len(bad) > 1 else bad[0]
-    return int(rows.float().argmax()) if bool(rows.any()) else None
 
 
 def policy_input(obs: Obs, hidden: TensorDict | None) -> TensorDict:
