@@ -131,6 +131,8 @@ def build(cfg: DictConfig) -> Trainer:
         algorithm = instantiate(cfg.algorithm, policy=policy, _convert_="all")
     if world.rank > 0:
         torch.manual_seed(rank_seed(cfg.seed, world.rank))
+    if hasattr(policy, "seed_actions"):  # the action noise's own stream (a population member's, alone)
+        policy.seed_actions(rank_seed(cfg.seed, world.rank))
     config = OmegaConf.to_container(cfg, resolve=True)
     with _component("trainer"):
         trainer = instantiate(

@@ -181,25 +181,31 @@ class ActorOnlyConfig(ActorCriticConfig):
     _target_: str = "rlchain.core.policies.ActorOnly"
 
 
+#: Added to a run's seed to key its action noise's stream (:meth:`ActorCritic.seed_actions`), apart from the
+#: env's stream of the same seed.
+ACTION_STREAM = 2**62
+
 #: ``log(sqrt(2 pi))``: the normalising constant of a standard Gaussian's log-density, per dimension.
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
-def gaussian_sample(mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
-    """A draw of the diagonal Gaussian ``N(mean, exp(log_std)^2)``: ``mean + std * torch.randn_like(mean)``.
+def gaussian_sample(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """A draw of the diagonal Gaussian ``N(mean, exp(log_std)^2)``: ``mean + std * noise``.
 
-    Draws from torch's global RNG; the draw carries no gradient (differentiate its :func:`gaussian_log_prob`).
+    The draw carries no gradient (differentiate its :func:`gaussian_log_prob`).
 
     Args:
         mean: float ``[*B, D]``.
         log_std: float ``[D]`` (or any shape that broadcasts against ``mean``), natural log of the standard
             deviation.
+        noise: standard normal draws of ``mean``'s shape (a policy's counter stream,
+            :attr:`ActorCritic.action_rng`); None: ``torch.randn_like(mean)``, torch's global RNG.
 
     Returns:
         float ``[*B, D]``, ``mean``'s dtype.
     """
     with torch.no_grad():
-        return torch.addcmul(mean, log_std.exp(), torch.randn_like(mean))
+        return torch.addcmul(mean, log_std.exp(), torch.randn_like(mean) if noise is None else noise)
 
 
 def gaussian_log_prob(action: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
@@ -226,13 +232,14 @@ def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
     return (log_std + (0.5 + LOG_SQRT_2PI)).sum(-1)
 
 
-def categorical_sample(logits: torch.Tensor) -> torch.Tensor:
+def categorical_sample(logits: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
     """A draw of the Categorical of ``logits`` (float ``[*B, K]``, unnormalised or log-probabilities): the Gumbel-max
-    draw ``argmax(logits - log(-log(u)))``, ``u ~ U[0, 1)`` from ``torch.rand_like`` (torch's global RNG; a ``u`` of
-    exactly 0, of probability about 2^-24 in float32, leaves its category out of that draw). Returns int64 ``[*B]``,
-    no gradient."""
+    draw ``argmax(logits - log(-log(u)))``, ``u ~ U[0, 1)`` the uniforms ``noise`` of ``logits``' shape, or None:
+    ``torch.rand_like`` (torch's global RNG). A ``u`` of exactly 0, of probability about 2^-24 in float32, leaves
+    its category out of that draw. Returns int64 ``[*B]``, no gradient."""
     with torch.no_grad():
-        return (logits - torch.rand_like(logits).log().neg().log()).argmax(-1)
+        u = torch.rand_like(logits) if noise is None else noise
+        return (logits - u.log().neg().log()).argmax(-1)
 
 
 def categorical_log_prob(log_probs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
@@ -442,6 +449,9 @@ class ActorCritic(Policy):
         else:
             raise ValueError(f"action_space={action_space} is not supported: expected a 1-D Box or a Discrete space")
         self.cfg = cfg = ActorCriticConfig(**settings)
+        self.action_rng: Any = None
+        """The counter stream of the action noise (:meth:`seed_actions`; a
+        :class:`~rlchain.core.envs.rng.CounterRng`), or None: torch's global RNG."""
         self._tensordict_methods = {
             name: getattr(type(self), name) is not getattr(ActorCritic, name)
             for name in ("get_action", "get_value", "evaluate_actions")
@@ -605,19 +615,27 @@ class ActorCritic(Policy):
         return outs[0], outs[1], new
 
     def _core_act(
-        self, obs: Obs | Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor] | None, deterministic: bool
+        self,
+        obs: Obs | Mapping[str, torch.Tensor],
+        state: Mapping[str, torch.Tensor] | None,
+        deterministic: bool,
+        noise: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor] | None]:
-        """What :meth:`act` returns, computed here (no TensorDict)."""
+        """What :meth:`act` returns, computed here (no TensorDict). ``noise``: the draw's standard normals ``[B,
+        act_dim]`` (Box) or uniforms ``[B, n]`` (Discrete); None: from :attr:`action_rng` where set, else from
+        torch's global RNG (a population passes each member's, :mod:`rlchain.population`)."""
         x, critic_x = self._inputs(obs)
         x, critic_x, next_state = self._recur(x, critic_x, state)
         out = self.actor(x)
+        if noise is None and not deterministic and self.action_rng is not None:
+            noise = self.action_noise(out.shape[0])
         if self.discrete:
             log_probs = torch.log_softmax(out, dim=-1)
-            action = out.argmax(-1) if deterministic else categorical_sample(log_probs)
+            action = out.argmax(-1) if deterministic else categorical_sample(log_probs, noise)
             log_prob = categorical_log_prob(log_probs, action)
         else:
             log_std = self._log_std()
-            action = out if deterministic else gaussian_sample(out, log_std)
+            action = out if deterministic else gaussian_sample(out, log_std, noise)
             log_prob = gaussian_log_prob(action, out, log_std)
         return action, log_prob, self._critic_value(critic_x), next_state
 
@@ -656,6 +674,23 @@ class ActorCritic(Policy):
             log_prob = gaussian_log_prob(action, out, log_std)
             entropy = gaussian_entropy(log_std).expand(out.shape[:-1])
         return log_prob, entropy, self._critic_value(critic_x)
+
+    # ------------------------------------------------------------- action noise
+    def seed_actions(self, seed: int) -> None:
+        """Draw the action noise from a counter stream of ``seed`` (:attr:`action_rng`, on the policy's device)
+        from now on, instead of torch's global RNG: what ``rlchain-train`` does with the run's seed, so that a run
+        and the same run as a member of a population (:mod:`rlchain.population`) act alike. The stream's key is
+        ``seed + ACTION_STREAM`` (2**62), apart from the env's stream of the same seed."""
+        from rlchain.core.envs.rng import CounterRng
+
+        self.action_rng = CounterRng(int(seed) + ACTION_STREAM, next(self.parameters()).device)
+
+    def action_noise(self, batch: int) -> torch.Tensor:
+        """One step's draw of :attr:`action_rng` for ``batch`` envs: standard normals float32 ``[batch, act_dim]``
+        (Box) or uniforms ``[batch, n]`` (Discrete), envs along the rows (a population's members in blocks)."""
+        width = int(self.action_space.n) if self.discrete else int(self.action_space.shape[0])
+        draw = self.action_rng.uniform if self.discrete else self.action_rng.normal
+        return draw(batch, width, env_axis=0)
 
     # ----------------------------------------------------------- interface
     @property

@@ -9,7 +9,8 @@ returns with the run's state (:func:`run_state`, every rank of a multi-process r
 :func:`restore` hands each its own back, as rsl_rl's runner delegates its ``save`` and ``load`` to its algorithm.
 
 The checkpoint's keys: ``policy``, ``algorithm``, this rank's own part (``collector``, ``algorithm_rank``, ``env``,
-``torch_rng``, ``cuda_rng`` on a CUDA machine; :func:`rank_state`), ``episodes``, ``global_step``, ``iteration``,
+``torch_rng``, ``cuda_rng`` on a CUDA machine, ``action_rng`` for a policy that draws its action noise from a
+counter stream; :func:`rank_state`), ``episodes``, ``global_step``, ``iteration``,
 ``best_success``, ``best_step``, ``best_objective``, ``best_objective_step``, ``best_objective_id``,
 ``last_train``, ``last_eval``, ``config``, ``wandb_id``; in a multi-process run also ``world_size`` and ``ranks``
 (the other ranks' own parts, rank 1 first).
@@ -110,6 +111,9 @@ def rank_state(parts: RunParts) -> dict[str, Any]:
         "env": parts.env.state_dict(),
         "torch_rng": torch.get_rng_state(),
     }
+    action_rng = getattr(parts.policy, "action_rng", None)
+    if action_rng is not None:
+        state["action_rng"] = action_rng.state_dict()
     if torch.cuda.is_available():
         state["cuda_rng"] = torch.cuda.get_rng_state_all()
     return state
@@ -236,6 +240,9 @@ def restore(
         if exact:  # the envs go on with their episodes, and so do the returns the algorithm carries for them
             parts.algorithm.load_rank_state_dict(own.get("algorithm_rank", {}))
         torch.set_rng_state(own["torch_rng"].cpu())
+        action_rng = getattr(parts.policy, "action_rng", None)
+        if action_rng is not None and "action_rng" in own:
+            action_rng.load_state_dict(own["action_rng"])
         if "cuda_rng" in own and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([s.cpu() for s in own["cuda_rng"]])
     if not exact:

@@ -109,13 +109,40 @@ def test_a_compiled_draw_is_the_eager_draw():
 def test_both_ways_to_the_halves_give_the_mapping_eager_and_compiled(halves):
     # By word: what an eager draw uses; by stack: what a compiled one uses. Both, either way, give the mapping.
     key = mix64((5 * GOLDEN + 2) & MASK)  # draw 2 of seed 5
-    key = torch.tensor(key - 2**64 if key >= 2**63 else key, dtype=torch.int64)  # its 64 bits as an int64
+    key = torch.tensor([key - 2**64 if key >= 2**63 else key], dtype=torch.int64)  # its 64 bits as an int64 [P=1]
     golden = torch.tensor(_GOLDEN)
     compiled = torch.compile(halves, fullgraph=True)
     for count in (1, 14, 15):
         want = reference_halves(5, 2, count)
         for got in (halves(key.clone(), golden, count), compiled(key.clone(), golden, count)):
-            assert [h & 0xFFFFFFFF for h in got.tolist()] == want
+            assert [h & 0xFFFFFFFF for h in got[0].tolist()] == want
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_members_draw_each_their_own_stream_for_their_block_of_envs(compiled):
+    # A population of 3 members, 4 envs each, as one task of 12 envs: member p's block of every draw is what a
+    # stream of its seed alone draws for its 4 envs, whichever axis indexes the envs.
+    seeds = [5, 0, 2**40 + 1]
+    population = CounterRng(seeds, torch.device("cpu"))
+    solos = [CounterRng(s, torch.device("cpu")) for s in seeds]
+
+    def draws(rng, envs):
+        return rng.uniform(3, envs), rng.normal(envs, 5, env_axis=0), rng.integers(7, envs), rng.normal(2, envs)
+
+    both = torch.compile(draws, fullgraph=True) if compiled else draws
+    for _ in range(2):
+        u, z_rows, ints, z_cols = both(population, 12)
+        for p, solo in enumerate(solos):
+            su, sz_rows, sints, sz_cols = draws(solo, 4)
+            block = slice(4 * p, 4 * p + 4)
+            assert torch.equal(u[:, block], su) and torch.equal(ints[block], sints)
+            torch.testing.assert_close(z_rows[block], sz_rows, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(z_cols[:, block], sz_cols, rtol=1e-6, atol=1e-6)
+    assert population.state.tolist() == [[s, 8] for s in seeds]
+    with pytest.raises(ValueError, match=r"^10 envs do not split among 3 members$"):
+        population.uniform(2, 10)
+    with pytest.raises(ValueError, match=r"^env state rng is \(2,\): expected an int64 tensor \[3, 2\]"):
+        population.load_state_dict(torch.zeros(2, dtype=torch.int64))
 
 
 @pytest.mark.cuda

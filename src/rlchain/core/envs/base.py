@@ -411,6 +411,24 @@ class TorchVecEnv(VecEnv):
             super().spread_episode_starts()
         self.elapsed_steps.copy_(self._rng.integers(self.max_episode_steps, self.num_envs))
 
+    @property
+    def members(self) -> int:
+        """The runs this task's envs belong to (:meth:`split_into_members`); 1 unless split."""
+        return self._rng.members
+
+    def split_into_members(self, seeds: Sequence[int]) -> None:
+        """Make this task of ``N`` envs ``P = len(seeds)`` member tasks of ``N / P`` envs each, in order, member
+        ``p`` seeded ``seeds[p]`` (a population, :mod:`rlchain.population`): from here on member ``p``'s envs
+        see the episodes a task of ``N / P`` envs built with seed ``seeds[p]`` sees (each member draws from its
+        own stream: :class:`~rlchain.core.envs.rng.CounterRng`). Call it before the first ``reset``.
+
+        Raises:
+            ValueError: ``N`` not a multiple of ``P``.
+        """
+        if not seeds or self.num_envs % len(seeds):
+            raise ValueError(f"num_envs={self.num_envs} does not split into {len(seeds)} members of equal size")
+        self._rng = CounterRng(list(seeds), self.device)
+
     def _render_rows(self, env_ids: Sequence[int] | None) -> slice | torch.Tensor:
         """The rows of the state tensors that :meth:`render` draws (checked by :meth:`VecEnv._render_ids`).
 

@@ -474,7 +474,7 @@ class PushCubeEnv(TorchVecEnv):
             return features
         g, self._noise_group = self._noise_group, 1
         n, k = features.shape
-        noise = self._rng.normal(n // g, k).repeat_interleave(g, 0)
+        noise = self._rng.normal(n // g, k, env_axis=0).repeat_interleave(g, 0)
         return features + self.cfg.obs_noise_std * noise
 
     def _features(self) -> torch.Tensor:
