@@ -45,13 +45,20 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
 
 
 class _InwardClamp(torch.autograd.Function):
-    """``clamp`` whose backward passes every gradient that moves the input back into range."""
+    """``clamp`` whose backward passes every gradient that moves the input back into range (written with
+    ``setup_context`` and a generated vmap rule, so that a population's vmapped policies take it too)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, low: float, high: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(x: torch.Tensor, low: float, high: float) -> torch.Tensor:  # type: ignore[override]
+        return x.clamp(low, high)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:  # type: ignore[override]
+        x, low, high = inputs
         ctx.save_for_backward(x)
         ctx.low, ctx.high = low, high
-        return x.clamp(low, high)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]

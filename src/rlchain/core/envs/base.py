@@ -420,14 +420,17 @@ class TorchVecEnv(VecEnv):
         """Make this task of ``N`` envs ``P = len(seeds)`` member tasks of ``N / P`` envs each, in order, member
         ``p`` seeded ``seeds[p]`` (a population, :mod:`rlchain.population`): from here on member ``p``'s envs
         see the episodes a task of ``N / P`` envs built with seed ``seeds[p]`` sees (each member draws from its
-        own stream: :class:`~rlchain.core.envs.rng.CounterRng`). Call it before the first ``reset``.
+        own stream: :class:`~rlchain.core.envs.rng.CounterRng`, at the draw the task's stream stands at). Call it
+        before the first ``reset``.
 
         Raises:
             ValueError: ``N`` not a multiple of ``P``.
         """
         if not seeds or self.num_envs % len(seeds):
             raise ValueError(f"num_envs={self.num_envs} does not split into {len(seeds)} members of equal size")
+        counter = self._rng.state.view(-1, 2)[0, 1]  # the draws made so far (a task may draw when it is built)
         self._rng = CounterRng(list(seeds), self.device)
+        self._rng.state[:, 1] = counter
 
     def _render_rows(self, env_ids: Sequence[int] | None) -> slice | torch.Tensor:
         """The rows of the state tensors that :meth:`render` draws (checked by :meth:`VecEnv._render_ids`).

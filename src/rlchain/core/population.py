@@ -1,0 +1,598 @@
+"""Populations: ``P`` runs of one shape trained as one batched computation, each member still a run of its own.
+
+A population takes ``P`` ordinary runs' parts that differ only in numbers (seeds, learning rates, loss
+coefficients, ``gamma``, ...): their policies (one architecture), their algorithms (one class, one shape) and one
+torch-native task of ``P * N`` envs (:meth:`~rlchain.core.envs.base.TorchVecEnv.split_into_members`: member ``p``
+owns envs ``[p * N, (p + 1) * N)`` and draws their episodes from its own seed's stream). The members' weights
+are stacked (:func:`torch.func.stack_module_state`: ``[P, out, in]`` per layer) and every forward pass is the
+members' own policy code under :func:`torch.vmap`, so a collection step or a minibatch update is one set of
+kernels whatever ``P`` (batched matrix products: Shazeer-style ensembles, PureJaxRL's vmapped training).
+
+What makes member ``p`` exactly the run it would be alone:
+
+* its initial weights are its own policy's (built from its seed, as a solo run builds them);
+* its env episodes come from its seed's stream (:class:`~rlchain.core.envs.rng.CounterRng`), its action noise
+  from its policy's stream (:meth:`~rlchain.core.policies.ActorCritic.seed_actions`);
+* its advantages and its minibatch loss are its algorithm's own code, run on its ``[T, N]`` slice of the rollout
+  with its own numbers (:class:`Scalars`: the settings that differ become ``[P]`` tensors, vmapped);
+* its minibatch order comes from its algorithm's own seeded generator; its gradients are clipped by its own norm;
+  its Adam state, step count and learning rate are its own (Kingma and Ba 2015, as ``torch.optim.Adam``); its
+  observation normaliser is its own;
+* what stops one member (a KL stop, a non-finite loss or gradient norm) is a mask on its steps, not a ``break``:
+  the others go on.
+
+:class:`Population` is the engine: :attr:`Population.policy` is what the collector acts with
+(:class:`~rlchain.core.collector.SyncCollector` unchanged, on the ``P * N`` envs), :meth:`Population.update`
+learns from its ``[T, P * N]`` rollout, and :meth:`Population.write_back` puts member ``p``'s weights into its own
+policy module, whose ``state_dict`` is an ordinary single-policy checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from rlchain.core.algorithms.config import ADAPTIVE
+from rlchain.core.algorithms.functional import compute_gae
+from rlchain.core.algorithms.update import NonFiniteError
+from rlchain.core.buffer import minibatch_order
+from rlchain.core.envs.rng import CounterRng
+from rlchain.core.policies import ACTION_STREAM
+from rlchain.settings import SettingError
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
+
+    from rlchain.core.algorithms.base import Algorithm
+    from rlchain.core.policies import Policy
+
+__all__ = ["SHAPE_SETTINGS", "Population", "PopulationPolicy", "Scalars"]
+
+#: Algorithm settings that change shapes or code: every member must have the same value.
+SHAPE_SETTINGS = ("batch_size", "n_epochs", "group_size", "seq_len", "lr_schedule", "seed")
+
+
+class _Run(nn.Module):
+    """Runs a function while ``policy``'s parameters and buffers are those handed to
+    :func:`torch.func.functional_call` (one member's, under :func:`torch.vmap`)."""
+
+    def __init__(self, policy: nn.Module) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args)
+
+
+class Scalars:
+    """The algorithm settings that differ between the members, as float32 ``[P]`` tensors; the others as in
+    member 0's settings.
+
+    Args:
+        configs: the members' algorithm settings (one class).
+        device: where the tensors live.
+
+    Raises:
+        SettingError: a setting that changes shapes or code (:data:`SHAPE_SETTINGS` but ``seed``; a bool, a string,
+            None against a number) differing between members, naming it and its values.
+    """
+
+    def __init__(self, configs: Sequence[Any], device: torch.device) -> None:
+        first = configs[0]
+        self.base = first
+        self.varying: dict[str, torch.Tensor] = {}
+        for field in dataclasses.fields(first):
+            values = [getattr(c, field.name) for c in configs]
+            if all(v == values[0] for v in values) or field.name == "seed":
+                continue
+            numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+            if field.name in SHAPE_SETTINGS or not numeric:
+                raise SettingError(
+                    f"algorithm.{field.name}",
+                    values,
+                    " differs between the members of a population: it changes shapes or code; expected one value "
+                    "(a sweep over it runs as several populations)",
+                )
+            self.varying[field.name] = torch.tensor(values, dtype=torch.float32, device=device)
+
+    def get(self, name: str) -> torch.Tensor | Any:
+        """``name``'s ``[P]`` tensor where the members differ, else member 0's value."""
+        return self.varying.get(name, getattr(self.base, name))
+
+    def tensor(self, name: str, members: int, device: torch.device) -> torch.Tensor:
+        """``name`` as a float32 ``[P]`` tensor whether or not it differs."""
+        value = self.get(name)
+        if isinstance(value, torch.Tensor):
+            return value
+        return torch.full((members,), float(value), dtype=torch.float32, device=device)
+
+    def view(self, values: dict[str, torch.Tensor]) -> Any:
+        """A copy of member 0's settings with ``values`` (one member's, 0-d tensors under :func:`torch.vmap`) in
+        place of the varying fields: what a member's own algorithm code reads as ``self.cfg``."""
+        view = copy.copy(self.base)
+        for name, value in values.items():
+            object.__setattr__(view, name, value)
+        return view
+
+
+class PopulationPolicy(nn.Module):
+    """``P`` policies of one architecture as one module: stacked weights, each member's own code under
+    :func:`torch.vmap`. The collector acts with it as with one policy of ``P * N`` envs.
+
+    Args:
+        members: ``P`` policies of one class and settings (feed-forward :class:`~rlchain.core.policies.ActorCritic`
+            or :class:`~rlchain.core.policies.ActorOnly`), each built from its member's seed.
+        seeds: the members' run seeds: member ``p``'s action noise is the stream of
+            ``seeds[p] + ACTION_STREAM``, as its policy alone would draw it
+            (:meth:`~rlchain.core.policies.ActorCritic.seed_actions`).
+        envs_per_member: ``N``: the envs of member ``p`` are ``[p * N, (p + 1) * N)`` of each step.
+
+    Attributes:
+        params: name -> ``[P, ...]`` stacked trainable parameters (leaves; the update's).
+        buffers: name -> ``[P, ...]`` stacked buffers (the observation normalisers).
+
+    Raises:
+        SettingError: a recurrent policy, a policy without the tensor core (``seed_actions``), or members of
+            different classes or settings, naming ``policy``.
+    """
+
+    is_recurrent = False
+
+    def __init__(self, members: Sequence[Policy], seeds: Sequence[int], envs_per_member: int) -> None:
+        super().__init__()
+        self.envs = envs_per_member
+        first = members[0]
+        if not hasattr(first, "seed_actions") or getattr(first, "is_recurrent", False):
+            kind = "a recurrent policy" if getattr(first, "is_recurrent", False) else type(first).__name__
+            raise SettingError(
+                "policy",
+                kind,
+                " cannot join a population: its members are batched through ActorCritic's tensor core; expected a "
+                "feed-forward ActorCritic or ActorOnly (policy=actor_critic or actor_only)",
+            )
+        for other in members[1:]:
+            if type(other) is not type(first) or other.cfg != first.cfg:
+                raise SettingError("policy", type(other).__name__, " differs between members: expected one policy")
+        self.members = len(members)
+        self.template = copy.deepcopy(first)
+        self.template.action_rng = None
+        self._run = _Run(self.template)
+        params, buffers = torch.func.stack_module_state(list(members))
+        self.params = {name: nn.Parameter(t) for name, t in params.items()}
+        for i, (name, p) in enumerate(self.params.items()):
+            self.register_parameter(f"member_param_{i}", p)
+        self.buffers_ = buffers
+        for i, (name, b) in enumerate(buffers.items()):
+            self.register_buffer(f"member_buffer_{i}", b)
+        device = next(iter(self.params.values())).device
+        self.action_rng = CounterRng([int(s) + ACTION_STREAM for s in seeds], device)
+        self.has_critic = first.has_critic
+        self.observation_space, self.action_space = first.observation_space, first.action_space
+        self.discrete = first.discrete
+        self.critic_groups = getattr(first, "critic_groups", None)
+
+    # ------------------------------------------------------------ vmapped calls
+    def _state(self) -> dict[str, torch.Tensor]:
+        return {**{f"policy.{k}": v for k, v in self.params.items()}, **{f"policy.{k}": v for k, v in self.buffers_.items()}}
+
+    def vmap(self, fn: Callable[..., Any], *args: Any, in_dims: Any = 0) -> Any:
+        """``fn(*args)`` for every member at once: ``fn`` calls :attr:`template` (the members' code), which reads
+        member ``p``'s weights, on member ``p``'s slice (dim 0) of each argument of ``in_dims``."""
+        state = self._state()
+
+        def one(member_state: dict[str, torch.Tensor], *member_args: Any) -> Any:
+            return torch.func.functional_call(self._run, member_state, (fn, *member_args), strict=False)
+
+        dims = (0, *((in_dims,) * len(args) if not isinstance(in_dims, tuple) else in_dims))
+        return torch.vmap(one, in_dims=dims, randomness="error")(state, *args)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        """A batch of ``k`` whole steps of the ``P * N`` envs, ``[k * P * N, ...]`` (env-minor, as the collector
+        flattens its ``[T, P * N]`` storage) -> each member's ``[P, k * N, ...]``."""
+        k = x.shape[0] // (self.members * self.envs)
+        return x.view(k, self.members, self.envs, *x.shape[1:]).transpose(0, 1).reshape(self.members, -1, *x.shape[1:])
+
+    def _merge(self, y: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`_split`: ``[P, k * N, ...]`` -> ``[k * P * N, ...]``."""
+        k = y.shape[1] // self.envs
+        return y.view(self.members, k, self.envs, *y.shape[2:]).transpose(0, 1).reshape(-1, *y.shape[2:])
+
+    def act(
+        self, obs: torch.Tensor, state: Any = None, deterministic: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+        """Every member's :meth:`~rlchain.core.policies.ActorCritic.act` on its envs' ``obs`` (``[P * N,
+        obs_dim]``): ``(action, log_prob, value, None)``, ``[P * N, ...]``, the noise from each member's stream."""
+        noise = None if deterministic else self.template_noise(obs.shape[0])
+        template = self.template
+
+        def act(o: torch.Tensor, z: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+            action, log_prob, value, _ = template._core_act(o, None, deterministic, z)
+            return action, log_prob, value
+
+        if noise is None:
+            out = self.vmap(lambda o: act(o, None), self._split(obs))
+        else:
+            out = self.vmap(act, self._split(obs), self._split(noise))
+        action, log_prob, value = (self._merge(x) for x in out)
+        return action, log_prob, value, None
+
+    def template_noise(self, batch: int) -> torch.Tensor:
+        """One step's action noise of every member, ``[P * N, width]`` (member ``p``'s rows from its stream)."""
+        width = int(self.action_space.n) if self.discrete else int(self.action_space.shape[0])
+        draw = self.action_rng.uniform if self.discrete else self.action_rng.normal
+        return draw(batch, width, env_axis=0)
+
+    def value(self, obs: torch.Tensor, state: Any = None) -> torch.Tensor:
+        """Every member's critic value of its envs' ``obs`` ``[P * N, ...]``: float32 ``[P * N]``."""
+        template = self.template
+        return self._merge(self.vmap(lambda o: template._core_value(o, None), self._split(obs)))
+
+    def initial_state(self, batch: int, device: Any = None) -> None:
+        """None: a population's policies are feed-forward."""
+        return None
+
+    @torch.no_grad()
+    def update_obs_normalizer(self, obs: torch.Tensor) -> None:
+        """Fold each member's observations of a ``[T, P * N, ...]`` rollout into its own normaliser."""
+        t = obs.shape[0]
+        member_obs = obs.view(t, self.members, -1, *obs.shape[2:]).transpose(0, 1)
+        template = self.template
+        def update(o: torch.Tensor) -> torch.Tensor:
+            template.update_obs_normalizer(o)  # in place, into each member's slice of the stacked buffers
+            return o.new_zeros(())
+
+        self.vmap(update, member_obs)
+
+    def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:
+        """Member ``p``'s weights and buffers as an ordinary policy ``state_dict`` (copies)."""
+        state = {name: t[p].detach().clone() for name, t in self.params.items()}
+        state.update({name: t[p].clone() for name, t in self.buffers_.items()})
+        return state
+
+
+class Population:
+    """``P`` algorithms of one class and shape, their policies batched (:class:`PopulationPolicy`), learning as
+    one: the engine of the module docstring.
+
+    Args:
+        algorithms: the members' algorithms (:class:`~rlchain.core.algorithms.PPO` or
+            :class:`~rlchain.core.algorithms.GRPO`), each built on its member's policy from its seed.
+        seeds: the members' run seeds (their action noise; see :class:`PopulationPolicy`).
+        envs_per_member: ``N``, each member's envs.
+
+    Attributes:
+        policy: the :class:`PopulationPolicy` the collector acts with.
+        scalars: the members' settings (:class:`Scalars`).
+        lr: float32 ``[P]``, each member's learning rate in use.
+        stopped: bool ``[P]``: members stopped for good (a non-finite loss or gradient norm, a pruned trial); their
+            steps move nothing.
+        faults: per stopped member, its :class:`~rlchain.core.algorithms.update.NonFiniteError` (or why).
+
+    Raises:
+        SettingError: settings a population cannot vary or take yet, naming them: see :class:`Scalars`; PPO's
+            ``reward_norm``, GRPO's ``kl_coef > 0`` or ``advantage_norm='rollout_std'``; an algorithm other than
+            PPO or GRPO.
+    """
+
+    def __init__(self, algorithms: Sequence[Algorithm], seeds: Sequence[int], envs_per_member: int) -> None:
+        from rlchain.core.algorithms.grpo import GRPO
+        from rlchain.core.algorithms.ppo import PPO
+
+        first = algorithms[0]
+        if not isinstance(first, PPO | GRPO) or any(type(a) is not type(first) for a in algorithms):
+            raise SettingError("algorithm", type(first).__name__, " cannot form a population: expected PPO or GRPO")
+        self.kind = "ppo" if isinstance(first, PPO) else "grpo"
+        for a in algorithms:
+            refused = (
+                ("reward_norm", a.cfg.reward_norm, "False")
+                if self.kind == "ppo" and a.cfg.reward_norm
+                else ("kl_coef", a.cfg.kl_coef, "0")
+                if self.kind == "grpo" and a.cfg.kl_coef > 0
+                else ("advantage_norm", a.cfg.advantage_norm, "'std' or 'none'")
+                if self.kind == "grpo" and a.cfg.advantage_norm == "rollout_std"
+                else None
+            )
+            if refused is not None:
+                name, value, allowed = refused
+                raise SettingError(f"algorithm.{name}", value, f" is not taken by a population yet: expected {allowed}")
+        self.algorithms = list(algorithms)
+        self.members, self.envs_per_member = len(algorithms), envs_per_member
+        self.policy = PopulationPolicy([a.policy for a in algorithms], seeds, envs_per_member)
+        device = next(iter(self.policy.params.values())).device
+        self.device = device
+        self.scalars = Scalars([a.cfg for a in algorithms], device)
+        self.template = copy.copy(first)
+        self.template.policy = self.policy.template
+        self._params = list(self.policy.params.values())
+        self._exp_avg = [torch.zeros_like(p) for p in self._params]
+        self._exp_avg_sq = [torch.zeros_like(p) for p in self._params]
+        self._adam_steps = torch.zeros(self.members, dtype=torch.float32, device=device)
+        self.lr = self.scalars.tensor("learning_rate", self.members, device).clone()
+        self.stopped = torch.zeros(self.members, dtype=torch.bool, device=device)
+        self.faults: dict[int, str] = {}
+        self.iteration = 0
+
+    # ---------------------------------------------------------------- samples
+    def _member_rollout(self, rollout: TensorDict, keys: Sequence[str]) -> dict[str, torch.Tensor]:
+        """``keys`` of the ``[T, P * N]`` rollout as ``[P, T, N, ...]`` tensors (member-major)."""
+        t = rollout.batch_size[0]
+        out = {}
+        for key in keys:
+            x = rollout[key]
+            out[key] = x.view(t, self.members, self.envs_per_member, *x.shape[2:]).transpose(0, 1)
+        return out
+
+    def _ppo_samples(self, rollout: TensorDict) -> dict[str, torch.Tensor]:
+        """Each member's advantages and returns ``[P, T, N]`` (its own ``gamma``, ``gae_lambda``; its advantages
+        normalised over its own samples), as :meth:`~rlchain.core.algorithms.PPO.update` computes them."""
+        keys = ("reward", "value", "next_value", "terminated", "done")
+        parts = self._member_rollout(rollout, keys)
+        gamma = self.scalars.tensor("gamma", self.members, self.device)
+        lam = self.scalars.tensor("gae_lambda", self.members, self.device)
+        norm_adv = self.scalars.base.norm_adv
+
+        def samples(reward, value, next_value, terminated, done, g, lm):
+            advantages, returns = compute_gae(reward, value, next_value, terminated, done, g, lm)
+            if norm_adv:
+                flat = advantages.reshape(-1)
+                advantages = (advantages - flat.mean()) / (flat.var().sqrt() + 1e-8)
+            return advantages, returns
+
+        advantages, returns = torch.vmap(samples)(*(parts[k] for k in keys), gamma, lam)
+        return {"advantages": advantages, "returns": returns}
+
+    def _grpo_samples(self, rollout: TensorDict) -> dict[str, torch.Tensor]:
+        """Each member's group-relative advantages and live mask ``[P, T, N]``, from its algorithm's own
+        :meth:`~rlchain.core.algorithms.GRPO.advantages` with its own numbers."""
+        from tensordict import TensorDict
+
+        parts = self._member_rollout(rollout, ("reward", "done"))
+        varying = {k: v for k, v in self.scalars.varying.items() if k in ("gamma", "eps")}
+        template, scalars = self.template, self.scalars
+
+        def samples(reward, done, values):
+            view = copy.copy(template)
+            view.cfg = scalars.view(values)
+            td = TensorDict({"reward": reward, "done": done}, batch_size=reward.shape)
+            advantages, mask = view.advantages(td)
+            return advantages, mask.float()
+
+        advantages, mask = torch.vmap(samples)(parts["reward"], parts["done"], varying)
+        return {"advantages": advantages, "mask": mask}
+
+    # ----------------------------------------------------------------- update
+    def update(self, rollout: TensorDict) -> list[dict[str, float]]:
+        """One update of every member on its ``[T, N]`` slice of the ``[T, P * N]`` rollout.
+
+        Returns:
+            per member, what its algorithm's ``update`` returns (the means of its terms over the minibatches it
+            ran, ``grad_norm``, ``learning_rate``, and PPO's ``explained_variance`` and ``epochs``, GRPO's
+            ``live_fraction``); ``{}`` for a stopped member.
+        """
+        computed = self._ppo_samples(rollout) if self.kind == "ppo" else self._grpo_samples(rollout)
+        keys = ("obs", "action", "sample_log_prob") + (("value",) if self.kind == "ppo" else ())
+        data = self._member_rollout(rollout, keys)
+        data.update(computed)
+        samples = {k: v.reshape(self.members, -1, *v.shape[3:]) for k, v in data.items()}  # [P, T * N, ...]
+        stats = self._optimise(samples)
+        self.policy.update_obs_normalizer(rollout["obs"])
+        extra = self._ppo_stats(rollout, data) if self.kind == "ppo" else self._grpo_stats(data)
+        lrs = self.lr.tolist()
+        out = []
+        for p in range(self.members):
+            if p in self.faults:
+                out.append({})
+                continue
+            out.append({**stats[p], **{k: v[p] for k, v in extra.items()}, "learning_rate": lrs[p]})
+        return out
+
+    def _ppo_stats(self, rollout: TensorDict, data: dict[str, torch.Tensor]) -> dict[str, list[float]]:
+        returns, value = data["returns"].flatten(1), data["value"].flatten(1)
+        var_returns, var_residual = returns.var(1), (returns - value).var(1)
+        constant = var_returns <= (1e-6 * returns.abs().amax(1)) ** 2
+        ev = torch.where(constant, math.nan, 1 - var_residual / var_returns)
+        return {"explained_variance": ev.tolist()}
+
+    def _grpo_stats(self, data: dict[str, torch.Tensor]) -> dict[str, list[float]]:
+        return {"live_fraction": data["mask"].flatten(1).mean(1).tolist()}
+
+    def _loss(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every member's minibatch loss and terms ``[P]``: its algorithm's own ``_minibatch_loss`` with its own
+        numbers and weights, vmapped."""
+        from tensordict import TensorDict
+
+        template, scalars = self.template, self.scalars
+        varying = scalars.varying
+
+        def loss(b: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            view = copy.copy(template)
+            view.cfg = scalars.view(values)
+            size = next(iter(b.values())).shape[0]
+            return view._minibatch_loss(TensorDict(b, batch_size=[size]))
+
+        return self.policy.vmap(loss, batch, varying)
+
+    def _optimise(self, samples: dict[str, torch.Tensor]) -> list[dict[str, float]]:
+        """``n_epochs`` of each member's own seeded minibatches, one masked Adam step each (see the module
+        docstring); the adaptive schedules, the KL stop and the fault masks per member."""
+        cfg, p_count = self.scalars.base, self.members
+        names = self.template.term_names
+        size = next(iter(samples.values())).shape[1]
+        self._schedule_before_update()
+        active = ~self.stopped
+        epochs_run = torch.zeros(p_count, dtype=torch.float64, device=self.device)
+        totals = torch.zeros(p_count, len(names) + 1, dtype=torch.float64, device=self.device)
+        counts = torch.zeros(p_count, dtype=torch.float64, device=self.device)
+        fault = torch.zeros(p_count, dtype=torch.int64, device=self.device)
+        fault_value = torch.zeros(p_count, dtype=torch.float32, device=self.device)
+        stop_kl = cfg.target_kl is not None and getattr(cfg, "stop_at_target_kl", False)
+        target_kl = self.scalars.tensor("target_kl", p_count, self.device) if cfg.target_kl is not None else None
+        running = active.clone()
+        rows = torch.arange(p_count, device=self.device)[:, None]
+        for _ in range(cfg.n_epochs):
+            going = running.tolist()
+            orders = [
+                minibatch_order(size, cfg.batch_size, a.updater.generator)
+                if go
+                else torch.zeros(size // min(cfg.batch_size, size), min(cfg.batch_size, size), dtype=torch.int64)
+                for a, go in zip(self.algorithms, going)
+            ]
+            order = torch.stack([o.to(self.device) for o in orders])  # [P, M, size]
+            step_mask = running & (fault == 0)
+            for m in range(order.shape[1]):
+                idx = order[:, m]
+                batch = {k: v[rows, idx] for k, v in samples.items()}
+                terms, grad_norm, step_mask = self._train_step(batch, step_mask, running, fault, fault_value)
+                row = torch.stack([*(terms[n].detach() for n in names), grad_norm], -1).double()
+                totals += torch.where(running[:, None], row, 0.0)
+                counts += running.double()
+            epochs_run += running.double()
+            if stop_kl:
+                kl = terms["approx_kl"].detach()
+                running = running & ~(kl > target_kl)
+        if cfg.lr_schedule == "adaptive":
+            self._adapt_lr(self._update_kl(samples), active)
+        self.iteration += 1
+        return self._finish(totals, counts, epochs_run, fault, fault_value, names)
+
+    def _train_step(
+        self,
+        batch: dict[str, torch.Tensor],
+        step_mask: torch.Tensor,
+        running: torch.Tensor,
+        fault: torch.Tensor,
+        fault_value: torch.Tensor,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """One minibatch step of every member whose ``running`` is set: its loss, gradients, their clip by its own
+        norm to its ``max_grad_norm``, under ``adaptive_minibatch`` its rate from its minibatch KL, and its Adam
+        step; a member whose loss or gradient norm is not finite is recorded in ``fault`` (1 the loss, 2 the
+        gradient norm) and moves no more."""
+        terms = self._loss(batch)
+        loss = terms["loss"]
+        grads = torch.autograd.grad(loss.sum(), self._params, allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self._params, grads)]
+        per_member = torch.stack([g.flatten(1).square().sum(1) for g in grads]).sum(0).sqrt()  # [P]
+        max_norm = self.scalars.tensor("max_grad_norm", self.members, self.device)
+        scale = (max_norm / (per_member + 1e-6)).clamp_max(1.0)
+        loss = loss.detach()
+        code = torch.where(~torch.isfinite(loss), 1, torch.where(~torch.isfinite(per_member), 2, 0))
+        code = torch.where(running, code, 0)
+        first = (fault == 0) & (code != 0)
+        fault_value.copy_(torch.where(first, torch.where(code == 1, loss, per_member), fault_value))
+        fault.copy_(torch.where(fault == 0, code, fault))
+        ok = running & (fault == 0)
+        if self.scalars.base.lr_schedule == "adaptive_minibatch":
+            self._adapt_lr(terms["approx_kl"].detach(), ok)
+        self._adam_step(grads, scale, ok)
+        return terms, per_member, ok
+
+    @torch.no_grad()
+    def _adam_step(self, grads: list[torch.Tensor], scale: torch.Tensor, ok: torch.Tensor) -> None:
+        """Adam (Kingma and Ba 2015; ``torch.optim.Adam``'s formula, ``eps=1e-5``, betas (0.9, 0.999)) of each
+        member whose ``ok`` is set, with its clip ``scale`` and rate :attr:`lr`; the others' weights and moments
+        stay."""
+        beta1, beta2, eps = 0.9, 0.999, 1e-5
+        self._adam_steps.add_(ok.float())
+        bias1 = 1 - beta1**self._adam_steps
+        bias2_sqrt = (1 - beta2**self._adam_steps).sqrt()
+        step_size = self.lr / bias1.clamp_min(1e-30)
+        for p, g, m, v in zip(self._params, grads, self._exp_avg, self._exp_avg_sq):
+            shape = (-1, *(1,) * (p.dim() - 1))
+            keep = ok.view(shape)
+            g = g * scale.view(shape)
+            m.copy_(torch.where(keep, m.lerp(g, 1 - beta1), m))
+            v.copy_(torch.where(keep, v * beta2 + (1 - beta2) * g * g, v))
+            denom = (v.sqrt() / bias2_sqrt.view(shape)).add_(eps)
+            p.copy_(torch.where(keep, p - step_size.view(shape) * m / denom, p))
+
+    # ---------------------------------------------------------------- schedule
+    def _schedule_before_update(self) -> None:
+        cfg = self.scalars.base
+        if cfg.lr_schedule in ADAPTIVE:
+            return
+        base = self.scalars.tensor("learning_rate", self.members, self.device)
+        if cfg.lr_schedule == "linear":
+            total = self.scalars.tensor("total_iterations", self.members, self.device)
+            base = base * (1.0 - self.iteration / total).clamp_min(0.0)
+        self.lr.copy_(base)
+
+    def _adapt_lr(self, kl: torch.Tensor, mask: torch.Tensor) -> None:
+        """rsl_rl's adaptive rule per member (``[P]`` KLs), where ``mask``: as
+        :meth:`~rlchain.core.algorithms.update.MinibatchUpdate._adapt_lr` (float64 there, float32 here)."""
+        target = self.scalars.tensor("target_kl", self.members, self.device)
+        lr = self.lr
+        down = (lr / 1.5).clamp_min(1e-5)
+        up = (lr * 1.5).clamp_max(1e-2)
+        new = torch.where(kl > 2.0 * target, down, torch.where((kl > 0.0) & (kl < target / 2.0), up, lr))
+        self.lr.copy_(torch.where(mask, new, lr))
+
+    @torch.no_grad()
+    def _update_kl(self, samples: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Each member's mean KL(rollout policy || updated policy) over its samples (GRPO: its live ones), ``[P]``."""
+        template = self.policy.template
+        weight = samples.get("mask")
+
+        def kl(b: dict[str, torch.Tensor], w: torch.Tensor | None) -> torch.Tensor:
+            from tensordict import TensorDict
+
+            size = b["action"].shape[0]
+            new = template.evaluate_actions(TensorDict(b, batch_size=[size]))["sample_log_prob"]
+            log_ratio = new - b["sample_log_prob"]
+            per = torch.expm1(log_ratio) - log_ratio
+            if w is None:
+                return per.mean()
+            return torch.where(w.sum() > 0, (per * w).sum() / w.sum().clamp_min(1e-30), 0.0)
+
+        b = {k: samples[k] for k in ("obs", "action", "sample_log_prob")}
+        return self.policy.vmap(kl, b, weight, in_dims=(0, None if weight is None else 0))
+
+    # ------------------------------------------------------------------ faults
+    def _finish(self, totals, counts, epochs_run, fault, fault_value, names) -> list[dict[str, float]]:
+        """Read the update once: each member's means, its epochs, its fault (a member that went non-finite is
+        stopped for good, with its :class:`~rlchain.core.algorithms.update.NonFiniteError`)."""
+        finite = torch.stack([torch.isfinite(p.flatten(1)).all(1) for p in self._params]).all(0)
+        means = totals / counts.clamp_min(1.0)[:, None]
+        host = torch.cat([means, epochs_run[:, None], fault[:, None].double(), fault_value[:, None].double(),
+                          finite[:, None].double()], 1).tolist()
+        out = []
+        for p, row in enumerate(host):
+            *values, epochs, code, value, params_finite = row
+            stats = dict(zip((*names, "grad_norm"), values))
+            if self.kind == "ppo":
+                stats["epochs"] = epochs
+            if p in self.faults:
+                out.append({})
+                continue
+            error = None
+            if code:
+                error = NonFiniteError("loss" if code == 1 else "grad_norm", value, self.iteration)
+            elif not all(math.isfinite(v) for v in values):
+                name = next(n for n, v in stats.items() if not math.isfinite(v))
+                error = NonFiniteError(name, stats[name], self.iteration)
+            elif not params_finite:
+                error = NonFiniteError("parameter", math.nan, self.iteration)
+            if error is not None:
+                self.stop(p, str(error))
+            out.append(stats)
+        return out
+
+    def stop(self, member: int, why: str) -> None:
+        """Stop ``member`` for good (masked: its steps move nothing from now on; no recompile): a non-finite
+        update, or a pruned trial."""
+        self.stopped[member] = True
+        self.faults[member] = why
+
+    # --------------------------------------------------------------- members
+    @torch.no_grad()
+    def write_back(self, member: int) -> Policy:
+        """Put member ``member``'s weights and observation statistics into its own policy module (an ordinary
+        policy: its ``state_dict`` is a solo run's checkpoint format) and return it."""
+        policy = self.algorithms[member].policy
+        policy.load_state_dict(self.policy.member_state_dict(member))
+        return policy
