@@ -381,7 +381,11 @@ class Population:
         data.update(computed)
         samples = {k: v.reshape(self.members, -1, *v.shape[3:]) for k, v in data.items()}  # [P, T * N, ...]
         stats = self._optimise(samples)
+        before = {name: b.clone() for name, b in self.policy.buffers_.items()}
         self.policy.update_obs_normalizer(rollout["obs"])
+        with torch.no_grad():  # a stopped member's statistics stay as they were
+            for name, b in self.policy.buffers_.items():
+                b.copy_(torch.where(self.stopped.view(-1, *(1,) * (b.dim() - 1)), before[name], b))
         extra = self._ppo_stats(rollout, data) if self.kind == "ppo" else self._grpo_stats(data)
         lrs = self.lr.tolist()
         out = []

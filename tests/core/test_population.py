@@ -1,0 +1,134 @@
+"""A population's member p is the solo run with the same settings: the same rollout, the same update, to float
+rounding; what stops one member leaves the others going; settings that change shapes are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlchain.core.algorithms import GRPO, PPO
+from rlchain.core.collector import SyncCollector
+from rlchain.core.envs.cart_pole import CartPoleEnv
+from rlchain.core.envs.push_cube import PushCubeEnv
+from rlchain.core.policies import ActorCritic, ActorOnly
+from rlchain.core.population import Population
+from rlchain.settings import SettingError
+
+ENVS = {"push_cube": PushCubeEnv, "cart_pole": CartPoleEnv}
+N, T = 8, 16
+SEEDS = [3, 1, 4, 15]
+RATES = [1e-3, 3e-4, 2e-3, 5e-4]
+#: Shared by every member (shapes); each member adds its seed and learning rate.
+SETTINGS = {
+    "ppo": {"batch_size": 32, "n_epochs": 2},
+    "grpo": {"batch_size": 32, "n_epochs": 2, "group_size": 4},
+}
+
+
+def member(env_name: str, algo: str, seed: int, num_envs: int = N, **settings):
+    """A run's parts built as ``rlchain-train`` builds them: torch seeded with the run's seed, env, policy,
+    algorithm, then the policy's action stream."""
+    torch.manual_seed(seed)
+    env = ENVS[env_name](num_envs=num_envs, seed=seed, max_episode_steps=T)
+    policy_cls = ActorCritic if algo == "ppo" else ActorOnly
+    policy = policy_cls(env.single_observation_space, env.single_action_space, hidden_sizes=[16, 16])
+    algorithm = (PPO if algo == "ppo" else GRPO)(policy, **{**SETTINGS[algo], **settings})
+    policy.seed_actions(seed)
+    return env, policy, algorithm
+
+
+def population(env_name: str, algo: str, rates=RATES, seeds=SEEDS, **settings):
+    """The population of the members (seeds, rates) and its collector on one task of ``P * N`` envs."""
+    algorithms = [member(env_name, algo, s, learning_rate=lr, **settings)[2] for s, lr in zip(seeds, rates)]
+    engine = Population(algorithms, seeds, N)
+    env = ENVS[env_name](num_envs=N * len(seeds), seed=0, max_episode_steps=T)
+    env.split_into_members(seeds)
+    return engine, SyncCollector(env, engine.policy, T, reset_options=algorithms[0].reset_options)
+
+
+#: The first update's loss terms match to 1e-5 relative; a KL (a difference of nearly equal numbers) and the
+#: gradient norm to 1e-4.
+TOLERANCE = {"policy_loss": 1e-5, "value_loss": 1e-5, "entropy": 1e-5}
+
+
+@pytest.mark.parametrize("env_name", ["push_cube", "cart_pole"])
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_member_p_is_solo_run_p_rollout_for_rollout_and_update_for_update(env_name, algo):
+    engine, collector = population(env_name, algo)
+    rollouts = [collector.collect().data.clone()]  # the storage is reused: keep a copy
+    first = engine.update(rollouts[0])
+    rollouts.append(collector.collect().data.clone())
+    second = engine.update(rollouts[1])
+    for p, (seed, lr) in enumerate(zip(SEEDS, RATES)):
+        env, policy, algorithm = member(env_name, algo, seed, learning_rate=lr)
+        solo = SyncCollector(env, policy, T, reset_options=algorithm.reset_options)
+        block = slice(p * N, (p + 1) * N)
+        for rollout, stats in ((rollouts[0], first[p]), (rollouts[1], second[p])):
+            data = solo.collect().data
+            # The episodes' starts are the same draws, bit for bit; after, a batched matrix product rounds as it
+            # will (a member's mean action may differ from its solo run's in the last bit), and the second rollout
+            # acts with weights that went through both ways of updating.
+            assert torch.equal(rollout["obs"][0, block], data["obs"][0]), p
+            tol = 1e-5 if rollout is rollouts[0] else 1e-3
+            for key in ("obs", "action", "reward", "sample_log_prob"):
+                torch.testing.assert_close(rollout[key][:, block], data[key], rtol=tol, atol=tol / 10)
+            assert torch.equal(rollout["done"][:, block], data["done"]), p
+            want = algorithm.update(data)
+            assert set(stats) == set(want)
+            for name, value in want.items():
+                # A policy loss is a mean of unit-scale advantages times ratios near 1 whose sum cancels to ~1e-4:
+                # its rounding is measured against that unit scale (abs), the other terms' relative to themselves.
+                first_update = rollout is rollouts[0]
+                tol = TOLERANCE.get(name, 1e-4) if first_update else 1e-3
+                near = 1e-6 if first_update else 1e-5
+                assert stats[name] == pytest.approx(value, rel=tol, abs=near), (p, name, stats[name], value)
+        # The member's weights, written back into its own policy, are the solo run's (an ordinary state_dict).
+        mine = engine.write_back(p).state_dict()
+        for name, value in policy.state_dict().items():
+            torch.testing.assert_close(mine[name], value, rtol=1e-3, atol=1e-5)
+
+
+def test_a_kl_stop_a_fault_and_a_prune_stop_one_member_and_the_others_go_on():
+    # Member 1's KL target is tiny: its epochs stop after the first, as its solo run's do (CleanRL's rule).
+    targets = [1.0, 1e-9, 1.0, 1.0]
+    algorithms = [
+        member("push_cube", "ppo", s, stop_at_target_kl=True, target_kl=k, n_epochs=3)[2]
+        for s, k in zip(SEEDS, targets)
+    ]
+    engine = Population(algorithms, SEEDS, N)
+    env = PushCubeEnv(num_envs=N * 4, seed=0, max_episode_steps=T)
+    env.split_into_members(SEEDS)
+    collector = SyncCollector(env, engine.policy, T)
+    stats = engine.update(collector.collect().data)
+    assert [s["epochs"] for s in stats] == [3.0, 1.0, 3.0, 3.0]
+    _, _, solo = member("push_cube", "ppo", SEEDS[1], stop_at_target_kl=True, target_kl=1e-9, n_epochs=3)
+    solo_env = PushCubeEnv(num_envs=N, seed=SEEDS[1], max_episode_steps=T)
+    want = solo.update(SyncCollector(solo_env, solo.policy, T).collect().data)
+    assert want["epochs"] == 1.0 and stats[1]["policy_loss"] == pytest.approx(want["policy_loss"], rel=1e-5, abs=1e-6)
+
+    # A non-finite reward in member 2's envs makes its loss NaN: it stops alone, its weights as they were.
+    kept = {name: t[0].clone() for name, t in engine.policy.params.items()}
+    frozen = {name: t[2].clone() for name, t in engine.policy.params.items()}
+    rollout = collector.collect().data
+    rollout["reward"][3, 2 * N + 1] = float("nan")
+    stats = engine.update(rollout)
+    assert stats[2] == {} and "loss is nan" in engine.faults[2]
+    assert all(stats[p] for p in (0, 1, 3))
+    assert all(torch.equal(t[2], frozen[name]) for name, t in engine.policy.params.items())
+    assert any(not torch.equal(t[0], kept[name]) for name, t in engine.policy.params.items())
+
+    # A pruned member (Optuna) stops the same way: masked, no rebuild.
+    engine.stop(3, "pruned at step 512")
+    before = {name: t[3].clone() for name, t in engine.policy.params.items()}
+    stats = engine.update(collector.collect().data)
+    assert stats[3] == {} and stats[0] and stats[1]
+    assert all(torch.equal(t[3], before[name]) for name, t in engine.policy.params.items())
+
+
+def test_settings_that_change_shapes_are_refused_naming_the_key():
+    algorithms = [member("push_cube", "ppo", s, batch_size=b)[2] for s, b in zip(SEEDS[:2], (32, 64))]
+    with pytest.raises(SettingError, match=r"^algorithm\.batch_size=\[32, 64\] differs between the members"):
+        Population(algorithms, SEEDS[:2], N)
+    algorithms = [member("push_cube", "ppo", s, reward_norm=True)[2] for s in SEEDS[:2]]
+    with pytest.raises(SettingError, match=r"^algorithm\.reward_norm=True is not taken by a population yet"):
+        Population(algorithms, SEEDS[:2], N)
