@@ -66,3 +66,14 @@ class DevicesLauncherConf:
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="devices", node=DevicesLauncherConf, provider="rlchain")
+
+
+@dataclass
+class PopulationLauncherConf:
+    """Settings of :class:`~hydra_plugins.rlchain_launcher.population_launcher.PopulationLauncher`
+    (``hydra/launcher=population``): it has none of its own; a population runs on its jobs' ``device``."""
+
+    _target_: str = "hydra_plugins.rlchain_launcher.population_launcher.PopulationLauncher"
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="population", node=PopulationLauncherConf, provider="rlchain")

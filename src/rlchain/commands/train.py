@@ -25,7 +25,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import hydra
@@ -194,10 +194,57 @@ def train(cfg: DictConfig) -> RunSummary:
     return summary
 
 
+def build_member(cfg: DictConfig) -> Trainer:
+    """:func:`build` for a member of a population (``hydra/launcher=population``), as a job of its sweep: a member
+    refused before its first step leaves ``summary.json`` with ``status="failed"`` and raises, and the other
+    members go on."""
+    return _build(cfg, time.time())
+
+
+def train_population(trainers: Sequence[Trainer]) -> list[tuple[RunSummary, BaseException | None]]:
+    """Train the built members ``trainers`` as one population (:class:`rlchain.run.population.PopulationRun`);
+    print each one's result line (or its one-line failure) and return each one's summary and failure.
+
+    Raises:
+        SettingError: members that cannot form one population (before any step), naming the setting.
+    """
+    from rlchain.run.population import PopulationRun
+
+    sessions = PopulationRun(trainers).train()
+    results = []
+    for session in sessions:
+        summary, trainer, failure = session.summary, session.trainer, session.failure
+        if failure is None:
+            show(_result_line(summary, trainer))
+        else:
+            failure.run_summary = summary
+            show(f"rlchain: failed: {summary.error} | {trainer.output_dir} (the traceback is in its summary.json)")
+        results.append((summary, failure))
+    return results
+
+
 def _train(cfg: DictConfig) -> RunSummary:
-    start_time = time.time()
+    trainer = _build(cfg, time.time())
     try:
-        trainer = build(cfg)
+        summary = trainer.train()
+    except Exception as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        if not trainer.world.main:  # rank 0 says what ended the run, and writes it down
+            raise RunFailed(f"rlchain: rank {trainer.world.rank} stopped: {error_line(str(err))}") from err
+        ended: RunSummary | None = getattr(err, "run_summary", None)
+        error = ended.error if ended is not None and ended.error else error_line(err)
+        where = "the traceback is in its summary.json" if ended is not None else "no summary.json could be written"
+        raise RunFailed(f"rlchain: failed: {error} | {trainer.output_dir} ({where})") from err
+    if trainer.world.main:
+        show(_result_line(summary, trainer))
+    return summary
+
+
+def _build(cfg: DictConfig, start_time: float) -> Trainer:
+    """:func:`build`; a run refused before its first step leaves its ``summary.json`` as :func:`train` says."""
+    try:
+        return build(cfg)
     except Exception as err:
         error = error_line(str(err) if isinstance(err, ConfigError) else err)
         distributed.world().report_failure(error)
@@ -226,20 +273,6 @@ def _train(cfg: DictConfig) -> RunSummary:
         if isinstance(err, CollectiveError):  # the ranks did not all join
             raise RunFailed(f"rlchain: failed: {err} | {run_dir}") from err
         raise
-    try:
-        summary = trainer.train()
-    except Exception as err:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        if not trainer.world.main:  # rank 0 says what ended the run, and writes it down
-            raise RunFailed(f"rlchain: rank {trainer.world.rank} stopped: {error_line(str(err))}") from err
-        ended: RunSummary | None = getattr(err, "run_summary", None)
-        error = ended.error if ended is not None and ended.error else error_line(err)
-        where = "the traceback is in its summary.json" if ended is not None else "no summary.json could be written"
-        raise RunFailed(f"rlchain: failed: {error} | {trainer.output_dir} ({where})") from err
-    if trainer.world.main:
-        show(_result_line(summary, trainer))
-    return summary
 
 
 def _result_line(summary: RunSummary, trainer: Trainer) -> str:

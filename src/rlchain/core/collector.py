@@ -332,7 +332,12 @@ class SyncCollector:
         check_actions(env, data["obs"], data["action"])  # the rollout's one read of an env's deferred action check
         self._bootstrap_values(data)
 
-        # One host read per rollout: the counted episodes and the term means.
+        return Rollout(data, *self._statistics(data))
+
+    def _statistics(self, data: TensorDict, envs: slice = slice(None)) -> tuple[Episodes, dict[str, float]]:
+        """The episodes the rollout ``data`` counts and the means of its reward terms and metrics, over the envs
+        ``envs``: one host read."""
+        data = data[:, envs]
         counted = data["done"]
         if self.reset_options is not None:
             counted = counted & (counted.cumsum(0) == 1)  # each env's first episode
@@ -340,9 +345,16 @@ class SyncCollector:
         episodes = Episodes(*(x.tolist() for x in finished))
         names = [f"{group}/{name}" for group in self._term_names for name in self._term_names[group]]
         if not names:
-            return Rollout(data, episodes, {})
-        sums = torch.cat([self._term_sums[group].sum(0, dtype=torch.float64) for group in self._term_names])
-        return Rollout(data, episodes, dict(zip(names, (sums / data.numel()).tolist())))
+            return episodes, {}
+        sums = torch.cat([self._term_sums[group][envs].sum(0, dtype=torch.float64) for group in self._term_names])
+        return episodes, dict(zip(names, (sums / data.numel()).tolist()))
+
+    def member_rollouts(self, rollout: Rollout, members: int) -> list[Rollout]:
+        """``rollout`` (the latest :meth:`collect`) of a population's ``members`` runs, one per member: its block of
+        envs (``[T, N]`` views of the ``[T, P * N]`` storage), its episodes and term means."""
+        n = self.env.num_envs // members
+        blocks = [slice(p * n, (p + 1) * n) for p in range(members)]
+        return [Rollout(rollout.data[:, block], *self._statistics(rollout.data, block)) for block in blocks]
 
     def _bootstrap_values(self, data: TensorDict) -> None:
         """Fill ``next_value`` ``[T, N]``: ``V(s'_t)`` for every transition (see the class docstring), in fixed

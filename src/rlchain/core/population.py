@@ -130,7 +130,8 @@ class PopulationPolicy(nn.Module):
             or :class:`~rlchain.core.policies.ActorOnly`), each built from its member's seed.
         seeds: the members' run seeds: member ``p``'s action noise is the stream of
             ``seeds[p] + ACTION_STREAM``, as its policy alone would draw it
-            (:meth:`~rlchain.core.policies.ActorCritic.seed_actions`).
+            (:meth:`~rlchain.core.policies.ActorCritic.seed_actions`), from where the member's own stream stands
+            when every member has one (a resumed member's).
         envs_per_member: ``N``: the envs of member ``p`` are ``[p * N, (p + 1) * N)`` of each step.
 
     Attributes:
@@ -165,13 +166,16 @@ class PopulationPolicy(nn.Module):
         self._run = _Run(self.template)
         params, buffers = torch.func.stack_module_state(list(members))
         self.params = {name: nn.Parameter(t) for name, t in params.items()}
-        for i, (name, p) in enumerate(self.params.items()):
+        for i, p in enumerate(self.params.values()):
             self.register_parameter(f"member_param_{i}", p)
         self.buffers_ = buffers
-        for i, (name, b) in enumerate(buffers.items()):
+        for i, b in enumerate(buffers.values()):
             self.register_buffer(f"member_buffer_{i}", b)
         device = next(iter(self.params.values())).device
         self.action_rng = CounterRng([int(s) + ACTION_STREAM for s in seeds], device)
+        streams = [getattr(m, "action_rng", None) for m in members]
+        if all(stream is not None for stream in streams):  # where each member's stream stands (a resumed run's)
+            self.action_rng.state.copy_(torch.stack([stream.state for stream in streams]))
         self.has_critic = first.has_critic
         self.observation_space, self.action_space = first.observation_space, first.action_space
         self.discrete = first.discrete
@@ -179,7 +183,10 @@ class PopulationPolicy(nn.Module):
 
     # ------------------------------------------------------------ vmapped calls
     def _state(self) -> dict[str, torch.Tensor]:
-        return {**{f"policy.{k}": v for k, v in self.params.items()}, **{f"policy.{k}": v for k, v in self.buffers_.items()}}
+        return {
+            **{f"policy.{k}": v for k, v in self.params.items()},
+            **{f"policy.{k}": v for k, v in self.buffers_.items()},
+        }
 
     def vmap(self, fn: Callable[..., Any], *args: Any, in_dims: Any = 0) -> Any:
         """``fn(*args)`` for every member at once: ``fn`` calls :attr:`template` (the members' code), which reads
@@ -243,6 +250,7 @@ class PopulationPolicy(nn.Module):
         t = obs.shape[0]
         member_obs = obs.view(t, self.members, -1, *obs.shape[2:]).transpose(0, 1)
         template = self.template
+
         def update(o: torch.Tensor) -> torch.Tensor:
             template.update_obs_normalizer(o)  # in place, into each member's slice of the stacked buffers
             return o.new_zeros(())
@@ -272,7 +280,7 @@ class Population:
         lr: float32 ``[P]``, each member's learning rate in use.
         stopped: bool ``[P]``: members stopped for good (a non-finite loss or gradient norm, a pruned trial); their
             steps move nothing.
-        faults: per stopped member, its :class:`~rlchain.core.algorithms.update.NonFiniteError` (or why).
+        faults: per stopped member, its :class:`~rlchain.core.algorithms.update.NonFiniteError` (or why, a string).
 
     Raises:
         SettingError: settings a population cannot vary or take yet, naming them: see :class:`Scalars`; PPO's
@@ -315,7 +323,7 @@ class Population:
         self._adam_steps = torch.zeros(self.members, dtype=torch.float32, device=device)
         self.lr = self.scalars.tensor("learning_rate", self.members, device).clone()
         self.stopped = torch.zeros(self.members, dtype=torch.bool, device=device)
-        self.faults: dict[int, str] = {}
+        self.faults: dict[int, Exception | str] = {}
         self.iteration = 0
 
     # ---------------------------------------------------------------- samples
@@ -562,8 +570,16 @@ class Population:
         stopped for good, with its :class:`~rlchain.core.algorithms.update.NonFiniteError`)."""
         finite = torch.stack([torch.isfinite(p.flatten(1)).all(1) for p in self._params]).all(0)
         means = totals / counts.clamp_min(1.0)[:, None]
-        host = torch.cat([means, epochs_run[:, None], fault[:, None].double(), fault_value[:, None].double(),
-                          finite[:, None].double()], 1).tolist()
+        host = torch.cat(
+            [
+                means,
+                epochs_run[:, None],
+                fault[:, None].double(),
+                fault_value[:, None].double(),
+                finite[:, None].double(),
+            ],
+            1,
+        ).tolist()
         out = []
         for p, row in enumerate(host):
             *values, epochs, code, value, params_finite = row
@@ -582,11 +598,11 @@ class Population:
             elif not params_finite:
                 error = NonFiniteError("parameter", math.nan, self.iteration)
             if error is not None:
-                self.stop(p, str(error))
+                self.stop(p, error)
             out.append(stats)
         return out
 
-    def stop(self, member: int, why: str) -> None:
+    def stop(self, member: int, why: Exception | str) -> None:
         """Stop ``member`` for good (masked: its steps move nothing from now on; no recompile): a non-finite
         update, or a pruned trial."""
         self.stopped[member] = True

@@ -360,71 +360,23 @@ class Trainer:
         ``summary.json`` (every rank returns its summary).
         """
         self.start()  # where the entry has not already
-        cfg, state = self.cfg, self.state
-        start_time, began, start_step = time.time(), time.perf_counter(), state.global_step
-        ending: dict[str, Any] = {"status": "completed"}
-        failure: BaseException | None = None
-        writer = progress = None
-        cpu_share = CpuShare(cfg.adapt_threads, self.env.device)
         with StopSignals(abort_on_repeat=not self.world.distributed) as stop:
+            session = Session(self, stop)
             try:
-                if self.world.main:  # rank 0 alone logs
-                    writer = MetricWriter(
-                        state.output_dir,
-                        config=self.config,
-                        run_name=cfg.wandb_name or cfg.exp_name,
-                        purge_step=state.global_step or None,
-                        use_wandb=cfg.use_wandb,
-                        wandb_project=cfg.wandb_project,
-                        wandb_entity=cfg.wandb_entity,
-                        wandb_mode=cfg.wandb_mode,
-                        wandb_group=cfg.wandb_group,
-                        wandb_tags=cfg.wandb_tags,
-                        wandb_id=state.wandb_id,
-                    )
-                    state.wandb_id = writer.wandb_id or state.wandb_id
-                progress = Progress(cfg.iterations, state.iteration, cfg.progress and self.world.main)
-                if state.iteration >= cfg.iterations:
-                    notice(f"the run has already reached trainer.iterations={cfg.iterations}: nothing to train")
-                stopped = None  # the stop signal every rank agreed on
-                while state.iteration < cfg.iterations and stopped is None and not state.pruned:
-                    row, stopped = self._iteration(writer, began, stop)
-                    progress.update(state.iteration, state.global_step, row)
-                    cpu_share.update()
-                if state.pruned:
-                    ending = {"status": "pruned"}
-                    notice(
-                        f"pruned by the study's pruner after iteration {state.iteration} (trial {self.trial.number})"
-                    )
-                elif state.iteration < cfg.iterations:  # a stop signal ended it early
-                    ending = {"status": "interrupted", "signal": stopped}
-                self.save()
-                if ending["status"] == "completed" and cfg.fresh_eval:
-                    state.best_fresh = self.evaluator.fresh_score(self.policy, state.checkpoints.best, cfg.seed)
+                session.open()
+                while session.running:
+                    session.iteration()
+                session.finish()
             except Abort:
-                ending = {"status": "aborted", "signal": stop.received}
+                session.abort()
             except Exception as err:  # noqa: BLE001 - any error ends the run as failed, recorded in its summary
-                ending, failure = self._failure(err)
-                if not isinstance(err, CollectiveError):  # another rank's failure is that rank's to report
-                    self.world.report_failure(ending["error"])
-            with stop.held():  # the summary and the logs are written whatever arrives now
-                cpu_share.close()
-                if progress is not None:
-                    progress.close()
-                summary = self._summary(ending, start_time, time.perf_counter() - began, state.global_step - start_step)
-                try:
-                    if self.world.main:
-                        summary.write(state.output_dir)
-                finally:
-                    if writer is not None:
-                        writer.close()
-        if failure is not None:
-            failure.run_summary = summary  # what the entry says of it, without reading summary.json back
-            raise failure
+                session.fail(err)
+            summary = session.close()
+        session.raise_failure()
         return summary
 
     def _iteration(
-        self, writer: MetricWriter | None, start: float, stop: StopSignals
+        self, writer: MetricWriter | None, start: float, stop: StopSignals, step: Step | None = None
     ) -> tuple[dict[str, float], str | None]:
         """One iteration: collect -> update -> log -> evaluate -> save; returns the logged row and the stop signal.
 
@@ -435,21 +387,27 @@ class Trainer:
         (every rank's state goes into it). A checkpoint is written after its
         row is logged and flushed, so that a resume from it (which drops the
         rows logged after its step) never leaves a hole in the logs.
+
+        ``step``: this iteration's rollout and update, made elsewhere (a population's member, whose collection and
+        update are its population's); None: collect and update here.
         """
         world, state, clock = self.world, self.state, time.perf_counter
-        t0 = clock()
-        world.at(state.iteration + 1, "collect")
-        rollout = self.collector.collect()
-        t1 = clock()
-        world.at(state.iteration + 1, "update")
-        losses = self.algorithm.update(rollout.data)
+        if step is None:
+            t0 = clock()
+            world.at(state.iteration + 1, "collect")
+            rollout = self.collector.collect()
+            t1 = clock()
+            world.at(state.iteration + 1, "update")
+            losses = self.algorithm.update(rollout.data)
+            t2 = clock()
+            step = Step(rollout.episodes, rollout.term_means, losses, rollout.data.numel(), t1 - t0, t2 - t1)
         t2 = clock()
         state.iteration += 1
-        samples = rollout.data.numel() * world.world_size
+        samples = step.samples * world.world_size
         state.global_step += samples
         world.at(state.iteration, "report")
         reports = world.gather(
-            (rollout.episodes, rollout.term_means, stop.received), "the gather of the iteration's episodes"
+            (step.episodes, step.term_means, stop.received), "the gather of the iteration's episodes"
         )
         row: dict[str, float] = {}
         decision = None
@@ -464,7 +422,9 @@ class Trainer:
             signal = next((report[2] for report in reports if report[2] is not None), None)
             self.episodes.add(episodes)
             world.at(state.iteration, "log and evaluate")
-            row = self._training_row(terms, losses, samples, collect_s=t1 - t0, update_s=t2 - t1, elapsed_s=t2 - start)
+            row = self._training_row(
+                terms, step.losses, samples, collect_s=step.collect_s, update_s=step.update_s, elapsed_s=t2 - start
+            )
             decision = (signal, *self._log_and_evaluate(row, writer))
         world.at(state.iteration, "decision")
         signal, state.pruned, save, value = world.share(decision, "the broadcast of the iteration's decision")
@@ -591,3 +551,137 @@ class Trainer:
         """
         checkpoint = checked_state(self.state, self.parts, self.world, self.config)
         return self.state.checkpoints.save(checkpoint) if checkpoint is not None else None
+
+
+@dataclass
+class Step:
+    """An iteration's collection and update, as the loop logs them (:meth:`Trainer._iteration`): the episodes that
+    ended, the means of the env's reward terms and metrics, the update's terms, the env steps collected and the
+    seconds each part took."""
+
+    episodes: Episodes
+    term_means: dict[str, float]
+    losses: dict[str, float]
+    samples: int
+    collect_s: float
+    update_s: float
+
+
+class Session:
+    """One run's training from its first iteration to its summary: what :meth:`Trainer.train` runs, in parts, so
+    that a population (:mod:`rlchain.run.population`) runs its members' sessions side by side.
+
+    :meth:`open` opens the logs and the progress; :meth:`iteration` runs one iteration (its collection and
+    update given, for a population's member, or made here); :meth:`finish` ends a run that was not failed
+    (pruned, stopped by a signal or completed: ``latest.pt`` and the fresh evaluation); :meth:`fail` and
+    :meth:`abort` record how it ended otherwise; :meth:`close` writes ``summary.json``, closes the logs and
+    returns the summary; :meth:`raise_failure` then raises the failure, if any, carrying the summary.
+
+    Args:
+        trainer: the run's started trainer.
+        stop: the process's stop signals (:class:`~rlchain.run.stopping.StopSignals`), shared by every session of
+            the process.
+    """
+
+    def __init__(self, trainer: Trainer, stop: StopSignals) -> None:
+        self.trainer, self.stop = trainer, stop
+        self.start_time, self.began = time.time(), time.perf_counter()
+        self.start_step = trainer.state.global_step
+        self.ending: dict[str, Any] = {"status": "completed"}
+        self.failure: BaseException | None = None
+        self.writer: MetricWriter | None = None
+        self.progress: Progress | None = None
+        self.stopped: str | None = None
+        """The stop signal every rank agreed on, once one arrived."""
+        self.ended = False
+        self.cpu_share = CpuShare(trainer.cfg.adapt_threads, trainer.env.device)
+
+    def open(self) -> None:
+        """Open the run's logs (rank 0) and its progress display."""
+        trainer, cfg, state = self.trainer, self.trainer.cfg, self.trainer.state
+        if trainer.world.main:  # rank 0 alone logs
+            self.writer = MetricWriter(
+                state.output_dir,
+                config=trainer.config,
+                run_name=cfg.wandb_name or cfg.exp_name,
+                purge_step=state.global_step or None,
+                use_wandb=cfg.use_wandb,
+                wandb_project=cfg.wandb_project,
+                wandb_entity=cfg.wandb_entity,
+                wandb_mode=cfg.wandb_mode,
+                wandb_group=cfg.wandb_group,
+                wandb_tags=cfg.wandb_tags,
+                wandb_id=state.wandb_id,
+            )
+            state.wandb_id = self.writer.wandb_id or state.wandb_id
+        self.progress = Progress(cfg.iterations, state.iteration, cfg.progress and trainer.world.main)
+        if state.iteration >= cfg.iterations:
+            notice(f"the run has already reached trainer.iterations={cfg.iterations}: nothing to train")
+
+    @property
+    def running(self) -> bool:
+        """Whether another iteration is due: not ended, iterations left, no stop signal, not pruned."""
+        state = self.trainer.state
+        return (
+            not self.ended
+            and state.iteration < self.trainer.cfg.iterations
+            and self.stopped is None
+            and not state.pruned
+        )
+
+    def iteration(self, step: Step | None = None) -> None:
+        """One iteration (:meth:`Trainer._iteration`; ``step`` as it takes it), its progress shown."""
+        row, self.stopped = self.trainer._iteration(self.writer, self.began, self.stop, step)
+        self.progress.update(self.trainer.state.iteration, self.trainer.state.global_step, row)
+        self.cpu_share.update()
+
+    def finish(self) -> None:
+        """End a run that did not fail: pruned, stopped by a signal, or completed (then its fresh evaluation);
+        ``latest.pt`` is written in each case."""
+        trainer, state, cfg = self.trainer, self.trainer.state, self.trainer.cfg
+        if state.pruned:
+            self.ending = {"status": "pruned"}
+            notice(f"pruned by the study's pruner after iteration {state.iteration} (trial {trainer.trial.number})")
+        elif state.iteration < cfg.iterations:  # a stop signal ended it early
+            self.ending = {"status": "interrupted", "signal": self.stopped or self.stop.received}
+        trainer.save()
+        if self.ending["status"] == "completed" and cfg.fresh_eval:
+            state.best_fresh = trainer.evaluator.fresh_score(trainer.policy, state.checkpoints.best, cfg.seed)
+        self.ended = True
+
+    def abort(self) -> None:
+        """A second stop signal: the run ends at once (the last checkpoint stands)."""
+        self.ending = {"status": "aborted", "signal": self.stop.received}
+        self.ended = True
+
+    def fail(self, err: Exception) -> None:
+        """Record ``err`` as what ended the run (:meth:`Trainer._failure`); another rank hears of it."""
+        self.ending, self.failure = self.trainer._failure(err)
+        if not isinstance(err, CollectiveError):  # another rank's failure is that rank's to report
+            self.trainer.world.report_failure(self.ending["error"])
+        self.ended = True
+
+    def close(self) -> RunSummary:
+        """Write ``summary.json`` (rank 0) and close the logs, whatever signal arrives meanwhile; the summary."""
+        trainer, state = self.trainer, self.trainer.state
+        with self.stop.held():  # the summary and the logs are written whatever arrives now
+            self.cpu_share.close()
+            if self.progress is not None:
+                self.progress.close()
+            summary = trainer._summary(
+                self.ending, self.start_time, time.perf_counter() - self.began, state.global_step - self.start_step
+            )
+            try:
+                if trainer.world.main:
+                    summary.write(state.output_dir)
+            finally:
+                if self.writer is not None:
+                    self.writer.close()
+        self.summary = summary
+        return summary
+
+    def raise_failure(self) -> None:
+        """Raise what failed the run, carrying its summary (``run_summary``); nothing for a run that did not fail."""
+        if self.failure is not None:
+            self.failure.run_summary = self.summary  # what the entry says of it, without reading summary.json back
+            raise self.failure

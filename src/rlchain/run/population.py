@@ -1,0 +1,248 @@
+"""A population's training: ``P`` runs built as ``rlchain-train`` builds each, trained side by side as one batch.
+
+Each member is an ordinary :class:`~rlchain.run.trainer.Trainer`, built and started (resumed, or afresh) in its
+own run directory by :func:`rlchain.commands.train.build`; :class:`PopulationRun` trains them together. One
+task of ``P * N`` envs (``N`` each member's ``num_envs``; :meth:`~rlchain.core.envs.base.TorchVecEnv.split_into_members`)
+and one :class:`~rlchain.core.population.Population` collect and learn for every member at once; after each
+iteration, member ``p``'s state (weights, Adam, rate, its envs, its episodes in progress, its action stream) is
+written back into its own trainer's parts, and its :class:`~rlchain.run.trainer.Session` logs, evaluates and
+saves exactly as its solo run does: its ``metrics.jsonl``, TensorBoard, ``checkpoints/latest.pt`` and ``best.pt``
+(ordinary single-run checkpoints) and ``summary.json``. A resumed population resumes each member from what its
+trainer loaded.
+
+Faults stay per member: a member whose loss or gradient norm goes non-finite, or whose iteration fails, ends
+alone with today's one line and status (its update masked from then on); a pruned member stops the same way;
+Ctrl-C or SIGTERM stops every member after the iteration, each saving its ``latest.pt``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rlchain.console import notice
+from rlchain.core.collector import SyncCollector
+from rlchain.core.envs.base import TorchVecEnv
+from rlchain.core.population import Population
+from rlchain.run.stopping import Abort, StopSignals
+from rlchain.run.summary import RunSummary
+from rlchain.run.trainer import Session, Step, Trainer
+from rlchain.settings import SettingError
+
+__all__ = ["PopulationRun"]
+
+#: Trainer settings that may differ between members (where each writes, what it is called, its eval seed).
+MEMBER_TRAINER_SETTINGS = ("output_dir", "seed", "exp_name", "wandb_name", "wandb_group", "wandb_tags", "resume_from")
+
+
+class PopulationRun:
+    """Trains the started trainers ``trainers`` (one per member) as one population.
+
+    Args:
+        trainers: ``P`` started trainers (:meth:`~rlchain.run.trainer.Trainer.start`) of one shape: one env
+            class and settings but the seed (a torch-native task), one ``num_envs``, one policy, one algorithm
+            class and shape, one trainer's settings but those of :data:`MEMBER_TRAINER_SETTINGS`.
+
+    Raises:
+        SettingError: members that cannot train as one population, naming the setting: see
+            :class:`~rlchain.core.population.Population` and :class:`~rlchain.core.population.PopulationPolicy`;
+            an env that is not a torch-native task; ``trainer.compile`` or ``cudagraphs``; members of which some
+            start afresh and some resume their episodes.
+    """
+
+    def __init__(self, trainers: Sequence[Trainer]) -> None:
+        self.trainers = list(trainers)
+        first = self.trainers[0]
+        _check_members(self.trainers)
+        self.members, self.envs_per_member = len(self.trainers), first.env.num_envs
+        cfg = first.cfg
+        settings = {f.name: getattr(first.env.cfg, f.name) for f in dataclasses.fields(first.env.cfg)}
+        settings.pop("_target_", None)
+        settings["num_envs"] = self.members * self.envs_per_member
+        self.env = type(first.env)(**settings)
+        self.env.split_into_members([t.env.cfg.seed for t in self.trainers])
+        seeds = [t.cfg.seed for t in self.trainers]
+        self.engine = Population([t.algorithm for t in self.trainers], seeds, self.envs_per_member)
+        self.collector = SyncCollector(
+            self.env,
+            self.engine.policy,
+            cfg.rollout_steps,
+            first.algorithm.reset_options,
+            spread_episode_starts=cfg.spread_episode_starts,
+        )
+        self._sync_in()
+
+    # --------------------------------------------------------------- state
+    def _block(self, p: int) -> slice:
+        return slice(p * self.envs_per_member, (p + 1) * self.envs_per_member)
+
+    @torch.no_grad()
+    def _sync_in(self) -> None:
+        """Take each member's state as its trainer started it (afresh, or resumed): its envs and episodes in
+        progress, its Adam state, rate and update count (its weights and action stream the engine took when built).
+
+        Raises:
+            SettingError: some members resume their episodes and others start afresh.
+        """
+        engine = self.engine
+        env_states = [t.env.state_dict() for t in self.trainers]
+        self.env.set_state({name: torch.cat([s[name] for s in env_states]) for name in self.env.get_state()})
+        self.env._rng.state.copy_(torch.stack([s["rng"] for s in env_states]))
+        states = [t.collector.state_dict() for t in self.trainers]
+        fresh = [s["obs"] is None for s in states]
+        if any(fresh) and not all(fresh):
+            raise SettingError(
+                "trainer.resume_from",
+                [str(t.output_dir) for t, f in zip(self.trainers, fresh) if not f],
+                " resume their episodes while other members start afresh: a population's members start alike; "
+                "resume every member, or none",
+            )
+        if not all(fresh):
+            self.collector.load_state_dict(
+                {
+                    "obs": torch.cat([s["obs"] for s in states]),
+                    "episode_return": torch.cat([s["episode_return"] for s in states]),
+                    "episode_length": torch.cat([s["episode_length"] for s in states]),
+                }
+            )
+        for p, trainer in enumerate(self.trainers):
+            updater = trainer.algorithm.updater
+            exp_avg, exp_avg_sq, steps = updater._adam_state
+            for j in range(len(engine._params)):
+                engine._exp_avg[j][p].copy_(exp_avg[j])
+                engine._exp_avg_sq[j][p].copy_(exp_avg_sq[j])
+            engine._adam_steps[p] = steps[0]
+            engine.lr[p] = updater.lr
+        engine.iteration = self.trainers[0].algorithm.updater.iteration
+
+    @torch.no_grad()
+    def _sync_out(self, p: int) -> None:
+        """Write member ``p``'s state into its trainer's parts: what its logs, evaluations and checkpoints read."""
+        engine, trainer = self.engine, self.trainers[p]
+        engine.write_back(p)
+        updater = trainer.algorithm.updater
+        exp_avg, exp_avg_sq, steps = updater._adam_state
+        for j in range(len(engine._params)):
+            exp_avg[j].copy_(engine._exp_avg[j][p])
+            exp_avg_sq[j].copy_(engine._exp_avg_sq[j][p])
+            steps[j].copy_(engine._adam_steps[p])
+        updater.lr.copy_(engine.lr[p])
+        updater.iteration = engine.iteration
+        block = self._block(p)
+        trainer.env.set_state({name: value[block] for name, value in self.env.get_state().items()})
+        trainer.env._rng.state.copy_(self.env._rng.state[p])
+        trainer.policy.action_rng.state.copy_(engine.policy.action_rng.state[p])
+        state = self.collector.state_dict()
+        if state["obs"] is not None:
+            trainer.collector.load_state_dict(
+                {
+                    "obs": state["obs"][block],
+                    "episode_return": state["episode_return"][block],
+                    "episode_length": state["episode_length"][block],
+                }
+            )
+
+    # ---------------------------------------------------------------- loop
+    def train(self) -> list[Session]:
+        """Train every member to its end; each one's session (its ``summary``, and its ``failure`` if it failed)."""
+        clock = time.perf_counter
+        with StopSignals(abort_on_repeat=True) as stop:
+            sessions = [Session(t, stop) for t in self.trainers]
+            for session in sessions:
+                try:
+                    session.open()
+                except Exception as err:  # noqa: BLE001 - that member's run fails alone
+                    session.fail(err)
+            try:
+                while any(s.running for s in sessions):
+                    for p, session in enumerate(sessions):
+                        if not session.running and p not in self.engine.faults:
+                            self.engine.stop(p, "ended")  # its envs ride along; its update is masked
+                    t0 = clock()
+                    rollout = self.collector.collect()
+                    t1 = clock()
+                    stats = self.engine.update(rollout.data)
+                    t2 = clock()
+                    members = self.collector.member_rollouts(rollout, self.members)
+                    for p, session in enumerate(sessions):
+                        if not session.running:
+                            continue
+                        fault = self.engine.faults.get(p)
+                        if isinstance(fault, Exception):
+                            session.fail(fault)
+                            continue
+                        try:
+                            self._sync_out(p)
+                            data = members[p]
+                            step = Step(data.episodes, data.term_means, stats[p], data.data.numel(), t1 - t0, t2 - t1)
+                            session.iteration(step)
+                        except Exception as err:  # noqa: BLE001 - that member's run fails alone
+                            session.fail(err)
+                            self.engine.stop(p, err)
+                        if session.trainer.state.pruned:
+                            self.engine.stop(p, "pruned")
+                for session in sessions:
+                    if not session.ended:
+                        try:
+                            session.finish()
+                        except Exception as err:  # noqa: BLE001 - that member's run fails alone
+                            session.fail(err)
+            except Abort:
+                for session in sessions:
+                    if not session.ended:
+                        session.abort()
+            except Exception as err:  # noqa: BLE001 - a fault of the shared step ends every member still going
+                for session in sessions:
+                    if not session.ended:
+                        session.fail(err)
+            for session in sessions:
+                session.close()
+        return sessions
+
+
+def _check_members(trainers: Sequence[Trainer]) -> None:
+    """Raise :class:`~rlchain.settings.SettingError` where ``trainers`` cannot train as one population."""
+    first = trainers[0]
+    if not isinstance(first.env, TorchVecEnv):
+        raise SettingError(
+            "env",
+            type(first.env).__name__,
+            " cannot hold a population: its members' envs run as one torch-native task (push_cube, cart_pole)",
+        )
+    for name in ("compile", "cudagraphs"):
+        if getattr(first.cfg, name):
+            raise SettingError(f"trainer.{name}", True, " is not taken by a population yet: expected false")
+    env_settings = _without(dataclasses.asdict(first.env.cfg), ("seed",))
+    trainer_settings = _without(dataclasses.asdict(first.cfg), MEMBER_TRAINER_SETTINGS)
+    for other in trainers[1:]:
+        if (
+            type(other.env) is not type(first.env)
+            or _without(dataclasses.asdict(other.env.cfg), ("seed",)) != env_settings
+        ):
+            raise SettingError("env", type(other.env).__name__, " differs between members: expected one env's settings")
+        mine = _without(dataclasses.asdict(other.cfg), MEMBER_TRAINER_SETTINGS)
+        if mine != trainer_settings:
+            key = next(k for k in mine if mine[k] != trainer_settings[k])
+            raise SettingError(
+                f"trainer.{key}", [trainer_settings[key], mine[key]], " differs between members: expected one value"
+            )
+
+
+def _without(settings: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if k not in names}
+
+
+def summaries(sessions: Sequence[Session]) -> list[RunSummary]:
+    """Each session's summary (after :meth:`PopulationRun.train`)."""
+    return [s.summary for s in sessions]
+
+
+def report(sessions: Sequence[Session]) -> None:
+    """One line per member that did not complete."""
+    for session in sessions:
+        if session.summary.status != "completed":
+            notice(f"{session.trainer.output_dir}: {session.summary.status} {session.summary.error or ''}".rstrip())
