@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from hydra.utils import instantiate
 
 from rlchain.console import notice
 from rlchain.core.collector import SyncCollector
@@ -60,10 +61,8 @@ class PopulationRun:
         _check_members(self.trainers)
         self.members, self.envs_per_member = len(self.trainers), first.env.num_envs
         cfg = first.cfg
-        settings = {f.name: getattr(first.env.cfg, f.name) for f in dataclasses.fields(first.env.cfg)}
-        settings.pop("_target_", None)
-        settings["num_envs"] = self.members * self.envs_per_member
-        self.env = type(first.env)(**settings)
+        # The members' env, built from the run's own config (its _target_ and settings) with every member's envs.
+        self.env = instantiate(first.config["env"], num_envs=self.members * self.envs_per_member, _convert_="all")
         self.env.split_into_members([t.env.cfg.seed for t in self.trainers])
         seeds = [t.cfg.seed for t in self.trainers]
         self.engine = Population([t.algorithm for t in self.trainers], seeds, self.envs_per_member)

@@ -1,0 +1,86 @@
+"""``hydra/launcher=population`` through ``rlchain-train`` as a user runs it: each member writes its run as its solo
+run would, jobs of other shapes form other populations, a refused job fails alone, and a population stopped by
+SIGTERM saves every member and resumes bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers.runs import TINY, rows, run_cli, summary_of
+
+POPULATION = ["-m", "hydra/launcher=population", *TINY]
+
+
+def sweep_dir(cwd):
+    (path,) = [p for p in (cwd / "multirun").glob("*/*") if p.is_dir()]
+    return path
+
+
+def test_each_member_writes_the_run_its_solo_run_writes(tmp_path):
+    done = run_cli([*POPULATION, "seed=1,2"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    sweep = sweep_dir(tmp_path)
+    solo = run_cli([*TINY, "seed=2", "hydra.run.dir=solo"], tmp_path)
+    assert solo.returncode == 0, solo.stderr
+    member = sweep / "1"
+    for name in ("metrics.jsonl", "summary.json", "checkpoints/latest.pt", "checkpoints/best.pt", ".hydra/config.yaml"):
+        assert (member / name).exists(), name
+    assert summary_of(member).status == "completed" and summary_of(sweep / "0").status == "completed"
+    mine, theirs = rows(member), rows(tmp_path / "solo")
+    assert len(mine) == len(theirs) == 2
+    for a, b in zip(mine, theirs):
+        for key in ("losses/policy_loss", "losses/value_loss", "losses/entropy", "charts/episodic_return"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+        assert a["eval/global_step"] == b["eval/global_step"]
+    # The member's checkpoint is an ordinary single-run checkpoint: the solo run's keys, its policy's weights.
+    ours = torch.load(member / "checkpoints/latest.pt", weights_only=True)
+    solo_ckpt = torch.load(tmp_path / "solo/checkpoints/latest.pt", weights_only=True)
+    assert set(ours) == set(solo_ckpt) and set(ours["policy"]) == set(solo_ckpt["policy"])
+    for name, value in solo_ckpt["policy"].items():
+        torch.testing.assert_close(ours["policy"][name], value, rtol=1e-3, atol=1e-5)
+    assert "population" in done.stderr + done.stdout and (sweep / "summary.md").exists()
+
+
+def test_jobs_of_other_shapes_form_other_populations_and_a_refused_job_fails_alone(tmp_path):
+    done = run_cli([*POPULATION, "trainer.rollout_steps=8,16", "algorithm.learning_rate=1e-3,-1"], tmp_path)
+    assert done.returncode != 0
+    assert "4 jobs as 2 populations, split by trainer.rollout_steps" in done.stderr + done.stdout
+    sweep = sweep_dir(tmp_path)
+    statuses = {p.name: summary_of(p) for p in sweep.iterdir() if (p / "summary.json").exists()}
+    # Jobs 0 and 2 (learning_rate=1e-3) train; 1 and 3 (-1) are refused before their first step, naming it.
+    assert statuses["0"].status == statuses["2"].status == "completed"
+    for job in ("1", "3"):
+        assert statuses[job].status == "failed" and "algorithm.learning_rate=-1" in statuses[job].error
+    assert len(rows(sweep / "0")) == 2 and len(rows(sweep / "2")) == 2
+
+
+def test_sigterm_stops_every_member_with_its_checkpoint_and_the_resumed_population_goes_on_bit_for_bit(tmp_path):
+    signal_env = [
+        "env._target_=tests.helpers.signal_env.SignallingPushCube",
+        "+env.signal_at_step=12",  # in iteration 2 (8 steps each)
+        f"+env.marker={tmp_path / 'signalled'}",
+        "trainer.iterations=3",
+        "trainer.save_freq=100",
+    ]
+    stopped = run_cli([*POPULATION, "seed=1,2", *signal_env, "hydra.sweep.dir=stopped"], tmp_path)
+    assert stopped.returncode == 143, stopped.stderr
+    for member in ("0", "1"):
+        summary = summary_of(tmp_path / "stopped" / member)
+        assert summary.status == "interrupted" and summary.signal == "SIGTERM" and summary.iteration == 2
+        assert (tmp_path / "stopped" / member / "checkpoints/latest.pt").exists()
+    resumed = run_cli(
+        [*POPULATION, "seed=1,2", *signal_env, "hydra.sweep.dir=stopped", "trainer.resume_from=auto"], tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    straight = run_cli([*POPULATION, "seed=1,2", *signal_env, "hydra.sweep.dir=straight"], tmp_path)
+    assert straight.returncode == 0, straight.stderr  # the marker exists: no signal this time
+    for member in ("0", "1"):
+        a = torch.load(tmp_path / "stopped" / member / "checkpoints/latest.pt", weights_only=True)
+        b = torch.load(tmp_path / "straight" / member / "checkpoints/latest.pt", weights_only=True)
+        assert a["global_step"] == b["global_step"] == 3 * 8 * 16
+        for name, value in b["policy"].items():
+            assert torch.equal(a["policy"][name], value), (member, name)
+        assert [r["losses/policy_loss"] for r in rows(tmp_path / "stopped" / member)] == [
+            r["losses/policy_loss"] for r in rows(tmp_path / "straight" / member)
+        ]
