@@ -1,6 +1,7 @@
 """Operator calls per env step, collection step and minibatch update: the CPU's proxy for a GPU's kernel launches.
 
-Usage: ``python benchmarks/kernel_count.py [--num-envs 4096] [--steps 50] [--out FILE]``
+Usage: ``python benchmarks/kernel_count.py [--num-envs 4096] [--steps 50] [--out FILE]``;
+``python benchmarks/kernel_count.py --population``: a population's steps at P=1 and P=16 (:func:`population_rows`).
 
 On a GPU every operator that reaches torch's dispatcher is at least one kernel launch (8-10 us of host time),
 so a loop of small ops is launch-bound. Counted on the CPU, in one process:
@@ -145,6 +146,59 @@ def training_rows(num_envs: int) -> list[dict]:
     return rows
 
 
+def population_rows(envs_per_member: int, sizes: tuple[int, ...] = (1, 16)) -> list[dict]:
+    """Eager aten calls of a population's collection step and of one of its minibatch steps
+    (:mod:`rlchain.core.population`: each member's code under ``torch.vmap``) at each population size of ``sizes``,
+    ``envs_per_member`` envs each, PPO on push_cube; and the solo run's, for the cost of a population of one."""
+    from rlchain.core.algorithms import PPO
+    from rlchain.core.collector import SyncCollector
+    from rlchain.core.policies import ActorCritic
+    from rlchain.core.population import Population
+
+    def member(seed: int, num_envs: int):
+        torch.manual_seed(seed)
+        env = PushCubeEnv(num_envs=num_envs, seed=seed)
+        policy = ActorCritic(env.single_observation_space, env.single_action_space)
+        algorithm = PPO(policy, batch_size=envs_per_member * 4, n_epochs=1)
+        policy.seed_actions(seed)
+        return env, policy, algorithm
+
+    rows = []
+    env, policy, algorithm = member(0, envs_per_member)
+    solo = SyncCollector(env, policy, 8)
+    solo._start_rollout()
+    rows.append({"what": "solo collection step (push_cube_ppo)", "eager": eager_calls(solo._collect_step)})
+    data = solo.collect().data
+    algorithm.update(data)
+    updater = algorithm.updater
+    updater._position.zero_()  # the epoch's first minibatch again
+    rows.append({"what": "solo minibatch update", "eager": eager_calls(updater._indexed_step)})
+    for size in sizes:
+        seeds = list(range(size))
+        engine = Population([member(s, envs_per_member)[2] for s in seeds], seeds, envs_per_member)
+        big = PushCubeEnv(num_envs=size * envs_per_member)
+        big.split_into_members(seeds)
+        collector = SyncCollector(big, engine.policy, 8)
+        collector._start_rollout()
+        rows.append({"what": f"population collection step, P={size}", "eager": eager_calls(collector._collect_step)})
+        data = collector.collect().data
+        engine.update(data)  # as every update: samples, orders
+        samples = {k: v.reshape(size, -1, *v.shape[3:]) for k, v in engine._member_rollout(
+            data, ("obs", "action", "sample_log_prob", "value")).items()}
+        samples.update({k: v.reshape(size, -1) for k, v in engine._ppo_samples(data).items()})
+        rows_idx = torch.arange(size)[:, None]
+        idx = torch.stack([torch.randperm(samples["obs"].shape[1])[: envs_per_member * 4] for _ in seeds])
+        batch = {k: v[rows_idx, idx] for k, v in samples.items()}
+        mask = torch.ones(size, dtype=torch.bool)
+        fault, value = torch.zeros(size, dtype=torch.int64), torch.zeros(size)
+
+        def step(engine=engine, batch=batch, mask=mask, fault=fault, value=value):
+            return engine._train_step(batch, mask, mask, fault, value)
+
+        rows.append({"what": f"population minibatch update, P={size}", "eager": eager_calls(step)})
+    return rows
+
+
 def steps_per_second(step, action: torch.Tensor, num_envs: int, steps: int) -> float:
     for _ in range(5):
         step(action)
@@ -159,8 +213,19 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=50, help="timed steps of the env-steps/s comparison")
     parser.add_argument("--out", type=Path, help="write the numbers as JSON here")
+    parser.add_argument(
+        "--population",
+        action="store_true",
+        help="only the eager calls of a population's steps at P=1 and P=16 (and the solo run's), 256 envs each",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.population:
+        print(f"torch {torch.__version__}, one CPU thread, 256 envs per member, PPO on push_cube, eager")
+        print("| what | aten calls |\n|---|---:|")
+        for row in population_rows(256):
+            print(f"| {row['what']} | {row['eager']} |")
+        return
     rows = env_rows(args.num_envs) + training_rows(args.num_envs)
     print(f"torch {torch.__version__}, one CPU thread, {args.num_envs} envs")
     print("| what | aten calls eager | launches compiled (kernels + dispatched) | graph breaks (fullgraph) |")
