@@ -183,8 +183,10 @@ def population_rows(envs_per_member: int, sizes: tuple[int, ...] = (1, 16)) -> l
         rows.append({"what": f"population collection step, P={size}", "eager": eager_calls(collector._collect_step)})
         data = collector.collect().data
         engine.update(data)  # as every update: samples, orders
-        samples = {k: v.reshape(size, -1, *v.shape[3:]) for k, v in engine._member_rollout(
-            data, ("obs", "action", "sample_log_prob", "value")).items()}
+        samples = {
+            k: v.reshape(size, -1, *v.shape[3:])
+            for k, v in engine._member_rollout(data, ("obs", "action", "sample_log_prob", "value")).items()
+        }
         samples.update({k: v.reshape(size, -1) for k, v in engine._ppo_samples(data).items()})
         rows_idx = torch.arange(size)[:, None]
         idx = torch.stack([torch.randperm(samples["obs"].shape[1])[: envs_per_member * 4] for _ in seeds])

@@ -58,11 +58,22 @@ def run(sweep: str, way: str, root: Path, iterations: int | None, jobs_per_devic
     jobs = []
     for summary in sorted(out.glob("*/summary.json"), key=lambda p: int(p.parent.name)):
         data = json.loads(summary.read_text())
-        jobs.append({"job": int(summary.parent.name), "global_step": data["global_step"],
-                     "success": data["final"].get("eval/success_rate")})
+        jobs.append(
+            {
+                "job": int(summary.parent.name),
+                "global_step": data["global_step"],
+                "success": data["final"].get("eval/success_rate"),
+            }
+        )
     steps = sum(j["global_step"] for j in jobs)
-    return {"sweep": sweep, "way": way, "wall_s": wall, "env_steps": steps, "env_steps_per_s": steps / wall,
-            "jobs": jobs}
+    return {
+        "sweep": sweep,
+        "way": way,
+        "wall_s": wall,
+        "env_steps": steps,
+        "env_steps_per_s": steps / wall,
+        "jobs": jobs,
+    }
 
 
 def main() -> None:
@@ -89,7 +100,9 @@ def main() -> None:
             success = [j["success"] for j in r["jobs"] if j["success"] is not None]
             spread = f"{statistics.mean(success):.3f} ± {statistics.stdev(success):.3f}" if len(success) > 1 else "-"
             ratio = r["env_steps_per_s"] / base["env_steps_per_s"]
-            print(f"| {sweep} | {r['way']} | {r['wall_s']:.0f} | {r['env_steps_per_s']:,.0f} | {ratio:.2f}x | {spread} |")
+            print(
+                f"| {sweep} | {r['way']} | {r['wall_s']:.0f} | {r['env_steps_per_s']:,.0f} | {ratio:.2f}x | {spread} |"
+            )
     for r in results:
         print(f"{r['sweep']} via {r['way']}: " + ", ".join(f"{j['job']}: {j['success']}" for j in r["jobs"]))
     if args.out is not None:

@@ -510,18 +510,20 @@ class Population:
         member whose ``ok`` is set, with its clip ``scale`` and rate :attr:`lr`; the others' weights and moments
         stay."""
         beta1, beta2, eps = 0.9, 0.999, 1e-5
-        self._adam_steps.add_(ok.float())
+        on = ok.float()
+        self._adam_steps.add_(on)
         bias1 = 1 - beta1**self._adam_steps
         bias2_sqrt = (1 - beta2**self._adam_steps).sqrt()
-        step_size = self.lr / bias1.clamp_min(1e-30)
+        # Per member: the moments' weights and the step are 0 where it does not step (its state stays as it is).
+        w1, w2 = (1 - beta1) * on, (1 - beta2) * on
+        step_size = torch.where(ok, self.lr / bias1.clamp_min(1e-30), 0.0)
         for p, g, m, v in zip(self._params, grads, self._exp_avg, self._exp_avg_sq):
             shape = (-1, *(1,) * (p.dim() - 1))
-            keep = ok.view(shape)
-            g = g * scale.view(shape)
-            m.copy_(torch.where(keep, m.lerp(g, 1 - beta1), m))
-            v.copy_(torch.where(keep, v * beta2 + (1 - beta2) * g * g, v))
+            g = torch.where(ok.view(shape), g * scale.view(shape), 0.0)  # a stopped member's NaN stays out
+            m.lerp_(g, w1.view(shape))
+            v.mul_(1 - w2.view(shape)).addcmul_(g, g * w2.view(shape))
             denom = (v.sqrt() / bias2_sqrt.view(shape)).add_(eps)
-            p.copy_(torch.where(keep, p - step_size.view(shape) * m / denom, p))
+            p.sub_(step_size.view(shape) * m / denom)
 
     # ---------------------------------------------------------------- schedule
     def _schedule_before_update(self) -> None:

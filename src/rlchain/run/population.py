@@ -150,7 +150,7 @@ class PopulationRun:
         """Train every member to its end; each one's session (its ``summary``, and its ``failure`` if it failed)."""
         clock = time.perf_counter
         with StopSignals(abort_on_repeat=True) as stop:
-            sessions = [Session(t, stop) for t in self.trainers]
+            sessions = [Session(t, stop, lead=p == 0) for p, t in enumerate(self.trainers)]
             for session in sessions:
                 try:
                     session.open()

@@ -581,9 +581,11 @@ class Session:
         trainer: the run's started trainer.
         stop: the process's stop signals (:class:`~rlchain.run.stopping.StopSignals`), shared by every session of
             the process.
+        lead: whether this session shows its progress and adapts torch's threads (``trainer.progress``,
+            ``trainer.adapt_threads``): a population's first member does, for the process.
     """
 
-    def __init__(self, trainer: Trainer, stop: StopSignals) -> None:
+    def __init__(self, trainer: Trainer, stop: StopSignals, lead: bool = True) -> None:
         self.trainer, self.stop = trainer, stop
         self.start_time, self.began = time.time(), time.perf_counter()
         self.start_step = trainer.state.global_step
@@ -594,7 +596,8 @@ class Session:
         self.stopped: str | None = None
         """The stop signal every rank agreed on, once one arrived."""
         self.ended = False
-        self.cpu_share = CpuShare(trainer.cfg.adapt_threads, trainer.env.device)
+        self.lead = lead
+        self.cpu_share = CpuShare(trainer.cfg.adapt_threads and lead, trainer.env.device)
 
     def open(self) -> None:
         """Open the run's logs (rank 0) and its progress display."""
@@ -614,7 +617,7 @@ class Session:
                 wandb_id=state.wandb_id,
             )
             state.wandb_id = self.writer.wandb_id or state.wandb_id
-        self.progress = Progress(cfg.iterations, state.iteration, cfg.progress and trainer.world.main)
+        self.progress = Progress(cfg.iterations, state.iteration, cfg.progress and trainer.world.main and self.lead)
         if state.iteration >= cfg.iterations:
             notice(f"the run has already reached trainer.iterations={cfg.iterations}: nothing to train")
 
