@@ -84,3 +84,13 @@ def test_sigterm_stops_every_member_with_its_checkpoint_and_the_resumed_populati
         assert [r["losses/policy_loss"] for r in rows(tmp_path / "stopped" / member)] == [
             r["losses/policy_loss"] for r in rows(tmp_path / "straight" / member)
         ]
+
+
+def test_max_members_caps_a_population_and_a_bad_value_is_one_line(tmp_path):
+    done = run_cli([*POPULATION, "seed=1,2,3", "hydra.launcher.max_members=2"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "3 jobs as 2 populations, at most hydra.launcher.max_members=2 each" in done.stderr + done.stdout
+    assert all(summary_of(sweep_dir(tmp_path) / j).status == "completed" for j in ("0", "1", "2"))
+    bad = run_cli([*POPULATION, "seed=1", "hydra.launcher.max_members=0"], tmp_path)
+    assert bad.returncode != 0
+    assert "hydra.launcher.max_members=0 is not allowed: expected None or an integer >= 1" in bad.stderr

@@ -71,9 +71,22 @@ ConfigStore.instance().store(group="hydra/launcher", name="devices", node=Device
 @dataclass
 class PopulationLauncherConf:
     """Settings of :class:`~hydra_plugins.rlchain_launcher.population_launcher.PopulationLauncher`
-    (``hydra/launcher=population``): it has none of its own; a population runs on its jobs' ``device``."""
+    (``hydra/launcher=population``); a population runs on its jobs' ``device``.
+
+    Raises:
+        LauncherConfigError: ``max_members`` not None or an integer >= 1.
+    """
 
     _target_: str = "hydra_plugins.rlchain_launcher.population_launcher.PopulationLauncher"
+    max_members: Any = None
+    """The most members of one population (an integer >= 1): more jobs of one shape form several populations, in
+    job order; None: every job of one shape in a batch forms one (refused before its first step, naming the largest
+    that fits, where the device's memory does not hold it)."""
+
+    def __post_init__(self) -> None:
+        value = self.max_members
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise _not_allowed("max_members", value, "None or an integer >= 1")
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="population", node=PopulationLauncherConf, provider="rlchain")

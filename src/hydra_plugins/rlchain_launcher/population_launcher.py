@@ -38,6 +38,9 @@ class PopulationLauncher(Launcher):
     """A Hydra launcher that trains each batch's jobs of one shape as one population (module docstring)."""
 
     def __init__(self, **settings: Any) -> None:
+        from hydra_plugins.rlchain_launcher.config import PopulationLauncherConf
+
+        self.settings = PopulationLauncherConf(**settings)
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: Callable | None = None
@@ -73,12 +76,12 @@ class PopulationLauncher(Launcher):
                 config.hydra.job.id = f"{config.hydra.job.name}_{idx}"
                 config.hydra.job.num = idx
             configs.append(config)
-        groups, split_by = populations(configs)
+        groups, split_by = populations(configs, self.settings.max_members)
         if len(groups) > 1:
-            log.info(
-                f"population launcher: {len(configs)} jobs as {len(groups)} populations, split by "
-                f"{', '.join(split_by)} (which change shapes or code)"
-            )
+            why = [f"split by {', '.join(split_by)} (which change shapes or code)"] if split_by else []
+            if self.settings.max_members is not None:
+                why.append(f"at most hydra.launcher.max_members={self.settings.max_members} each")
+            log.info(f"population launcher: {len(configs)} jobs as {len(groups)} populations, {'; '.join(why)}")
         results: list[JobReturn | None] = [None] * len(configs)
         stopped = None
         for group in groups:
@@ -127,10 +130,11 @@ class PopulationLauncher(Launcher):
         return [r for r in results if r is not None]
 
 
-def populations(configs: Sequence[DictConfig]) -> tuple[list[list[int]], list[str]]:
+def populations(configs: Sequence[DictConfig], max_members: int | None = None) -> tuple[list[list[int]], list[str]]:
     """The jobs ``configs`` grouped into populations: those whose composed configs differ only in
     :data:`MEMBER_KEYS` and the algorithm's numbers (but :data:`~rlchain.core.population.SHAPE_SETTINGS`) form
-    one, in job order. Returns the groups (job positions) and the keys that split them."""
+    one, in job order, of at most ``max_members`` members (None: no limit). Returns the groups (job positions) and
+    the keys that split them."""
     from rlchain.core.population import SHAPE_SETTINGS
 
     flat = [_flatten(OmegaConf.to_container(c, resolve=False)) for c in configs]
@@ -152,7 +156,8 @@ def populations(configs: Sequence[DictConfig]) -> tuple[list[list[int]], list[st
     groups: dict[tuple, list[int]] = {}
     for i, f in enumerate(flat):
         groups.setdefault(tuple(repr(f.get(k)) for k in splitting), []).append(i)
-    return list(groups.values()), splitting
+    size = max_members or len(configs)
+    return [g[i : i + size] for g in groups.values() for i in range(0, len(g), size)], splitting
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,18 +48,22 @@ class PopulationRun:
         trainers: ``P`` started trainers (:meth:`~rlchain.run.trainer.Trainer.start`) of one shape: one env
             class and settings but the seed (a torch-native task), one ``num_envs``, one policy, one algorithm
             class and shape, one trainer's settings but those of :data:`MEMBER_TRAINER_SETTINGS`.
+        free_bytes: the device memory the population may take; None: what the device has free now
+            (:func:`check_memory`).
 
     Raises:
         SettingError: members that cannot train as one population, naming the setting: see
             :class:`~rlchain.core.population.Population` and :class:`~rlchain.core.population.PopulationPolicy`;
             an env that is not a torch-native task; ``trainer.compile`` or ``cudagraphs``; members of which some
-            start afresh and some resume their episodes.
+            start afresh and some resume their episodes; a population that does not fit in ``free_bytes``
+            (:func:`check_memory`).
     """
 
-    def __init__(self, trainers: Sequence[Trainer]) -> None:
+    def __init__(self, trainers: Sequence[Trainer], free_bytes: int | None = None) -> None:
         self.trainers = list(trainers)
         first = self.trainers[0]
         _check_members(self.trainers)
+        check_memory(self.trainers, free_bytes)
         self.members, self.envs_per_member = len(self.trainers), first.env.num_envs
         cfg = first.cfg
         # The members' env, built from the run's own config (its _target_ and settings) with every member's envs.
@@ -201,6 +206,58 @@ class PopulationRun:
             for session in sessions:
                 session.close()
         return sessions
+
+
+def member_bytes(trainer: Trainer) -> int:
+    """An estimate of the device memory one member of a population takes, bytes: its share of the rollout storage
+    (and of the update's staged copy of it), of the env's state, its weights, gradients and Adam's two moments,
+    and the activations of a minibatch's forward and backward passes (every hidden layer of both networks, kept
+    for the backward, and their gradients)."""
+
+    def tensor_bytes(tensors: Any) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    storage = tensor_bytes(trainer.collector.buffer.data.values(True, True))
+    env = tensor_bytes(trainer.env.get_state().values())
+    weights = tensor_bytes(trainer.policy.parameters())
+    hidden = sum(getattr(getattr(trainer.policy, "cfg", None), "hidden_sizes", [256, 256]))
+    activations = trainer.algorithm.cfg.batch_size * hidden * 2 * 4 * 4  # 2 networks, float32, kept and grads x 2
+    return 2 * storage + env + 4 * weights + activations
+
+
+def free_memory(device: torch.device) -> int:
+    """The bytes free on ``device``: CUDA's ``mem_get_info``; on the CPU, Linux's ``MemAvailable`` (else
+    unbounded)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 2**62
+
+
+def check_memory(trainers: Sequence[Trainer], free_bytes: int | None = None) -> None:
+    """Refuse, before its first step, a population of ``trainers`` whose estimate (:func:`member_bytes` per
+    member) exceeds ``free_bytes`` (None: :func:`free_memory` of their device).
+
+    Raises:
+        SettingError: naming the members, the estimate, what is free and the largest population that fits.
+    """
+    first = trainers[0]
+    per = member_bytes(first)
+    free = free_memory(first.env.device) if free_bytes is None else free_bytes
+    need = per * len(trainers)
+    if need > free:
+        fits = free // per
+        raise SettingError(
+            "hydra.launcher.max_members",
+            len(trainers),
+            f" members need about {need / 2**30:.2f} GiB on {first.env.device} and {free / 2**30:.2f} GiB are "
+            f"free: at most {fits} fit (hydra.launcher.max_members={max(fits, 1)})",
+        )
 
 
 def _check_members(trainers: Sequence[Trainer]) -> None:

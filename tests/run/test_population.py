@@ -1,0 +1,54 @@
+"""A population of trainers built from Python: refused before its first step where it does not fit in memory,
+naming the largest population that does; members of other shapes refused naming the setting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlchain.core.algorithms import PPO
+from rlchain.core.envs import PushCubeEnv
+from rlchain.core.policies import ActorCritic
+from rlchain.run.population import PopulationRun, member_bytes
+from rlchain.run.trainer import Trainer
+from rlchain.settings import SettingError
+
+
+def trainer(tmp_path, seed: int, **settings) -> Trainer:
+    torch.manual_seed(seed)
+    env_cfg = {"_target_": "rlchain.core.envs.PushCubeEnv", "num_envs": 8, "seed": seed, "max_episode_steps": 8}
+    env = PushCubeEnv(**{k: v for k, v in env_cfg.items() if k != "_target_"})
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16])
+    algorithm = PPO(policy, batch_size=32, n_epochs=1)
+    policy.seed_actions(seed)
+    built = Trainer(
+        env,
+        policy,
+        algorithm,
+        run_config={"env": env_cfg},
+        output_dir=str(tmp_path / str(seed)),
+        seed=seed,
+        iterations=2,
+        rollout_steps=8,
+        progress=False,
+        **settings,
+    )
+    built.start()
+    return built
+
+
+def test_a_population_that_does_not_fit_is_refused_naming_the_largest_that_does(tmp_path):
+    members = [trainer(tmp_path, s) for s in (1, 2, 3)]
+    per = member_bytes(members[0])
+    assert per > 8 * 8 * 4  # at least the rollout storage of 8 envs x 8 steps
+    with pytest.raises(SettingError, match=r"^hydra\.launcher\.max_members=3 members need about .* at most 2 fit"):
+        PopulationRun(members, free_bytes=2 * per + per // 2)
+    sessions = PopulationRun(members, free_bytes=3 * per).train()  # it fits: every member trains
+    assert [s.summary.status for s in sessions] == ["completed"] * 3
+    assert all((tmp_path / str(s) / "checkpoints" / "latest.pt").exists() for s in (1, 2, 3))
+
+
+def test_members_whose_trainer_settings_differ_are_refused_naming_the_setting(tmp_path):
+    members = [trainer(tmp_path, 1), trainer(tmp_path, 2, eval_freq=5)]
+    with pytest.raises(SettingError, match=r"^trainer\.eval_freq=\[10, 5\] differs between members"):
+        PopulationRun(members)
