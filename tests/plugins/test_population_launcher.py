@@ -40,6 +40,19 @@ def test_each_member_writes_the_run_its_solo_run_writes(tmp_path):
     for name, value in solo_ckpt["policy"].items():
         torch.testing.assert_close(ours["policy"][name], value, rtol=1e-3, atol=1e-5)
     assert "population" in done.stderr + done.stdout and (sweep / "summary.md").exists()
+    # rlchain-export takes the member's run as any run: its ONNX policy acts as the solo run's, to rounding.
+    import onnxruntime
+
+    from rlchain.commands.export import main as export
+
+    obs = torch.randn(5, 15, generator=torch.Generator().manual_seed(0)) * 0.5
+    actions = []
+    for run in (member, tmp_path / "solo"):
+        out = tmp_path / f"{run.name}.onnx"
+        assert export([str(run), "format=onnx", f"output={out}"]) == 0
+        session = onnxruntime.InferenceSession(str(out))
+        actions.append(torch.from_numpy(session.run(["action"], {"obs": obs.numpy()})[0]))
+    torch.testing.assert_close(actions[0], actions[1], rtol=1e-3, atol=1e-4)
 
 
 def test_jobs_of_other_shapes_form_other_populations_and_a_refused_job_fails_alone(tmp_path):
