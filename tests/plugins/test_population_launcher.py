@@ -107,3 +107,15 @@ def test_max_members_caps_a_population_and_a_bad_value_is_one_line(tmp_path):
     bad = run_cli([*POPULATION, "seed=1", "hydra.launcher.max_members=0"], tmp_path)
     assert bad.returncode != 0
     assert "hydra.launcher.max_members=0 is not allowed: expected None or an integer >= 1" in bad.stderr
+
+
+def test_what_a_population_does_not_take_yet_is_refused_before_anything_is_built(tmp_path):
+    done = run_cli([*POPULATION, "seed=1", "trainer.compile=true"], tmp_path)
+    assert done.returncode != 0
+    summary = summary_of(sweep_dir(tmp_path) / "0")
+    assert summary.status == "failed"
+    assert (
+        summary.error
+        == "trainer.compile=true is not taken by a population yet: expected false (hydra/launcher=population)"
+    )
+    assert not (sweep_dir(tmp_path) / "0" / "checkpoints").exists()

@@ -88,9 +88,10 @@ class PopulationLauncher(Launcher):
             built = []
             for i in group:
                 HydraConfig.instance().set_config(configs[i])
+                refused = _not_taken(configs[i])
                 ret = run_job(
                     hydra_context=self.hydra_context,
-                    task_function=build_member,
+                    task_function=build_member if refused is None else _refuse(refused),
                     config=configs[i],
                     job_dir_key="hydra.sweep.dir",
                     job_subdir_key="hydra.sweep.subdir",
@@ -128,6 +129,26 @@ class PopulationLauncher(Launcher):
                 log.warning(f"a multirun-end callback failed: {error_line(err)}")
             raise SystemExit(stopped.exit_code)
         return [r for r in results if r is not None]
+
+
+def _not_taken(config: DictConfig) -> str | None:
+    """What a population does not take yet in this job's config, as its one line, before anything is built (a
+    member that compiled its own steps would have compiled them for nothing); None when it takes it."""
+    for name in ("compile", "cudagraphs"):
+        if OmegaConf.select(config, f"trainer.{name}", default=False) is True:
+            return f"trainer.{name}=true is not taken by a population yet: expected false (hydra/launcher=population)"
+    return None
+
+
+def _refuse(message: str) -> Callable[[DictConfig], Any]:
+    """A job's task that refuses it with ``message`` (a ``ConfigError``: one line, its ``summary.json`` written)."""
+
+    def refuse(cfg: DictConfig) -> Any:
+        from rlchain.commands.train import refuse_member
+
+        return refuse_member(cfg, message)
+
+    return refuse
 
 
 def populations(configs: Sequence[DictConfig], max_members: int | None = None) -> tuple[list[list[int]], list[str]]:

@@ -25,7 +25,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import hydra
@@ -201,6 +201,20 @@ def build_member(cfg: DictConfig) -> Trainer:
     return _build(cfg, time.time())
 
 
+def refuse_member(cfg: DictConfig, message: str) -> Trainer:
+    """Refuse a population's member before anything is built, with ``message`` (one line): its ``summary.json``
+    says ``failed`` as :func:`build_member`'s refusals do.
+
+    Raises:
+        ConfigError: always.
+    """
+
+    def refused(_: DictConfig) -> Trainer:
+        raise ConfigError(message)
+
+    return _build(cfg, time.time(), refused)
+
+
 def train_population(trainers: Sequence[Trainer]) -> list[tuple[RunSummary, BaseException | None]]:
     """Train the built members ``trainers`` as one population (:class:`rlchain.run.population.PopulationRun`);
     print each one's result line (or its one-line failure) and return each one's summary and failure.
@@ -241,10 +255,11 @@ def _train(cfg: DictConfig) -> RunSummary:
     return summary
 
 
-def _build(cfg: DictConfig, start_time: float) -> Trainer:
-    """:func:`build`; a run refused before its first step leaves its ``summary.json`` as :func:`train` says."""
+def _build(cfg: DictConfig, start_time: float, builder: Callable[[DictConfig], Trainer] | None = None) -> Trainer:
+    """:func:`build` (or ``builder``); a run refused before its first step leaves its ``summary.json`` as
+    :func:`train` says."""
     try:
-        return build(cfg)
+        return (builder or build)(cfg)
     except Exception as err:
         error = error_line(str(err) if isinstance(err, ConfigError) else err)
         distributed.world().report_failure(error)
