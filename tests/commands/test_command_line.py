@@ -158,7 +158,7 @@ def test_help_lists_the_options_a_user_chooses_and_the_launchers_and_sweepers(tm
         "policy: actor_critic, actor_only, wide",
         "trainer: default",
         "robot: short_line",
-        "hydra/launcher: basic, devices, slurm, slurm_local",
+        "hydra/launcher: basic, devices, population, slurm, slurm_local",
         "hydra/sweeper: basic, rlchain_optuna",
     ):
         assert f"\n{line}" in proc.stdout, line

@@ -100,7 +100,7 @@ def test_help_and_cfg_job(tmp_path):
         "push_cube_pixels_ppo, push_cube_ppo, push_cube_ppo_gpu\n",
         "sweep: grpo_push_cube, ppo_push_cube",
         "policy: actor_critic, actor_only\n",
-        "hydra/launcher: basic, devices, slurm, slurm_local",
+        "hydra/launcher: basic, devices, population, slurm, slurm_local",
     ):
         assert text in proc.stdout
     proc = run_cli(["--cfg", "job", "algorithm=grpo"], tmp_path)

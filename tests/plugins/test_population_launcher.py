@@ -55,6 +55,7 @@ def test_each_member_writes_the_run_its_solo_run_writes(tmp_path):
     torch.testing.assert_close(actions[0], actions[1], rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_jobs_of_other_shapes_form_other_populations_and_a_refused_job_fails_alone(tmp_path):
     done = run_cli([*POPULATION, "trainer.rollout_steps=8,16", "algorithm.learning_rate=1e-3,-1"], tmp_path)
     assert done.returncode != 0
@@ -68,6 +69,7 @@ def test_jobs_of_other_shapes_form_other_populations_and_a_refused_job_fails_alo
     assert len(rows(sweep / "0")) == 2 and len(rows(sweep / "2")) == 2
 
 
+@pytest.mark.slow
 def test_sigterm_stops_every_member_with_its_checkpoint_and_the_resumed_population_goes_on_bit_for_bit(tmp_path):
     signal_env = [
         "env._target_=tests.helpers.signal_env.SignallingPushCube",
@@ -99,6 +101,7 @@ def test_sigterm_stops_every_member_with_its_checkpoint_and_the_resumed_populati
         ]
 
 
+@pytest.mark.slow
 def test_max_members_caps_a_population_and_a_bad_value_is_one_line(tmp_path):
     done = run_cli([*POPULATION, "seed=1,2,3", "hydra.launcher.max_members=2"], tmp_path)
     assert done.returncode == 0, done.stderr
@@ -119,3 +122,23 @@ def test_what_a_population_does_not_take_yet_is_refused_before_anything_is_built
         == "trainer.compile=true is not taken by a population yet: expected false (hydra/launcher=population)"
     )
     assert not (sweep_dir(tmp_path) / "0" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_each_batch_of_optuna_trials_trains_as_one_population(tmp_path):
+    pytest.importorskip("optuna")
+    done = run_cli(
+        [
+            *POPULATION,
+            "hparams_search=ppo_push_cube_optuna",
+            "algorithm.n_epochs=5",  # the command line fixes what the preset searches: one shape
+            "hydra.sweeper.n_trials=4",
+            "hydra.sweeper.n_jobs=2",
+        ],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (done.stderr + done.stdout).count("2 member(s) train as one population") == 2
+    sweep = sweep_dir(tmp_path)
+    assert all(summary_of(sweep / str(j)).status == "completed" for j in range(4))
+    assert (sweep / "optimization_results.yaml").exists()
