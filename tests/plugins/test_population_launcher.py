@@ -122,6 +122,18 @@ def test_what_a_population_does_not_take_yet_is_refused_before_anything_is_built
         == "trainer.compile=true is not taken by a population yet: expected false (hydra/launcher=population)"
     )
     assert not (sweep_dir(tmp_path) / "0" / "checkpoints").exists()
+    # What only the built members show (a recurrent policy) refuses the population after the build: one line,
+    # in each member's summary.json.
+    recurrent = run_cli([*POPULATION, "seed=1,2", "policy.rnn_type=gru", "hydra.sweep.dir=recurrent"], tmp_path)
+    assert recurrent.returncode != 0
+    assert "policy.rnn_type='gru' is not taken by a population yet" in recurrent.stderr
+    for job in ("0", "1"):
+        summary = summary_of(tmp_path / "recurrent" / job)
+        assert summary.status == "failed"
+        assert (
+            summary.error
+            == "policy.rnn_type='gru' is not taken by a population yet: expected None (a feed-forward policy)"
+        )
 
 
 @pytest.mark.slow

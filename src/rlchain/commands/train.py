@@ -220,11 +220,30 @@ def train_population(trainers: Sequence[Trainer]) -> list[tuple[RunSummary, Base
     print each one's result line (or its one-line failure) and return each one's summary and failure.
 
     Raises:
-        SettingError: members that cannot form one population (before any step), naming the setting.
+        ConfigError: members that cannot form one population (before any step), naming the setting; each
+            member's ``summary.json`` says so.
     """
     from rlchain.run.population import PopulationRun
 
-    sessions = PopulationRun(trainers).train()
+    try:
+        population = PopulationRun(trainers)
+    except ValueError as err:  # members that cannot train as one: each says so in its summary.json, in one line
+        error = error_line(str(err))
+        for trainer in trainers:
+            refused = RunSummary(
+                status="failed",
+                error=error,
+                traceback=traceback.format_exc(),
+                exp_name=trainer.cfg.exp_name,
+                **placement(trainer.env.device),
+                start_time=time.time(),
+                end_time=time.time(),
+                objective_name=trainer.cfg.objective,
+            )
+            with contextlib.suppress(OSError):
+                refused.write(trainer.output_dir)
+        raise ConfigError(error) from err
+    sessions = population.train()
     results = []
     for session in sessions:
         summary, trainer, failure = session.summary, session.trainer, session.failure

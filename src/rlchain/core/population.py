@@ -149,13 +149,23 @@ class PopulationPolicy(nn.Module):
         super().__init__()
         self.envs = envs_per_member
         first = members[0]
-        if not hasattr(first, "seed_actions") or getattr(first, "is_recurrent", False):
-            kind = "a recurrent policy" if getattr(first, "is_recurrent", False) else type(first).__name__
+        if getattr(first, "is_recurrent", False):
+            raise SettingError(
+                "policy.rnn_type",
+                first.cfg.rnn_type,
+                " is not taken by a population yet: expected None (a feed-forward policy)",
+            )
+        if (
+            not hasattr(first, "seed_actions")
+            or getattr(first, "image_groups", None)
+            or getattr(first, "grouped", False)
+        ):
+            kind = "observation groups or images" if hasattr(first, "seed_actions") else type(first).__name__
             raise SettingError(
                 "policy",
-                kind,
-                " cannot join a population: its members are batched through ActorCritic's tensor core; expected a "
-                "feed-forward ActorCritic or ActorOnly (policy=actor_critic or actor_only)",
+                type(first).__name__,
+                f" cannot join a population with {kind}: its members are batched through ActorCritic's tensor core "
+                "on one flat observation; expected policy=actor_critic or actor_only on a flat observation",
             )
         for other in members[1:]:
             if type(other) is not type(first) or other.cfg != first.cfg:
