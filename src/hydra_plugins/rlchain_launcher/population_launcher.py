@@ -165,7 +165,7 @@ def populations(configs: Sequence[DictConfig], max_members: int | None = None) -
         if key in MEMBER_KEYS:
             return True
         name = key.removeprefix("algorithm.")
-        if name == key or name in SHAPE_SETTINGS and name != "seed":
+        if name == key or name in SHAPE_SETTINGS:
             return False
         return all(
             isinstance(v, int | float) and not isinstance(v, bool) or isinstance(v, str) and "${" in v for v in values

@@ -27,6 +27,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import hydra
 import torch
@@ -230,18 +231,10 @@ def train_population(trainers: Sequence[Trainer]) -> list[tuple[RunSummary, Base
     except ValueError as err:  # members that cannot train as one: each says so in its summary.json, in one line
         error = error_line(str(err))
         for trainer in trainers:
-            refused = RunSummary(
-                status="failed",
-                error=error,
-                traceback=traceback.format_exc(),
-                exp_name=trainer.cfg.exp_name,
-                **placement(trainer.env.device),
-                start_time=time.time(),
-                end_time=time.time(),
-                objective_name=trainer.cfg.objective,
-            )
             with contextlib.suppress(OSError):
-                refused.write(trainer.output_dir)
+                _refusal(error, trainer.cfg.exp_name, trainer.env.device, trainer.cfg.objective, time.time()).write(
+                    trainer.output_dir
+                )
         raise ConfigError(error) from err
     sessions = population.train()
     results = []
@@ -251,7 +244,7 @@ def train_population(trainers: Sequence[Trainer]) -> list[tuple[RunSummary, Base
             show(_result_line(summary, trainer))
         else:
             failure.run_summary = summary
-            show(f"rlchain: failed: {summary.error} | {trainer.output_dir} (the traceback is in its summary.json)")
+            show(_failed_line(summary.error, trainer.output_dir, "the traceback is in its summary.json"))
         results.append((summary, failure))
     return results
 
@@ -268,7 +261,7 @@ def _train(cfg: DictConfig) -> RunSummary:
         ended: RunSummary | None = getattr(err, "run_summary", None)
         error = ended.error if ended is not None and ended.error else error_line(err)
         where = "the traceback is in its summary.json" if ended is not None else "no summary.json could be written"
-        raise RunFailed(f"rlchain: failed: {error} | {trainer.output_dir} ({where})") from err
+        raise RunFailed(_failed_line(error, trainer.output_dir, where)) from err
     if trainer.world.main:
         show(_result_line(summary, trainer))
     return summary
@@ -287,16 +280,7 @@ def _build(cfg: DictConfig, start_time: float, builder: Callable[[DictConfig], T
             if isinstance(err, CollectiveError):
                 raise RunFailed(f"rlchain: rank {rank} stopped: {err}") from err
             raise
-        refused = RunSummary(
-            status="failed",
-            error=error,
-            traceback=traceback.format_exc(),
-            exp_name=cfg.get("exp_name"),
-            **placement(cfg.device),
-            start_time=start_time,
-            end_time=time.time(),
-            objective_name=cfg.trainer.objective,
-        )
+        refused = _refusal(error, cfg.get("exp_name"), cfg.device, cfg.trainer.objective, start_time)
         run_dir = Path(cfg.trainer.output_dir)
         if _single_run():  # its one line says it all: the directory Hydra made for it goes (when it holds no run)
             with contextlib.suppress(OSError):
@@ -307,6 +291,26 @@ def _build(cfg: DictConfig, start_time: float, builder: Callable[[DictConfig], T
         if isinstance(err, CollectiveError):  # the ranks did not all join
             raise RunFailed(f"rlchain: failed: {err} | {run_dir}") from err
         raise
+
+
+def _refusal(error: str, exp_name: str | None, device: Any, objective: str, start_time: float) -> RunSummary:
+    """The summary of a run refused before its first step: ``failed``, its one-line ``error`` and the traceback
+    being handled."""
+    return RunSummary(
+        status="failed",
+        error=error,
+        traceback=traceback.format_exc(),
+        exp_name=exp_name,
+        **placement(device),
+        start_time=start_time,
+        end_time=time.time(),
+        objective_name=objective,
+    )
+
+
+def _failed_line(error: str, run_dir: Path, where: str) -> str:
+    """The one line of a run whose training failed: its error, its directory and ``where`` its traceback is."""
+    return f"rlchain: failed: {error} | {run_dir} ({where})"
 
 
 def _result_line(summary: RunSummary, trainer: Trainer) -> str:

@@ -40,7 +40,7 @@ from torch import nn
 
 from rlchain.core.algorithms.config import ADAPTIVE
 from rlchain.core.algorithms.functional import compute_gae
-from rlchain.core.algorithms.update import NonFiniteError
+from rlchain.core.algorithms.update import NonFiniteError, adapted_lr
 from rlchain.core.buffer import minibatch_order
 from rlchain.core.envs.rng import CounterRng
 from rlchain.core.policies import ACTION_STREAM
@@ -54,8 +54,9 @@ if TYPE_CHECKING:
 
 __all__ = ["SHAPE_SETTINGS", "Population", "PopulationPolicy", "Scalars"]
 
-#: Algorithm settings that change shapes or code: every member must have the same value.
-SHAPE_SETTINGS = ("batch_size", "n_epochs", "group_size", "seq_len", "lr_schedule", "seed")
+#: Algorithm settings that change shapes or code: every member must have the same value. (``seed`` differs: it
+#: seeds each member's own minibatch generator.)
+SHAPE_SETTINGS = ("batch_size", "n_epochs", "group_size", "seq_len", "lr_schedule")
 
 
 class _Run(nn.Module):
@@ -79,8 +80,8 @@ class Scalars:
         device: where the tensors live.
 
     Raises:
-        SettingError: a setting that changes shapes or code (:data:`SHAPE_SETTINGS` but ``seed``; a bool, a string,
-            None against a number) differing between members, naming it and its values.
+        SettingError: a setting that changes shapes or code (:data:`SHAPE_SETTINGS`; a bool, a string, None
+            against a number) differing between members, naming it and its values.
     """
 
     def __init__(self, configs: Sequence[Any], device: torch.device) -> None:
@@ -404,7 +405,7 @@ class Population:
         with torch.no_grad():  # a stopped member's statistics stay as they were
             for name, b in self.policy.buffers_.items():
                 b.copy_(torch.where(self.stopped.view(-1, *(1,) * (b.dim() - 1)), before[name], b))
-        extra = self._ppo_stats(rollout, data) if self.kind == "ppo" else self._grpo_stats(data)
+        extra = self._ppo_stats(data) if self.kind == "ppo" else self._grpo_stats(data)
         lrs = self.lr.tolist()
         out = []
         for p in range(self.members):
@@ -414,7 +415,7 @@ class Population:
             out.append({**stats[p], **{k: v[p] for k, v in extra.items()}, "learning_rate": lrs[p]})
         return out
 
-    def _ppo_stats(self, rollout: TensorDict, data: dict[str, torch.Tensor]) -> dict[str, list[float]]:
+    def _ppo_stats(self, data: dict[str, torch.Tensor]) -> dict[str, list[float]]:
         returns, value = data["returns"].flatten(1), data["value"].flatten(1)
         var_returns, var_residual = returns.var(1), (returns - value).var(1)
         constant = var_returns <= (1e-6 * returns.abs().amax(1)) ** 2
@@ -466,11 +467,10 @@ class Population:
                 for a, go in zip(self.algorithms, going)
             ]
             order = torch.stack([o.to(self.device) for o in orders])  # [P, M, size]
-            step_mask = running & (fault == 0)
             for m in range(order.shape[1]):
                 idx = order[:, m]
                 batch = {k: v[rows, idx] for k, v in samples.items()}
-                terms, grad_norm, step_mask = self._train_step(batch, step_mask, running, fault, fault_value)
+                terms, grad_norm = self._train_step(batch, running, fault, fault_value)
                 row = torch.stack([*(terms[n].detach() for n in names), grad_norm], -1).double()
                 totals += torch.where(running[:, None], row, 0.0)
                 counts += running.double()
@@ -484,17 +484,12 @@ class Population:
         return self._finish(totals, counts, epochs_run, fault, fault_value, names)
 
     def _train_step(
-        self,
-        batch: dict[str, torch.Tensor],
-        step_mask: torch.Tensor,
-        running: torch.Tensor,
-        fault: torch.Tensor,
-        fault_value: torch.Tensor,
-    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        self, batch: dict[str, torch.Tensor], running: torch.Tensor, fault: torch.Tensor, fault_value: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """One minibatch step of every member whose ``running`` is set: its loss, gradients, their clip by its own
         norm to its ``max_grad_norm``, under ``adaptive_minibatch`` its rate from its minibatch KL, and its Adam
         step; a member whose loss or gradient norm is not finite is recorded in ``fault`` (1 the loss, 2 the
-        gradient norm) and moves no more."""
+        gradient norm) and moves no more. Returns the members' terms and gradient norms (before the clip), ``[P]``."""
         terms = self._loss(batch)
         loss = terms["loss"]
         grads = torch.autograd.grad(loss.sum(), self._params, allow_unused=True)
@@ -512,7 +507,7 @@ class Population:
         if self.scalars.base.lr_schedule == "adaptive_minibatch":
             self._adapt_lr(terms["approx_kl"].detach(), ok)
         self._adam_step(grads, scale, ok)
-        return terms, per_member, ok
+        return terms, per_member
 
     @torch.no_grad()
     def _adam_step(self, grads: list[torch.Tensor], scale: torch.Tensor, ok: torch.Tensor) -> None:
@@ -547,14 +542,10 @@ class Population:
         self.lr.copy_(base)
 
     def _adapt_lr(self, kl: torch.Tensor, mask: torch.Tensor) -> None:
-        """rsl_rl's adaptive rule per member (``[P]`` KLs), where ``mask``: as
-        :meth:`~rlchain.core.algorithms.update.MinibatchUpdate._adapt_lr` (float64 there, float32 here)."""
-        target = self.scalars.tensor("target_kl", self.members, self.device)
-        lr = self.lr
-        down = (lr / 1.5).clamp_min(1e-5)
-        up = (lr * 1.5).clamp_max(1e-2)
-        new = torch.where(kl > 2.0 * target, down, torch.where((kl > 0.0) & (kl < target / 2.0), up, lr))
-        self.lr.copy_(torch.where(mask, new, lr))
+        """rsl_rl's adaptive rule (:func:`~rlchain.core.algorithms.update.adapted_lr`) per member (``[P]`` KLs),
+        where ``mask`` is set."""
+        new = adapted_lr(self.lr, kl, self.scalars.tensor("target_kl", self.members, self.device))
+        self.lr.copy_(torch.where(mask, new, self.lr))
 
     @torch.no_grad()
     def _update_kl(self, samples: dict[str, torch.Tensor]) -> torch.Tensor:

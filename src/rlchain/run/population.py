@@ -26,12 +26,10 @@ from typing import Any
 import torch
 from hydra.utils import instantiate
 
-from rlchain.console import notice
 from rlchain.core.collector import SyncCollector
 from rlchain.core.envs.base import TorchVecEnv
 from rlchain.core.population import Population
 from rlchain.run.stopping import Abort, StopSignals
-from rlchain.run.summary import RunSummary
 from rlchain.run.trainer import Session, Step, Trainer
 from rlchain.settings import SettingError
 
@@ -290,15 +288,3 @@ def _check_members(trainers: Sequence[Trainer]) -> None:
 
 def _without(settings: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k not in names}
-
-
-def summaries(sessions: Sequence[Session]) -> list[RunSummary]:
-    """Each session's summary (after :meth:`PopulationRun.train`)."""
-    return [s.summary for s in sessions]
-
-
-def report(sessions: Sequence[Session]) -> None:
-    """One line per member that did not complete."""
-    for session in sessions:
-        if session.summary.status != "completed":
-            notice(f"{session.trainer.output_dir}: {session.summary.status} {session.summary.error or ''}".rstrip())

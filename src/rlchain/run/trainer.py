@@ -399,8 +399,7 @@ class Trainer:
             t1 = clock()
             world.at(state.iteration + 1, "update")
             losses = self.algorithm.update(rollout.data)
-            t2 = clock()
-            step = Step(rollout.episodes, rollout.term_means, losses, rollout.data.numel(), t1 - t0, t2 - t1)
+            step = Step(rollout.episodes, rollout.term_means, losses, rollout.data.numel(), t1 - t0, clock() - t1)
         t2 = clock()
         state.iteration += 1
         samples = step.samples * world.world_size

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from rlchain.core.policies import Policy
 
-__all__ = ["MinibatchUpdate", "NonFiniteError", "first_non_finite", "update_step"]
+__all__ = ["MinibatchUpdate", "NonFiniteError", "adapted_lr", "first_non_finite", "update_step"]
 
 
 class NonFiniteError(FloatingPointError):
@@ -362,14 +362,9 @@ class MinibatchUpdate:
             self._set_lr(self._scheduled_lr())
 
     def _adapt_lr(self, kl: torch.Tensor) -> None:
-        """rsl_rl's adaptive rule on ``kl`` (a 0-d tensor: an update's ``update_kl`` or a minibatch's
-        ``approx_kl``), in tensor operations on :attr:`lr` (no host read): divided by 1.5 above ``2 * target_kl``,
-        multiplied by 1.5 in ``(0, target_kl / 2)``, clamped to [1e-5, 1e-2]; a NaN KL leaves it."""
-        target, lr = self.cfg.target_kl, self.lr
-        down = (lr / 1.5).clamp_min(1e-5)
-        up = (lr * 1.5).clamp_max(1e-2)
-        # A KL of 0 (nothing moved yet) says nothing: rsl_rl's guard.
-        self.lr.copy_(torch.where(kl > 2.0 * target, down, torch.where((kl > 0.0) & (kl < target / 2.0), up, lr)))
+        """:func:`adapted_lr` of :attr:`lr` on ``kl`` (a 0-d tensor: an update's ``update_kl`` or a minibatch's
+        ``approx_kl``) and ``target_kl``, written into :attr:`lr` (no host read)."""
+        self.lr.copy_(adapted_lr(self.lr, kl, self.cfg.target_kl))
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -406,6 +401,16 @@ class MinibatchUpdate:
                 f"algorithm.learning_rate={self.cfg.learning_rate:g} replaces the checkpoint's {saved:g} "
                 f"(lr_schedule={schedule!r})"
             )
+
+
+def adapted_lr(lr: torch.Tensor, kl: torch.Tensor, target: float | torch.Tensor) -> torch.Tensor:
+    """rsl_rl's adaptive rule: ``lr`` (a tensor of rates) divided by 1.5 where ``kl`` exceeds ``2 * target``,
+    multiplied by 1.5 where it lies in ``(0, target / 2)``, clamped to [1e-5, 1e-2], else as it is; a NaN KL, or a
+    KL of 0 (nothing moved yet: rsl_rl's guard), leaves it. Elementwise (``lr``, ``kl`` and ``target``
+    broadcast), in tensor operations: no host read."""
+    down = (lr / 1.5).clamp_min(1e-5)
+    up = (lr * 1.5).clamp_max(1e-2)
+    return torch.where(kl > 2.0 * target, down, torch.where((kl > 0.0) & (kl < target / 2.0), up, lr))
 
 
 def update_step(algorithm: Any, rollout: TensorDict) -> Step:

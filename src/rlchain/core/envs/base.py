@@ -411,11 +411,6 @@ class TorchVecEnv(VecEnv):
             super().spread_episode_starts()
         self.elapsed_steps.copy_(self._rng.integers(self.max_episode_steps, self.num_envs))
 
-    @property
-    def members(self) -> int:
-        """The runs this task's envs belong to (:meth:`split_into_members`); 1 unless split."""
-        return self._rng.members
-
     def split_into_members(self, seeds: Sequence[int]) -> None:
         """Make this task of ``N`` envs ``P = len(seeds)`` member tasks of ``N / P`` envs each, in order, member
         ``p`` seeded ``seeds[p]`` (a population, :mod:`rlchain.population`): from here on member ``p``'s envs
