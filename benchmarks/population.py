@@ -8,9 +8,10 @@ The sweeps:
 * ``seeds``: 8 seeds of the main job (``rlchain-train`` with its defaults);
 * ``grid``: a 4 x 4 grid of ``algorithm.learning_rate`` and ``algorithm.ent_coef`` of ``experiment=push_cube_ppo``.
 
-Each sweep runs twice, one way after the other, each with the whole machine: ``rlchain-train -m ...
-hydra/launcher=devices hydra.launcher.jobs_per_device=J`` (``J`` jobs at once, the CPU's cores shared among
-them), then ``rlchain-train -m ... hydra/launcher=population``. Reported per way: the wall time of the command,
+Each sweep runs twice, one way after the other, each with the whole machine and the same slots:
+``rlchain-train -m ... hydra/launcher=devices hydra.launcher.jobs_per_device=J`` (``J`` jobs at once, the CPU's
+cores shared among them), then ``rlchain-train -m ... hydra/launcher=population
+hydra.launcher.jobs_per_device=J`` (the sweep split into ``J`` populations, one per slot, trained at once). Reported per way: the wall time of the command,
 the aggregate env steps per second (every job's ``global_step`` over that wall time), and each job's final
 evaluation success rate (mean and std over the jobs, and job by job). ``--iterations`` shortens every job
 (``trainer.iterations``) where the full sweep would take too long; the table says so. Writes a markdown table
@@ -42,11 +43,7 @@ SWEEPS = {
 def run(sweep: str, way: str, root: Path, iterations: int | None, jobs_per_device: int) -> dict:
     """Run ``sweep`` one ``way`` in ``root``; its wall time, aggregate env steps/s and each job's result."""
     out = root / f"{sweep}_{way}"
-    launcher = (
-        ["hydra/launcher=population"]
-        if way == "population"
-        else ["hydra/launcher=devices", f"hydra.launcher.jobs_per_device={jobs_per_device}"]
-    )
+    launcher = [f"hydra/launcher={way}", f"hydra.launcher.jobs_per_device={jobs_per_device}"]
     extra = [f"trainer.iterations={iterations}"] if iterations else []
     args = [*SWEEPS[sweep], *launcher, *extra, "trainer.progress=false", f"hydra.sweep.dir={out}"]
     env = {**os.environ, "WANDB_MODE": "disabled"}

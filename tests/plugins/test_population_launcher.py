@@ -4,9 +4,13 @@ SIGTERM saves every member and resumes bit for bit."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from omegaconf import OmegaConf
 
+from hydra_plugins.rlchain_launcher.population_launcher import populations
 from tests.helpers.runs import TINY, rows, run_cli, summary_of
 
 POPULATION = ["-m", "hydra/launcher=population", *TINY]
@@ -27,6 +31,9 @@ def test_each_member_writes_the_run_its_solo_run_writes(tmp_path):
     for name in ("metrics.jsonl", "summary.json", "checkpoints/latest.pt", "checkpoints/best.pt", ".hydra/config.yaml"):
         assert (member / name).exists(), name
     assert summary_of(member).status == "completed" and summary_of(sweep / "0").status == "completed"
+    for job in ("0", "1"):  # each member's log holds its own result line, not another member's
+        lines = [line for line in (sweep / job / "train.log").read_text().splitlines() if "completed" in line]
+        assert len(lines) == 1 and lines[0].endswith(str(sweep / job)), lines
     mine, theirs = rows(member), rows(tmp_path / "solo")
     assert len(mine) == len(theirs) == 2
     for a, b in zip(mine, theirs):
@@ -55,6 +62,47 @@ def test_each_member_writes_the_run_its_solo_run_writes(tmp_path):
     torch.testing.assert_close(actions[0], actions[1], rtol=1e-3, atol=1e-4)
 
 
+def test_populations_spread_over_the_slots(tmp_path):
+    done = run_cli([*POPULATION, "seed=1,2,3,4", "hydra.launcher.jobs_per_device=2"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "4 jobs as 2 populations, spread over 2 slots" in done.stderr + done.stdout
+    sweep = sweep_dir(tmp_path)
+    records = {r["job"]: r for r in map(json.loads, (sweep / "launcher.jsonl").read_text().splitlines())}
+    assert {r["status"] for r in records.values()} == {"completed"}
+    assert {r["num_threads"] for r in records.values()} == {1}  # the slot's threads: the 2 cores shared
+    # Jobs 0-1 and 2-3 trained as two populations, in two worker processes.
+    assert records[0]["pid"] == records[1]["pid"] != records[2]["pid"] == records[3]["pid"]
+    assert records[0]["slot"] != records[2]["slot"]
+    for job in range(4):
+        assert summary_of(sweep / str(job)).status == "completed"
+
+
+@pytest.mark.parametrize(
+    "jobs, max_members, slots, expected",
+    [
+        (8, None, 1, [8]),
+        (8, None, 2, [4, 4]),
+        (8, None, 3, [3, 3, 2]),
+        (3, 2, 1, [2, 1]),
+        (8, 3, 2, [3, 3, 2]),
+        (2, None, 4, [1, 1]),  # no more populations than jobs
+    ],
+)
+def test_a_shape_is_split_evenly_into_populations_that_keep_the_slots_busy(jobs, max_members, slots, expected):
+    configs = [OmegaConf.create({"seed": s, "trainer": {"rollout_steps": 8}}) for s in range(jobs)]
+    groups, split_by = populations(configs, max_members, slots)
+    assert [len(g) for g in groups] == expected and split_by == []
+    assert [i for g in groups for i in g] == list(range(jobs))  # job order kept
+
+
+def test_shapes_share_the_slots_before_a_shape_is_split():
+    configs = [OmegaConf.create({"seed": s, "trainer": {"rollout_steps": 8 * (1 + s % 2)}}) for s in range(8)]
+    groups, split_by = populations(configs, None, 2)
+    assert groups == [[0, 2, 4, 6], [1, 3, 5, 7]] and split_by == ["trainer.rollout_steps"]
+    groups, _ = populations(configs, None, 4)
+    assert groups == [[0, 2], [4, 6], [1, 3], [5, 7]]
+
+
 @pytest.mark.slow
 def test_jobs_of_other_shapes_form_other_populations_and_a_refused_job_fails_alone(tmp_path):
     done = run_cli([*POPULATION, "trainer.rollout_steps=8,16", "algorithm.learning_rate=1e-3,-1"], tmp_path)
@@ -74,6 +122,7 @@ def test_sigterm_stops_every_member_with_its_checkpoint_and_the_resumed_populati
     signal_env = [
         "env._target_=tests.helpers.signal_env.SignallingPushCube",
         "+env.signal_at_step=12",  # in iteration 2 (8 steps each)
+        "+env.signal_to=parent",  # the launcher, which forwards it to the population's worker
         f"+env.marker={tmp_path / 'signalled'}",
         "trainer.iterations=3",
         "trainer.save_freq=100",
@@ -150,7 +199,8 @@ def test_each_batch_of_optuna_trials_trains_as_one_population(tmp_path):
         tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    assert (done.stderr + done.stdout).count("2 member(s) train as one population") == 2
+    out = done.stderr + done.stdout
+    assert "population of jobs 0-1 started" in out and "population of jobs 2-3 started" in out
     sweep = sweep_dir(tmp_path)
     assert all(summary_of(sweep / str(j)).status == "completed" for j in range(4))
     assert (sweep / "optimization_results.yaml").exists()

@@ -35,7 +35,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 
 from hydra_plugins.rlchain_launcher._signals import StopSignals
 from hydra_plugins.rlchain_launcher._slots import Slot
-from hydra_plugins.rlchain_launcher._worker import Job, Outcome, describe_error, execute, init_worker
+from hydra_plugins.rlchain_launcher._worker import Job, Outcome, Population, describe_error, execute, init_worker
 from rlchain.run.summary import JobRecord
 
 log = logging.getLogger(__name__)
@@ -80,8 +80,8 @@ class Worker:
             initargs=(slot.environ(), slot.num_threads, os.getpid(), slot.ranks),
         )
         self._pid: Future = self.executor.submit(os.getpid)
-        self.job: Job | None = None
-        self.started = 0.0  # when the launcher handed it the current job (Unix seconds)
+        self.jobs: list[Job] | None = None  # the current unit's jobs: one, or a population's
+        self.started = 0.0  # when the launcher handed it the current unit (Unix seconds)
         self.broken = False
         self.signals_sent = 0  # stop signals forwarded to the current job
         self.killed: str | None = None  # why the launcher killed the current job's process
@@ -134,10 +134,10 @@ class DevicePool:
 
     def _idle_worker(self) -> Worker | None:
         for worker in self.workers:
-            if worker is not None and worker.job is None and not worker.broken:
+            if worker is not None and worker.jobs is None and not worker.broken:
                 return worker
         for i, worker in enumerate(self.workers):
-            if worker is None or (worker.broken and worker.job is None):
+            if worker is None or (worker.broken and worker.jobs is None):
                 if worker is not None:
                     worker.close()
                 self.workers[i] = Worker(self.slots[i])
@@ -145,7 +145,7 @@ class DevicePool:
         return None
 
     def _busy(self) -> list[Worker]:
-        return [w for w in self.workers if w is not None and w.job is not None]
+        return [w for w in self.workers if w is not None and w.jobs is not None]
 
     def _relay_signals(self) -> None:
         """Act on the stop signals received: announce them, forward them to the running jobs, kill when due."""
@@ -160,9 +160,10 @@ class DevicePool:
                 worker.kill(reason)
 
     def stream(
-        self, next_job: Callable[[], Job | None], context: bytes, sweep_dir: Path, batch: Batch
+        self, next_job: Callable[[], Job | Population | None], context: bytes, sweep_dir: Path, batch: Batch
     ) -> Iterator[tuple[Job, JobReturn]]:
-        """Start a job from ``next_job()`` whenever a slot is free; yield each job with its result as it ends.
+        """Start a job (or a population of jobs) from ``next_job()`` whenever a slot is free; yield each job with
+        its result as it ends (a population's jobs as the population ends).
 
         ``next_job()`` is called only when a slot is free, and again after
         every job that ends, so it can choose the next job from the results
@@ -178,7 +179,7 @@ class DevicePool:
                 running have ended (their results are yielded first); no job
                 starts after it.
         """
-        waiting: deque[Job] = deque()  # a job whose worker died before it started: it goes to a fresh worker
+        waiting: deque[Job | Population] = deque()  # work whose worker died before it started: to a fresh worker
         running: dict[Future, Worker] = {}
         offering: BaseException | None = None  # what next_job() raised: no job starts after it
         while True:
@@ -202,11 +203,14 @@ class DevicePool:
                     worker.broken = True
                     waiting.appendleft(job)
                     continue
-                worker.job, worker.signals_sent, worker.killed = job, 0, None
+                worker.jobs = job.jobs if isinstance(job, Population) else [job]
+                worker.signals_sent, worker.killed = 0, None
                 worker.started = self._last_start = time.time()
-                log.info(
-                    f"job {job.idx} started on {worker.slot.label} (slot {worker.slot.index}): {_shown_overrides(job.overrides)}"
-                )
+                where = f"{worker.slot.label} (slot {worker.slot.index})"
+                if isinstance(job, Population):
+                    log.info(f"population of jobs {_numbers(job.jobs)} started on {where}")
+                else:
+                    log.info(f"job {job.idx} started on {where}: {_shown_overrides(job.overrides)}")
                 running[future] = worker
             if not running:
                 break
@@ -214,21 +218,20 @@ class DevicePool:
             self._relay_signals()
             for future in done:
                 worker = running.pop(future)
-                job = worker.job
-                result = self._finish(future, worker, sweep_dir, batch)
-                worker.job = None
-                yield job, result
+                jobs = worker.jobs
+                results = self._finish(future, worker, sweep_dir, batch)
+                worker.jobs = None
+                yield from zip(jobs, results)
         self._relay_signals()
         if offering is not None:
             raise offering
 
-    def _finish(self, future: Future, worker: Worker, sweep_dir: Path, batch: Batch) -> JobReturn:
-        """The ``JobReturn`` of a finished job; logs it, adds it to ``batch.failed`` if it failed and writes
-        the launcher's record of it."""
-        job, slot = worker.job, worker.slot
+    def _finish(self, future: Future, worker: Worker, sweep_dir: Path, batch: Batch) -> list[JobReturn]:
+        """The ``JobReturn`` of each job of a finished unit; logs each, adds those that failed to
+        ``batch.failed`` and writes the launcher's record of each."""
         try:
-            outcome: Outcome = future.result()
-        except Exception as err:  # noqa: BLE001 - a worker's failure of any kind is this job's
+            outcomes: list[Outcome] = future.result()
+        except Exception as err:  # noqa: BLE001 - a worker's failure of any kind is its jobs'
             status, signal_name, now = "failed", None, time.time()
             if isinstance(err, BrokenProcessPool):  # the worker died: killed, out of memory, segfault
                 worker.broken = True
@@ -239,10 +242,29 @@ class DevicePool:
                     error = "the worker process died (killed, out of memory or crashed)"
             else:  # e.g. a result that could not travel back
                 error = f"the job's result could not be returned: {describe_error(err)}"
-            ret = JobReturn(overrides=job.overrides, status=JobStatus.FAILED, _return_value=RuntimeError(error))
-            outcome = Outcome(
-                cloudpickle.dumps(ret), status, error, signal_name, None, worker.started, now, worker.pid, None
-            )
+            outcomes = [
+                Outcome(
+                    cloudpickle.dumps(
+                        JobReturn(overrides=job.overrides, status=JobStatus.FAILED, _return_value=RuntimeError(error))
+                    ),
+                    status,
+                    error,
+                    signal_name,
+                    None,
+                    worker.started,
+                    now,
+                    worker.pid,
+                    None,
+                )
+                for job in worker.jobs
+            ]
+        return [
+            self._record(job, outcome, worker.slot, sweep_dir, batch) for job, outcome in zip(worker.jobs, outcomes)
+        ]
+
+    def _record(self, job: Job, outcome: Outcome, slot: Slot, sweep_dir: Path, batch: Batch) -> JobReturn:
+        """Job ``job``'s ``JobReturn`` from its outcome; logs it, adds it to ``batch.failed`` if it failed and
+        writes the launcher's record of it."""
         ret = cloudpickle.loads(outcome.job_return)
         ret.hydra_cfg = OmegaConf.masked_copy(job.config, "hydra")
         with read_write(ret.hydra_cfg.hydra.runtime):
@@ -302,6 +324,17 @@ def _shown_overrides(overrides: list[str], width: int = 60) -> str:
         key, eq, value = override.partition("=")
         shown.append(f"{key}{eq}{value[: width - 3]}..." if len(value) > width else override)
     return " ".join(shown)
+
+
+def _numbers(jobs: list[Job]) -> str:
+    """The jobs' numbers, consecutive ones as a range: ``0-3, 6``."""
+    runs: list[list[int]] = []
+    for idx in sorted(job.idx for job in jobs):
+        if runs and idx == runs[-1][-1] + 1:
+            runs[-1].append(idx)
+        else:
+            runs.append([idx])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _shown_path(path: str) -> str:

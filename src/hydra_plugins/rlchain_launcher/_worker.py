@@ -22,6 +22,11 @@ it writes the job's files; the stop signals the launcher forwards reach it,
 and the ranks agree to stop after the same iteration. A rank whose worker is
 gone exits.
 
+A population (``hydra/launcher=population``) is one unit of work of several
+jobs: the worker runs its ``run`` function on its jobs (each built by
+Hydra's ``run_job`` in its own directory, then all trained together) and
+reports one :class:`Outcome` per job.
+
 Orphans. A worker watches its parent: when the launcher is gone (``kill -9``,
 the OOM killer, a crash) the worker sends itself SIGTERM, so a running job
 stops after its iteration and records ``interrupted``, and then exits; an idle
@@ -94,6 +99,18 @@ class Job:
     overrides: list[str]
     config: Any
     output_dir: Path
+
+
+@dataclass
+class Population:
+    """Jobs that one worker trains as one population (``hydra/launcher=population``).
+
+    ``run(jobs, hydra_context)`` builds and trains them and returns one ``JobReturn`` per job, in order, with the
+    value each hands its sweeper (a module-level function, pickled by reference).
+    """
+
+    jobs: list[Job]
+    run: Any
 
 
 @dataclass
@@ -185,8 +202,9 @@ def _exit_orphan() -> None:
     os._exit(ORPHAN_EXIT)
 
 
-def execute(job: bytes, context: bytes) -> Outcome:
-    """Run one job (a cloudpickled :class:`Job`) in this worker with Hydra's ``run_job``; never raises.
+def execute(work: bytes, context: bytes) -> list[Outcome]:
+    """Run one unit of work, a cloudpickled :class:`Job` or :class:`Population`, in this worker with Hydra's
+    ``run_job``; one :class:`Outcome` per job; never raises.
 
     ``context`` is the cloudpickled ``(task_function, hydra_context,
     singleton_state)`` of the job's batch. A worker whose launcher is gone
@@ -198,8 +216,24 @@ def execute(job: bytes, context: bytes) -> Outcome:
             _exit_orphan()
         _job_running = True
     try:
-        with _other_ranks(job, context):
-            return _execute(cloudpickle.loads(job), *cloudpickle.loads(context))
+        unit = cloudpickle.loads(work)
+        task_function, hydra_context, singleton_state = cloudpickle.loads(context)
+        if isinstance(unit, Population):
+            return _execute(unit.jobs, lambda: unit.run(unit.jobs, hydra_context), singleton_state)
+
+        def run() -> list[JobReturn]:
+            return [
+                run_job(
+                    hydra_context=hydra_context,
+                    config=unit.config,
+                    task_function=task_function,
+                    job_dir_key="hydra.sweep.dir",
+                    job_subdir_key="hydra.sweep.subdir",
+                )
+            ]
+
+        with _other_ranks(work, context):
+            return _execute([unit], run, singleton_state)
     finally:
         with _worker_lock:
             _job_running = False
@@ -208,11 +242,12 @@ def execute(job: bytes, context: bytes) -> Outcome:
             _exit_orphan()
 
 
-def _execute(job: Job, task_function: Any, hydra_context: Any, singleton_state: dict[str, Any]) -> Outcome:
+def _execute(jobs: list[Job], run: Any, singleton_state: dict[str, Any]) -> list[Outcome]:
+    """``run()`` (the ``JobReturn`` of each of ``jobs``) with a forwarded stop signal armed; each job's outcome."""
     global _armed, _pending_signal
     setup_globals()
     Singleton.set_state(singleton_state)
-    HydraConfig.instance().set_config(job.config)
+    HydraConfig.instance().set_config(jobs[0].config)
     start = time.time()
     try:
         try:
@@ -220,21 +255,22 @@ def _execute(job: Job, task_function: Any, hydra_context: Any, singleton_state: 
             if _pending_signal is not None:  # forwarded before this worker took the job up
                 name, _pending_signal, _armed = signal.Signals(_pending_signal).name, None, False
                 raise JobInterrupted(name)
-            ret = run_job(
-                hydra_context=hydra_context,
-                config=job.config,
-                task_function=task_function,
-                job_dir_key="hydra.sweep.dir",
-                job_subdir_key="hydra.sweep.subdir",
-            )
+            returns = run()
         finally:
             _armed = False
     except BaseException as err:  # noqa: BLE001 - a stopped run's SystemExit, a forwarded signal, an error of Hydra itself
-        ret = JobReturn(overrides=job.overrides, status=JobStatus.FAILED, _return_value=err)
+        returns = [JobReturn(overrides=job.overrides, status=JobStatus.FAILED, _return_value=err) for job in jobs]
     end = time.time()
+    outcomes = [_outcome(job, ret, start, end) for job, ret in zip(jobs, returns)]
+    _release_cuda_memory()
+    return outcomes
+
+
+def _outcome(job: Job, ret: JobReturn, start: float, end: float) -> Outcome:
+    """Job ``job``'s outcome from its ``JobReturn``; a failure's traceback goes to the job's log, not the console."""
     ret, status, error, signal_name, tb = _how_it_ended(ret, job.output_dir, start)
-    handler = _job_log_file(job.output_dir)
-    if status == "failed" and handler is not None:  # the traceback goes to the job's log, not the console
+    handler = job_log_file(job.output_dir)
+    if status == "failed" and handler is not None:
         handler.handle(
             logging.LogRecord(
                 log.name,
@@ -253,7 +289,6 @@ def _execute(job: Job, task_function: Any, hydra_context: Any, singleton_state: 
     except Exception:  # noqa: BLE001 - a return value or an error that cannot travel back: send it as text
         ret._return_value = RuntimeError(error) if ret.status is JobStatus.FAILED else repr(ret._return_value)
         payload = cloudpickle.dumps(ret)
-    _release_cuda_memory()
     log_file = handler.baseFilename if handler else None
     return Outcome(payload, status, error, signal_name, tb, start, end, os.getpid(), log_file)
 
@@ -292,7 +327,7 @@ def describe_error(err: BaseException) -> str:
     return error_line(str(err) if isinstance(err, CompactHydraException) else err)
 
 
-def _job_log_file(output_dir: Path) -> logging.FileHandler | None:
+def job_log_file(output_dir: Path) -> logging.FileHandler | None:
     """The file handler Hydra's job logging opened in ``output_dir`` for this job, if any."""
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == output_dir:

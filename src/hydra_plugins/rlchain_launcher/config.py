@@ -69,21 +69,27 @@ ConfigStore.instance().store(group="hydra/launcher", name="devices", node=Device
 
 
 @dataclass
-class PopulationLauncherConf:
+class PopulationLauncherConf(DevicesLauncherConf):
     """Settings of :class:`~hydra_plugins.rlchain_launcher.population_launcher.PopulationLauncher`
-    (``hydra/launcher=population``); a population runs on its jobs' ``device``.
+    (``hydra/launcher=population``): the devices launcher's slots, each training one population at a time in its
+    worker process, and ``max_members``.
 
     Raises:
-        LauncherConfigError: ``max_members`` not None or an integer >= 1.
+        LauncherConfigError: a devices launcher setting out of range; ``devices_per_job`` other than 1 (a
+            population trains in one process); ``max_members`` not None or an integer >= 1.
     """
 
     _target_: str = "hydra_plugins.rlchain_launcher.population_launcher.PopulationLauncher"
     max_members: Any = None
     """The most members of one population (an integer >= 1): more jobs of one shape form several populations, in
-    job order; None: every job of one shape in a batch forms one (refused before its first step, naming the largest
-    that fits, where the device's memory does not hold it)."""
+    job order; None: no cap (refused before its first step, naming the largest that fits, where the device's
+    memory does not hold it). Either way a batch's jobs of one shape are split evenly into as many populations as
+    keep every slot busy."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.devices_per_job != 1:
+            raise _not_allowed("devices_per_job", self.devices_per_job, "1 (a population trains in one process)")
         value = self.max_members
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise _not_allowed("max_members", value, "None or an integer >= 1")

@@ -59,8 +59,113 @@ from hydra_plugins.rlchain_launcher.config import DevicesLauncherConf
 log = logging.getLogger(__name__)
 
 
-class DevicesLauncher(Launcher):
-    """A Hydra launcher that runs jobs in parallel on device slots.
+class SlotLauncher(Launcher):
+    """What a launcher that runs its work on device slots does besides choosing the work: the slots' pool, the
+    sweep directory, composing each job's config, and the stop signals (:class:`DevicesLauncher`,
+    :class:`~hydra_plugins.rlchain_launcher.population_launcher.PopulationLauncher`).
+
+    Args:
+        settings: fields of ``settings_class`` (``self.settings``).
+
+    Raises:
+        LauncherConfigError: a setting out of range, naming the ``hydra.launcher`` field, the value and what is
+            allowed (``devices``, and whether their CUDA ids are visible, at the first launch).
+    """
+
+    settings_class: Any = DevicesLauncherConf
+    name = "devices launcher"
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = self.settings_class(**settings)
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: Callable | None = None
+        self.pool = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: Callable, config: DictConfig) -> None:
+        """Keep Hydra's context, the task function and the primary config for :meth:`launch`."""
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def _start(self) -> None:
+        """Set up Hydra's logging and globals in this process, the sweep directory and (once) the slots' pool."""
+        import weakref
+
+        from hydra.core.utils import configure_log, setup_globals
+
+        from hydra_plugins.rlchain_launcher._pool import DevicePool
+        from hydra_plugins.rlchain_launcher._slots import make_slots
+
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        if self.pool is None:
+            cfg = self.settings
+            self.pool = DevicePool(
+                make_slots(cfg.devices, cfg.jobs_per_device, cfg.threads_per_job, cfg.devices_per_job),
+                cfg.stagger_s,
+                cfg.kill_after_s,
+            )
+            weakref.finalize(self, self.pool.shutdown)  # also runs at exit; atexit alone kept them to the end
+
+    def _run(self, next_job: Callable[[], Any], batch: Any) -> Iterator[tuple[int, JobReturn]]:
+        """Stream prepared jobs from ``next_job()`` through the pool; on a stop signal, end the multirun."""
+        import cloudpickle
+        from hydra.core.singleton import Singleton
+
+        from hydra_plugins.rlchain_launcher._slots import exported_threads
+        from rlchain.console import error_line
+
+        pool = self.pool
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        devices = sorted({s.label for s in pool.slots})
+        slot = pool.slots[0]
+        each = (
+            f"{slot.ranks} processes of {slot.num_threads} thread(s)"
+            if slot.ranks > 1
+            else f"{slot.num_threads} thread(s)"
+        )
+        each += " each" + (
+            ", as exported in OMP_NUM_THREADS"
+            if self.settings.threads_per_job == "auto" and exported_threads() is not None
+            else ""
+        )
+        log.info(f"{self.name}: {len(pool.slots)} slot(s) ({', '.join(devices)}; {each}); sweep dir {sweep_dir}")
+        ran = 0
+        with pool.signals.handling():
+            context = cloudpickle.dumps((self.task_function, self.hydra_context, Singleton.get_state()))
+            for job, ret in pool.stream(next_job, context, sweep_dir, batch):
+                ran += 1
+                yield job.idx, ret
+            if pool.signals.first is not None:
+                log.warning(
+                    f"sweep stopped by {signal.Signals(pool.signals.first).name} after {ran} job(s); "
+                    f"finished jobs and checkpoints are in {sweep_dir}"
+                )
+                pool.shutdown()
+                try:
+                    self.hydra_context.callbacks.on_multirun_end(config=self.config)
+                except Exception as err:  # noqa: BLE001 - a stopped sweep exits with its signal's code whatever a callback says
+                    log.warning(f"a multirun-end callback failed: {error_line(err)}")
+                raise SystemExit(pool.signals.exit_code)
+
+    def _prepare(self, idx: int, overrides: Sequence[str]) -> Any:
+        """Compose job ``idx``'s config in the launcher process and resolve its output directory."""
+        from hydra_plugins.rlchain_launcher._worker import Job
+
+        sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
+            sweep_config.hydra.job.num = idx
+        HydraConfig.instance().set_config(sweep_config)
+        sweep = sweep_config.hydra.sweep
+        return Job(
+            idx, list(overrides), sweep_config, Path(os.path.abspath(os.path.join(str(sweep.dir), str(sweep.subdir))))
+        )
+
+
+class DevicesLauncher(SlotLauncher):
+    """A Hydra launcher that runs jobs in parallel on device slots (module docstring).
 
     Args:
         settings: fields of :class:`~.config.DevicesLauncherConf` (``self.settings``).
@@ -70,17 +175,6 @@ class DevicesLauncher(Launcher):
             ``hydra.launcher`` field, the value and what is allowed
             (``devices``, and whether their CUDA ids are visible, at the first launch).
     """
-
-    def __init__(self, **settings: Any) -> None:
-        self.settings = DevicesLauncherConf(**settings)
-        self.config: DictConfig | None = None
-        self.hydra_context: HydraContext | None = None
-        self.task_function: Callable | None = None
-        self.pool = None
-
-    def setup(self, *, hydra_context: HydraContext, task_function: Callable, config: DictConfig) -> None:
-        """Keep Hydra's context, the task function and the primary config for :meth:`launch`."""
-        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """Run one batch of jobs (numbered from ``initial_job_idx``) and return their results in order.
@@ -135,83 +229,6 @@ class DevicesLauncher(Launcher):
 
         self._start()
         return self._run(prepared, Batch())
-
-    def _start(self) -> None:
-        """Set up Hydra's logging and globals in this process, the sweep directory and (once) the slots' pool."""
-        import weakref
-
-        from hydra.core.utils import configure_log, setup_globals
-
-        from hydra_plugins.rlchain_launcher._pool import DevicePool
-        from hydra_plugins.rlchain_launcher._slots import make_slots
-
-        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
-        setup_globals()
-        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        if self.pool is None:
-            cfg = self.settings
-            self.pool = DevicePool(
-                make_slots(cfg.devices, cfg.jobs_per_device, cfg.threads_per_job, cfg.devices_per_job),
-                cfg.stagger_s,
-                cfg.kill_after_s,
-            )
-            weakref.finalize(self, self.pool.shutdown)  # also runs at exit; atexit alone kept them to the end
-
-    def _run(self, next_job: Callable[[], Any], batch: Any) -> Iterator[tuple[int, JobReturn]]:
-        """Stream prepared jobs from ``next_job()`` through the pool; on a stop signal, end the multirun."""
-        import cloudpickle
-        from hydra.core.singleton import Singleton
-
-        from hydra_plugins.rlchain_launcher._slots import exported_threads
-        from rlchain.console import error_line
-
-        pool = self.pool
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        devices = sorted({s.label for s in pool.slots})
-        slot = pool.slots[0]
-        each = (
-            f"{slot.ranks} processes of {slot.num_threads} thread(s)"
-            if slot.ranks > 1
-            else f"{slot.num_threads} thread(s)"
-        )
-        each += " each" + (
-            ", as exported in OMP_NUM_THREADS"
-            if self.settings.threads_per_job == "auto" and exported_threads() is not None
-            else ""
-        )
-        log.info(f"devices launcher: {len(pool.slots)} slot(s) ({', '.join(devices)}; {each}); sweep dir {sweep_dir}")
-        ran = 0
-        with pool.signals.handling():
-            context = cloudpickle.dumps((self.task_function, self.hydra_context, Singleton.get_state()))
-            for job, ret in pool.stream(next_job, context, sweep_dir, batch):
-                ran += 1
-                yield job.idx, ret
-            if pool.signals.first is not None:
-                log.warning(
-                    f"sweep stopped by {signal.Signals(pool.signals.first).name} after {ran} job(s); "
-                    f"finished jobs and checkpoints are in {sweep_dir}"
-                )
-                pool.shutdown()
-                try:
-                    self.hydra_context.callbacks.on_multirun_end(config=self.config)
-                except Exception as err:  # noqa: BLE001 - a stopped sweep exits with its signal's code whatever a callback says
-                    log.warning(f"a multirun-end callback failed: {error_line(err)}")
-                raise SystemExit(pool.signals.exit_code)
-
-    def _prepare(self, idx: int, overrides: Sequence[str]) -> Any:
-        """Compose job ``idx``'s config in the launcher process and resolve its output directory."""
-        from hydra_plugins.rlchain_launcher._worker import Job
-
-        sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-        with open_dict(sweep_config):
-            sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
-            sweep_config.hydra.job.num = idx
-        HydraConfig.instance().set_config(sweep_config)
-        sweep = sweep_config.hydra.sweep
-        return Job(
-            idx, list(overrides), sweep_config, Path(os.path.abspath(os.path.join(str(sweep.dir), str(sweep.subdir))))
-        )
 
 
 def _log_failures(jobs: Sequence[tuple[int, Sequence[str]]], failed: Sequence[tuple[Any, str]]) -> None:

@@ -216,15 +216,19 @@ def refuse_member(cfg: DictConfig, message: str) -> Trainer:
     return _build(cfg, time.time(), refused)
 
 
-def train_population(trainers: Sequence[Trainer]) -> list[tuple[RunSummary, BaseException | None]]:
+def train_population(
+    trainers: Sequence[Trainer], log_files: Sequence[str | None] | None = None
+) -> list[tuple[RunSummary, BaseException | None]]:
     """Train the built members ``trainers`` as one population (:class:`rlchain.run.population.PopulationRun`);
     print each one's result line (or its one-line failure) and return each one's summary and failure.
+    ``log_files``: each member's log file (Hydra's job log), which takes its own lines
+    (:func:`~rlchain.run.population.member_logs`); None: the logging as it is.
 
     Raises:
         ConfigError: members that cannot form one population (before any step), naming the setting; each
             member's ``summary.json`` says so.
     """
-    from rlchain.run.population import PopulationRun
+    from rlchain.run.population import PopulationRun, as_member, member_logs
 
     try:
         population = PopulationRun(trainers)
@@ -236,16 +240,18 @@ def train_population(trainers: Sequence[Trainer]) -> list[tuple[RunSummary, Base
                     trainer.output_dir
                 )
         raise ConfigError(error) from err
-    sessions = population.train()
     results = []
-    for session in sessions:
-        summary, trainer, failure = session.summary, session.trainer, session.failure
-        if failure is None:
-            show(_result_line(summary, trainer))
-        else:
-            failure.run_summary = summary
-            show(_failed_line(summary.error, trainer.output_dir, "the traceback is in its summary.json"))
-        results.append((summary, failure))
+    with member_logs(log_files or []):
+        sessions = population.train()
+        for p, session in enumerate(sessions):
+            summary, trainer, failure = session.summary, session.trainer, session.failure
+            with as_member(p):
+                if failure is None:
+                    show(_result_line(summary, trainer))
+                else:
+                    failure.run_summary = summary
+                    show(_failed_line(summary.error, trainer.output_dir, "the traceback is in its summary.json"))
+            results.append((summary, failure))
     return results
 
 

@@ -17,9 +17,13 @@ Ctrl-C or SIGTERM stops every member after the iteration, each saving its ``late
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +37,11 @@ from rlchain.run.stopping import Abort, StopSignals
 from rlchain.run.trainer import Session, Step, Trainer
 from rlchain.settings import SettingError
 
-__all__ = ["PopulationRun"]
+__all__ = ["PopulationRun", "as_member", "member_logs"]
+
+#: The member whose own work (its iteration's logs, evaluation, checkpoint, end) runs now in this process; None
+#: while the population's shared step runs.
+_member: ContextVar[int | None] = ContextVar("rlchain_population_member", default=None)
 
 #: Trainer settings that may differ between members (where each writes, what it is called, its eval seed).
 MEMBER_TRAINER_SETTINGS = ("output_dir", "seed", "exp_name", "wandb_name", "wandb_group", "wandb_tags", "resume_from")
@@ -154,11 +162,12 @@ class PopulationRun:
         clock = time.perf_counter
         with StopSignals(abort_on_repeat=True) as stop:
             sessions = [Session(t, stop, lead=p == 0) for p, t in enumerate(self.trainers)]
-            for session in sessions:
-                try:
-                    session.open()
-                except Exception as err:  # noqa: BLE001 - that member's run fails alone
-                    session.fail(err)
+            for p, session in enumerate(sessions):
+                with as_member(p):
+                    try:
+                        session.open()
+                    except Exception as err:  # noqa: BLE001 - that member's run fails alone
+                        session.fail(err)
             try:
                 while any(s.running for s in sessions):
                     for p, session in enumerate(sessions):
@@ -173,37 +182,102 @@ class PopulationRun:
                     for p, session in enumerate(sessions):
                         if not session.running:
                             continue
-                        fault = self.engine.faults.get(p)
-                        if isinstance(fault, Exception):
-                            session.fail(fault)
-                            continue
-                        try:
-                            self._sync_out(p)
-                            data = members[p]
-                            step = Step(data.episodes, data.term_means, stats[p], data.data.numel(), t1 - t0, t2 - t1)
-                            session.iteration(step)
-                        except Exception as err:  # noqa: BLE001 - that member's run fails alone
-                            session.fail(err)
-                            self.engine.stop(p, err)
+                        with as_member(p):
+                            fault = self.engine.faults.get(p)
+                            if isinstance(fault, Exception):
+                                session.fail(fault)
+                                continue
+                            try:
+                                self._sync_out(p)
+                                data = members[p]
+                                step = Step(
+                                    data.episodes, data.term_means, stats[p], data.data.numel(), t1 - t0, t2 - t1
+                                )
+                                session.iteration(step)
+                            except Exception as err:  # noqa: BLE001 - that member's run fails alone
+                                session.fail(err)
+                                self.engine.stop(p, err)
                         if session.trainer.state.pruned:
                             self.engine.stop(p, "pruned")
-                for session in sessions:
+                for p, session in enumerate(sessions):
                     if not session.ended:
-                        try:
-                            session.finish()
-                        except Exception as err:  # noqa: BLE001 - that member's run fails alone
-                            session.fail(err)
+                        with as_member(p):
+                            try:
+                                session.finish()
+                            except Exception as err:  # noqa: BLE001 - that member's run fails alone
+                                session.fail(err)
             except Abort:
-                for session in sessions:
+                for p, session in enumerate(sessions):
                     if not session.ended:
-                        session.abort()
+                        with as_member(p):
+                            session.abort()
             except Exception as err:  # noqa: BLE001 - a fault of the shared step ends every member still going
-                for session in sessions:
+                for p, session in enumerate(sessions):
                     if not session.ended:
-                        session.fail(err)
-            for session in sessions:
-                session.close()
+                        with as_member(p):
+                            session.fail(err)
+            for p, session in enumerate(sessions):
+                with as_member(p):
+                    session.close()
         return sessions
+
+
+@contextlib.contextmanager
+def as_member(p: int) -> Iterator[None]:
+    """Run the block as member ``p``'s own work: its log lines go to its own log file (:func:`member_logs`)."""
+    token = _member.set(p)
+    try:
+        yield
+    finally:
+        _member.reset(token)
+
+
+class _MemberFilter(logging.Filter):
+    """Passes the log lines of member ``member``'s own work and those of the shared step."""
+
+    def __init__(self, member: int) -> None:
+        super().__init__()
+        self.member = member
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        current = _member.get()
+        return current is None or current == self.member
+
+
+@contextlib.contextmanager
+def member_logs(files: Sequence[str | os.PathLike | None]) -> Iterator[None]:
+    """While the block runs, each member's log lines go to its own log file: the lines logged while member ``p``'s
+    own work runs (:meth:`PopulationRun.train`: its iteration's logs, evaluation, checkpoint, end) to ``files[p]``
+    alone, and those of the shared step (collection, update) to every file (None: that member has none).
+
+    The root logger's file handlers that write to one of ``files`` (Hydra's job logging leaves the last-built
+    member's) are set aside meanwhile; the new handlers take their format and level.
+    """
+    root = logging.getLogger()
+    paths = [None if f is None else os.path.abspath(f) for f in files]
+    aside = [h for h in root.handlers if isinstance(h, logging.FileHandler) and h.baseFilename in paths]
+    added = []
+    for p, path in enumerate(paths):
+        if path is None:
+            continue
+        handler = logging.FileHandler(path, mode="a")
+        if aside:
+            handler.setFormatter(aside[0].formatter)
+            handler.setLevel(aside[0].level)
+        handler.addFilter(_MemberFilter(p))
+        added.append(handler)
+    for handler in aside:
+        root.removeHandler(handler)
+    for handler in added:
+        root.addHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in added:
+            root.removeHandler(handler)
+            handler.close()
+        for handler in aside:
+            root.addHandler(handler)
 
 
 def member_bytes(trainer: Trainer) -> int:
