@@ -1,7 +1,8 @@
-"""One sweep two ways: jobs of the devices launcher (one process per job) against one population per shape.
+"""One sweep two ways: jobs of the devices launcher (one process per job) against one population per shape; or
+populations of P members of the main job against one run.
 
 Usage: ``python benchmarks/population.py [--sweep seeds|grid|both] [--iterations N] [--jobs-per-device 2]
-[--out FILE]``
+[--out FILE]``; ``python benchmarks/population.py --members 16 64 --device cuda --iterations 3 [--out FILE]``
 
 The sweeps:
 
@@ -16,6 +17,13 @@ the aggregate env steps per second (every job's ``global_step`` over that wall t
 evaluation success rate (mean and std over the jobs, and job by job). ``--iterations`` shortens every job
 (``trainer.iterations``) where the full sweep would take too long; the table says so. Writes a markdown table
 to stdout and, with ``--out``, the numbers as JSON.
+
+``--members P ...`` (the GPU's measurement; ``benchmarks/gpu_check.sh population`` runs it): one run of the main
+job on ``--device``, then for each ``P`` the seeds ``0 .. P-1`` of the main job as one population
+(``hydra/launcher=population``) on that device, ``--iterations`` each. Reported per row: the wall time of the
+command, and the aggregate training env steps/s: the sum over the members of each one's median ``charts/SPS``
+over its iterations but the first (env steps over the seconds of collection and update, which a population's
+members share), and its ratio to the one run's.
 """
 
 from __future__ import annotations
@@ -73,13 +81,65 @@ def run(sweep: str, way: str, root: Path, iterations: int | None, jobs_per_devic
     }
 
 
+def members_run(members: int, device: str, iterations: int, root: Path) -> dict:
+    """The main job on ``device`` for ``iterations``: one run (``members`` 1) or a population of ``members`` seeds;
+    its wall time and aggregate training env steps/s (see the module docstring)."""
+    out = root / f"members_{members}"
+    common = [
+        f"device={device}",
+        f"trainer.iterations={iterations}",
+        "trainer.progress=false",
+        "trainer.fresh_eval=false",
+    ]
+    if members == 1:
+        args = [*common, f"hydra.run.dir={out}"]
+    else:
+        args = ["-m", f"seed=range({members})", "hydra/launcher=population", *common, f"hydra.sweep.dir={out}"]
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "rlchain", *args], env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{members} member(s) failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    sps = []
+    for run_dir in [out] if members == 1 else sorted(p for p in out.iterdir() if (p / "metrics.jsonl").exists()):
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        values = [r["charts/SPS"] for r in rows if "charts/SPS" in r]
+        sps.append(statistics.median(values[1:] or values))
+    return {"members": members, "runs": len(sps), "wall_s": wall, "train_sps": sum(sps)}
+
+
+def main_members(args: argparse.Namespace) -> None:
+    """``--members``: one run, then populations of each size; a markdown table, and JSON with ``--out``."""
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for members in (1, *args.members):
+            results.append(members_run(members, args.device, args.iterations or 3, Path(tmp)))
+            print(f"{members} member(s): {results[-1]['wall_s']:.0f} s", file=sys.stderr, flush=True)
+    base = results[0]["train_sps"]
+    print(f"the main job on {args.device}, trainer.iterations={args.iterations or 3}")
+    print("| members | wall s | aggregate training env steps/s | ratio to one run |")
+    print("|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r['members']} | {r['wall_s']:.0f} | {r['train_sps']:,.0f} | {r['train_sps'] / base:.2f}x |")
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", choices=("seeds", "grid", "both"), default="both")
     parser.add_argument("--iterations", type=int, help="trainer.iterations of every job (default: the configs')")
-    parser.add_argument("--jobs-per-device", type=int, default=2, help="the devices launcher's jobs at once")
+    parser.add_argument(
+        "--jobs-per-device", type=int, default=2, help="slots of either way: jobs or populations at once"
+    )
     parser.add_argument("--out", type=Path, help="write the numbers as JSON here")
+    parser.add_argument("--members", type=int, nargs="+", help="populations of the main job of these sizes")
+    parser.add_argument("--device", default="cuda", help="--members: the device (default cuda)")
     args = parser.parse_args()
+    if args.members:
+        main_members(args)
+        return
     sweeps = ("seeds", "grid") if args.sweep == "both" else (args.sweep,)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -88,7 +148,7 @@ def main() -> None:
                 results.append(run(sweep, way, Path(tmp), args.iterations, args.jobs_per_device))
                 print(f"{sweep} via {way}: {results[-1]['wall_s']:.0f} s", file=sys.stderr, flush=True)
     budget = f"trainer.iterations={args.iterations}" if args.iterations else "the configs' iterations"
-    print(f"{os.cpu_count()} CPU(s); devices launcher: {args.jobs_per_device} jobs at once; {budget}")
+    print(f"{os.cpu_count()} CPU(s); {args.jobs_per_device} slots each way (jobs or populations at once); {budget}")
     print("| sweep | way | wall s | aggregate env steps/s | ratio | final eval success (mean ± std) |")
     print("|---|---|---:|---:|---:|---|")
     for sweep in sweeps:

@@ -37,9 +37,13 @@ def member(env_name: str, algo: str, seed: int, num_envs: int = N, **settings):
     return env, policy, algorithm
 
 
-def population(env_name: str, algo: str, rates=RATES, seeds=SEEDS, **settings):
-    """The population of the members (seeds, rates) and its collector on one task of ``P * N`` envs."""
-    algorithms = [member(env_name, algo, s, learning_rate=lr, **settings)[2] for s, lr in zip(seeds, rates)]
+def population(env_name: str, algo: str, rates=RATES, seeds=SEEDS, own=None, **settings):
+    """The population of the members (seeds, rates; ``own[p]``: member p's own settings besides) and its collector
+    on one task of ``P * N`` envs."""
+    own = own or [{}] * len(seeds)
+    algorithms = [
+        member(env_name, algo, s, learning_rate=lr, **settings, **o)[2] for s, lr, o in zip(seeds, rates, own)
+    ]
     engine = Population(algorithms, seeds, N)
     env = ENVS[env_name](num_envs=N * len(seeds), seed=0, max_episode_steps=T)
     env.split_into_members(seeds)
@@ -51,16 +55,34 @@ def population(env_name: str, algo: str, rates=RATES, seeds=SEEDS, **settings):
 TOLERANCE = {"policy_loss": 1e-5, "value_loss": 1e-5, "entropy": 1e-5}
 
 
-@pytest.mark.parametrize("env_name", ["push_cube", "cart_pole"])
-@pytest.mark.parametrize("algo", ["ppo", "grpo"])
-def test_member_p_is_solo_run_p_rollout_for_rollout_and_update_for_update(env_name, algo):
-    engine, collector = population(env_name, algo)
+#: Members' own settings that a population takes besides the seed and rate: PPO's reward scaling (each member's
+#: statistics, with its own gamma), GRPO's reference KL (a member of kl_coef 0 among them has no reference).
+OWN = {
+    "reward_norm": [{"reward_norm": True, "gamma": g} for g in (0.99, 0.9, 0.95, 0.99)],
+    "reference_kl": [{"kl_coef": k} for k in (0.1, 0.0, 0.05, 0.2)],
+}
+
+
+@pytest.mark.parametrize(
+    "env_name, algo, own",
+    [
+        ("push_cube", "ppo", None),
+        ("cart_pole", "ppo", None),
+        ("push_cube", "grpo", None),
+        ("cart_pole", "grpo", None),
+        ("push_cube", "ppo", "reward_norm"),
+        ("push_cube", "grpo", "reference_kl"),
+    ],
+)
+def test_member_p_is_solo_run_p_rollout_for_rollout_and_update_for_update(env_name, algo, own):
+    own = OWN[own] if own else [{}] * len(SEEDS)
+    engine, collector = population(env_name, algo, own=own)
     rollouts = [collector.collect().data.clone()]  # the storage is reused: keep a copy
     first = engine.update(rollouts[0])
     rollouts.append(collector.collect().data.clone())
     second = engine.update(rollouts[1])
     for p, (seed, lr) in enumerate(zip(SEEDS, RATES)):
-        env, policy, algorithm = member(env_name, algo, seed, learning_rate=lr)
+        env, policy, algorithm = member(env_name, algo, seed, learning_rate=lr, **own[p])
         solo = SyncCollector(env, policy, T, reset_options=algorithm.reset_options)
         block = slice(p * N, (p + 1) * N)
         for rollout, stats in ((rollouts[0], first[p]), (rollouts[1], second[p])):
@@ -129,6 +151,6 @@ def test_settings_that_change_shapes_are_refused_naming_the_key():
     algorithms = [member("push_cube", "ppo", s, batch_size=b)[2] for s, b in zip(SEEDS[:2], (32, 64))]
     with pytest.raises(SettingError, match=r"^algorithm\.batch_size=\[32, 64\] differs between the members"):
         Population(algorithms, SEEDS[:2], N)
-    algorithms = [member("push_cube", "ppo", s, reward_norm=True)[2] for s in SEEDS[:2]]
-    with pytest.raises(SettingError, match=r"^algorithm\.reward_norm=True is not taken by a population yet"):
+    algorithms = [member("push_cube", "grpo", s, advantage_norm="rollout_std")[2] for s in SEEDS[:2]]
+    with pytest.raises(SettingError, match=r"^algorithm\.advantage_norm='rollout_std' is not taken by a population"):
         Population(algorithms, SEEDS[:2], N)

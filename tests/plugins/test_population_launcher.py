@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from hydra_plugins.rlchain_launcher.population_launcher import populations
-from tests.helpers.runs import TINY, rows, run_cli, summary_of
+from tests.helpers.runs import TINY, rows, run_cli, summaries, summary_of
 
 POPULATION = ["-m", "hydra/launcher=population", *TINY]
 
@@ -77,6 +77,16 @@ def test_populations_spread_over_the_slots(tmp_path):
         assert summary_of(sweep / str(job)).status == "completed"
 
 
+@pytest.mark.slow
+def test_a_population_whose_worker_dies_fails_its_members_and_the_other_slot_goes_on(tmp_path):
+    killing = "env._target_=rlchain.core.envs.push_cube.PushCubeEnv,tests.helpers.user_components.process_killing_env"
+    done = run_cli([*POPULATION, killing, "seed=0,1", "hydra.launcher.jobs_per_device=2"], tmp_path)
+    assert done.returncode != 0
+    runs = summaries(sweep_dir(tmp_path))
+    assert [runs[n].status for n in range(4)] == ["completed", "completed", "failed", "failed"]
+    assert all("the worker process died" in runs[n].error for n in (2, 3))
+
+
 @pytest.mark.parametrize(
     "jobs, max_members, slots, expected",
     [
@@ -126,6 +136,7 @@ def test_sigterm_stops_every_member_with_its_checkpoint_and_the_resumed_populati
         f"+env.marker={tmp_path / 'signalled'}",
         "trainer.iterations=3",
         "trainer.save_freq=100",
+        "algorithm.reward_norm=true",  # each member's return statistics resume with it
     ]
     stopped = run_cli([*POPULATION, "seed=1,2", *signal_env, "hydra.sweep.dir=stopped"], tmp_path)
     assert stopped.returncode == 143, stopped.stderr

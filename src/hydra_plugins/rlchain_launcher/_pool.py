@@ -273,6 +273,7 @@ class DevicePool:
         with open_dict(ret.cfg):
             del ret.cfg["hydra"]
         if outcome.status != "completed":  # the sweeper raises it: one line, no traceback on the console
+            _keep_job_dir(job, ret)
             where = f" (traceback: {_shown_path(outcome.log_file)})" if outcome.log_file and outcome.traceback else ""
             failed = JobFailed(
                 f"job {job.idx} {'failed: ' if outcome.status == 'failed' else ''}{outcome.error}{where}"
@@ -324,6 +325,23 @@ def _shown_overrides(overrides: list[str], width: int = 60) -> str:
         key, eq, value = override.partition("=")
         shown.append(f"{key}{eq}{value[: width - 3]}..." if len(value) > width else override)
     return " ".join(shown)
+
+
+def _keep_job_dir(job: Job, ret: JobReturn) -> None:
+    """Write the ``.hydra/`` files of a job that ended before Hydra's ``run_job`` wrote them (its worker died
+    first: a population's members after the one whose build killed it), as ``run_job`` writes them, so that the
+    sweep's tables list the job with the launcher's record of it."""
+    subdir = OmegaConf.select(job.config, "hydra.output_subdir")
+    if subdir is None or (job.output_dir / str(subdir) / "overrides.yaml").exists():
+        return
+    hydra_dir = job.output_dir / str(subdir)
+    try:
+        hydra_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(ret.cfg, hydra_dir / "config.yaml")
+        OmegaConf.save(ret.hydra_cfg, hydra_dir / "hydra.yaml")
+        OmegaConf.save(OmegaConf.create(list(job.overrides)), hydra_dir / "overrides.yaml")
+    except OSError as err:  # the launcher's record is what matters
+        log.warning(f"job {job.idx}'s .hydra/ files could not be written in {job.output_dir}: {err}")
 
 
 def _numbers(jobs: list[Job]) -> str:

@@ -294,9 +294,8 @@ class Population:
         faults: per stopped member, its :class:`~rlchain.core.algorithms.update.NonFiniteError` (or why, a string).
 
     Raises:
-        SettingError: settings a population cannot vary or take yet, naming them: see :class:`Scalars`; PPO's
-            ``reward_norm``, GRPO's ``kl_coef > 0`` or ``advantage_norm='rollout_std'``; an algorithm other than
-            PPO or GRPO.
+        SettingError: settings a population cannot vary or take yet, naming them: see :class:`Scalars`; GRPO's
+            ``advantage_norm='rollout_std'``; an algorithm other than PPO or GRPO.
     """
 
     def __init__(self, algorithms: Sequence[Algorithm], seeds: Sequence[int], envs_per_member: int) -> None:
@@ -308,18 +307,12 @@ class Population:
             raise SettingError("algorithm", type(first).__name__, " cannot form a population: expected PPO or GRPO")
         self.kind = "ppo" if isinstance(first, PPO) else "grpo"
         for a in algorithms:
-            refused = (
-                ("reward_norm", a.cfg.reward_norm, "False")
-                if self.kind == "ppo" and a.cfg.reward_norm
-                else ("kl_coef", a.cfg.kl_coef, "0")
-                if self.kind == "grpo" and a.cfg.kl_coef > 0
-                else ("advantage_norm", a.cfg.advantage_norm, "'std' or 'none'")
-                if self.kind == "grpo" and a.cfg.advantage_norm == "rollout_std"
-                else None
-            )
-            if refused is not None:
-                name, value, allowed = refused
-                raise SettingError(f"algorithm.{name}", value, f" is not taken by a population yet: expected {allowed}")
+            if self.kind == "grpo" and a.cfg.advantage_norm == "rollout_std":
+                raise SettingError(
+                    "algorithm.advantage_norm",
+                    a.cfg.advantage_norm,
+                    " is not taken by a population yet: expected 'std' or 'none'",
+                )
         self.algorithms = list(algorithms)
         self.members, self.envs_per_member = len(algorithms), envs_per_member
         self.policy = PopulationPolicy([a.policy for a in algorithms], seeds, envs_per_member)
@@ -328,6 +321,24 @@ class Population:
         self.scalars = Scalars([a.cfg for a in algorithms], device)
         self.template = copy.copy(first)
         self.template.policy = self.policy.template
+        #: PPO's reward_norm: each member's own scaler (its algorithm's: its statistics, saved and resumed with it).
+        self.reward_scalers = [getattr(a, "reward_scaler", None) for a in algorithms]
+        #: GRPO's kl_coef > 0: the members' frozen references, stacked (a member of kl_coef 0 stands in with a copy
+        #: of its policy: its loss adds 0 times its term, which it reports as 0, as its solo run does).
+        self.reference: PopulationPolicy | None = None
+        self._no_reference: torch.Tensor | None = None
+        refs = [getattr(a, "ref_policy", None) for a in algorithms]
+        if any(r is not None for r in refs):
+            self.reference = PopulationPolicy(
+                [
+                    r if r is not None else copy.deepcopy(a.policy).requires_grad_(False).eval()
+                    for r, a in zip(refs, algorithms)
+                ],
+                seeds,
+                envs_per_member,
+            ).requires_grad_(False)
+            self.template.ref_policy = self.reference.template
+            self._no_reference = torch.tensor([r is None for r in refs], device=device)
         self._params = list(self.policy.params.values())
         self._exp_avg = [torch.zeros_like(p) for p in self._params]
         self._exp_avg_sq = [torch.zeros_like(p) for p in self._params]
@@ -352,6 +363,13 @@ class Population:
         normalised over its own samples), as :meth:`~rlchain.core.algorithms.PPO.update` computes them."""
         keys = ("reward", "value", "next_value", "terminated", "done")
         parts = self._member_rollout(rollout, keys)
+        if self.reward_scalers[0] is not None:  # each member's own scaler on its own envs, as its solo run's update
+            parts["reward"] = torch.stack(
+                [
+                    scaler(parts["reward"][p], parts["done"][p]) if p not in self.faults else parts["reward"][p]
+                    for p, scaler in enumerate(self.reward_scalers)
+                ]
+            )
         gamma = self.scalars.tensor("gamma", self.members, self.device)
         lam = self.scalars.tensor("gae_lambda", self.members, self.device)
         norm_adv = self.scalars.base.norm_adv
@@ -383,7 +401,31 @@ class Population:
             return advantages, mask.float()
 
         advantages, mask = torch.vmap(samples)(parts["reward"], parts["done"], varying)
-        return {"advantages": advantages, "mask": mask}
+        out = {"advantages": advantages, "mask": mask}
+        if self.reference is not None:
+            out["ref_log_prob"] = self._reference_log_prob(rollout)
+        return out
+
+    @torch.no_grad()
+    def _reference_log_prob(self, rollout: TensorDict) -> torch.Tensor:
+        """Each member's reference log-probabilities of its rollout's actions ``[P, T, N]``, in forward passes of
+        at most ``batch_size`` samples in order, as :meth:`~rlchain.core.algorithms.GRPO.reference_log_prob`."""
+        from tensordict import TensorDict
+
+        parts = self._member_rollout(rollout, ("obs", "action"))
+        t, n = rollout.batch_size[0], self.envs_per_member
+        flat = {k: v.reshape(self.members, t * n, *v.shape[3:]) for k, v in parts.items()}
+        template, size = self.reference.template, self.scalars.base.batch_size
+
+        def log_prob(obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+            td = TensorDict({"obs": obs, "action": action}, batch_size=[obs.shape[0]])
+            return template.evaluate_actions(td)["sample_log_prob"]
+
+        chunks = [
+            self.reference.vmap(log_prob, flat["obs"][:, i : i + size], flat["action"][:, i : i + size])
+            for i in range(0, t * n, size)
+        ]
+        return torch.cat(chunks, 1).view(self.members, t, n)
 
     # ----------------------------------------------------------------- update
     def update(self, rollout: TensorDict) -> list[dict[str, float]]:
@@ -420,7 +462,10 @@ class Population:
         var_returns, var_residual = returns.var(1), (returns - value).var(1)
         constant = var_returns <= (1e-6 * returns.abs().amax(1)) ** 2
         ev = torch.where(constant, math.nan, 1 - var_residual / var_returns)
-        return {"explained_variance": ev.tolist()}
+        stats = {"explained_variance": ev.tolist()}
+        if self.reward_scalers[0] is not None:
+            stats["return_std"] = [scaler.std for scaler in self.reward_scalers]
+        return stats
 
     def _grpo_stats(self, data: dict[str, torch.Tensor]) -> dict[str, list[float]]:
         return {"live_fraction": data["mask"].flatten(1).mean(1).tolist()}
@@ -439,7 +484,10 @@ class Population:
             size = next(iter(b.values())).shape[0]
             return view._minibatch_loss(TensorDict(b, batch_size=[size]))
 
-        return self.policy.vmap(loss, batch, varying)
+        terms = self.policy.vmap(loss, batch, varying)
+        if self._no_reference is not None:  # kl_coef 0: no reference, its term 0 as its solo run reports it
+            terms["approx_ref_kl"] = torch.where(self._no_reference, 0.0, terms["approx_ref_kl"])
+        return terms
 
     def _optimise(self, samples: dict[str, torch.Tensor]) -> list[dict[str, float]]:
         """``n_epochs`` of each member's own seeded minibatches, one masked Adam step each (see the module
