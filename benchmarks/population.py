@@ -20,10 +20,11 @@ to stdout and, with ``--out``, the numbers as JSON.
 
 ``--members P ...`` (the GPU's measurement; ``benchmarks/gpu_check.sh population`` runs it): one run of the main
 job on ``--device``, then for each ``P`` the seeds ``0 .. P-1`` of the main job as one population
-(``hydra/launcher=population``) on that device, ``--iterations`` each. Reported per row: the wall time of the
-command, and the aggregate training env steps/s: the sum over the members of each one's median ``charts/SPS``
-over its iterations but the first (env steps over the seconds of collection and update, which a population's
-members share), and its ratio to the one run's.
+(``hydra/launcher=population``; ``P`` = 1: a population of one) on that device, ``--iterations`` each. Reported
+per row: the wall time of the command; the aggregate training env steps/s, the sum over the members of each
+one's median ``charts/SPS`` over its iterations but the first (env steps over the seconds of collection and
+update, which a population's members share); every member's env steps over the wall time (builds, evaluations,
+one member after another, and start-up included); and their ratios to the one run's.
 """
 
 from __future__ import annotations
@@ -81,17 +82,18 @@ def run(sweep: str, way: str, root: Path, iterations: int | None, jobs_per_devic
     }
 
 
-def members_run(members: int, device: str, iterations: int, root: Path) -> dict:
-    """The main job on ``device`` for ``iterations``: one run (``members`` 1) or a population of ``members`` seeds;
-    its wall time and aggregate training env steps/s (see the module docstring)."""
-    out = root / f"members_{members}"
+def members_run(members: int | None, device: str, iterations: int, root: Path) -> dict:
+    """The main job on ``device`` for ``iterations``: one run (``members`` None) or a population of ``members``
+    seeds; its wall time, aggregate training env steps/s (see the module docstring) and env steps over the wall
+    time (build, evaluations and start-up included)."""
+    out = root / f"members_{members or 'solo'}"
     common = [
         f"device={device}",
         f"trainer.iterations={iterations}",
         "trainer.progress=false",
         "trainer.fresh_eval=false",
     ]
-    if members == 1:
+    if members is None:
         args = [*common, f"hydra.run.dir={out}"]
     else:
         args = ["-m", f"seed=range({members})", "hydra/launcher=population", *common, f"hydra.sweep.dir={out}"]
@@ -102,26 +104,31 @@ def members_run(members: int, device: str, iterations: int, root: Path) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"{members} member(s) failed ({done.returncode}):\n{done.stderr[-3000:]}")
     sps = []
-    for run_dir in [out] if members == 1 else sorted(p for p in out.iterdir() if (p / "metrics.jsonl").exists()):
+    steps = 0
+    for run_dir in [out] if members is None else sorted(p for p in out.iterdir() if (p / "metrics.jsonl").exists()):
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         values = [r["charts/SPS"] for r in rows if "charts/SPS" in r]
         sps.append(statistics.median(values[1:] or values))
-    return {"members": members, "runs": len(sps), "wall_s": wall, "train_sps": sum(sps)}
+        steps += json.loads((run_dir / "summary.json").read_text())["global_step"]
+    return {"members": members, "runs": len(sps), "wall_s": wall, "train_sps": sum(sps), "wall_sps": steps / wall}
 
 
 def main_members(args: argparse.Namespace) -> None:
     """``--members``: one run, then populations of each size; a markdown table, and JSON with ``--out``."""
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for members in (1, *args.members):
+        for members in (None, *args.members):
             results.append(members_run(members, args.device, args.iterations or 3, Path(tmp)))
-            print(f"{members} member(s): {results[-1]['wall_s']:.0f} s", file=sys.stderr, flush=True)
-    base = results[0]["train_sps"]
+            print(f"{members or 'one run'}: {results[-1]['wall_s']:.0f} s", file=sys.stderr, flush=True)
+    base = results[0]
     print(f"the main job on {args.device}, trainer.iterations={args.iterations or 3}")
-    print("| members | wall s | aggregate training env steps/s | ratio to one run |")
-    print("|---:|---:|---:|---:|")
+    print("| members | wall s | aggregate training env steps/s | ratio | env steps / wall s | ratio |")
+    print("|---|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['members']} | {r['wall_s']:.0f} | {r['train_sps']:,.0f} | {r['train_sps'] / base:.2f}x |")
+        print(
+            f"| {r['members'] or 'one run'} | {r['wall_s']:.0f} | {r['train_sps']:,.0f} | "
+            f"{r['train_sps'] / base['train_sps']:.2f}x | {r['wall_sps']:,.0f} | {r['wall_sps'] / base['wall_sps']:.2f}x |"
+        )
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2))
 
