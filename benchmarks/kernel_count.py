@@ -195,7 +195,7 @@ def population_rows(envs_per_member: int, sizes: tuple[int, ...] = (1, 16)) -> l
         fault, value = torch.zeros(size, dtype=torch.int64), torch.zeros(size)
 
         def step(engine=engine, batch=batch, mask=mask, fault=fault, value=value):
-            return engine._train_step(batch, mask, mask, fault, value)
+            return engine._train_step(batch, mask, fault, value)
 
         rows.append({"what": f"population minibatch update, P={size}", "eager": eager_calls(step)})
     return rows

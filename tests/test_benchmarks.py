@@ -59,3 +59,17 @@ def test_the_pixel_memory_benchmark_counts_what_it_allocates():
         assert measured == pytest.approx(counted, abs=0.02)  # GiB: images of 256 x 64 x 32 x 32 x 3 are 0.05
     privileged, image = rows
     assert float(privileged[2].split()[0]) < float(image[2].split()[0])  # final_obs: no second copy of the image
+
+
+def test_a_populations_calls_per_step_do_not_grow_with_its_members():
+    """``kernel_count.py --population`` at 1 and 2 members (8 envs each): the counts it reports for the collection
+    step and the minibatch update are within 10% at both sizes (the bar of benchmarks/README.md, Populations)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kernel_count", BENCHMARKS / "kernel_count.py")
+    kernel_count = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel_count)
+    rows = {row["what"]: row["eager"] for row in kernel_count.population_rows(8, sizes=(1, 2))}
+    for step in ("collection step", "minibatch update"):
+        one, two = rows[f"population {step}, P=1"], rows[f"population {step}, P=2"]
+        assert one > 0 and abs(two - one) <= 0.1 * one, (step, one, two)

@@ -133,6 +133,24 @@ def test_log_std_is_clamped():
     assert ev["entropy"].item() == pytest.approx(0.5 + 0.5 * math.log(2 * math.pi) + 0.5)
 
 
+def test_bounded_under_vmap_is_bounded_member_by_member():
+    # A population's members run bounded under torch.vmap (and its gradient under torch.func.grad): value and
+    # gradient, inside the range and past either bound, each sign of the incoming gradient, are each row's own.
+    x = torch.tensor([[-3.0, 0.5, 2.0], [0.0, -1.5, 1.5]])
+    sign = torch.tensor([[1.0, -1.0, -1.0], [1.0, -1.0, 1.0]])
+
+    def loss(row: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return (bounded(row, -1.0, 1.0) * s).sum()
+
+    values = torch.vmap(lambda row: bounded(row, -1.0, 1.0))(x)
+    grads = torch.vmap(torch.func.grad(loss))(x, sign)
+    for i in range(2):
+        row = x[i].clone().requires_grad_(True)
+        loss(row, sign[i]).backward()
+        assert torch.equal(values[i], bounded(x[i], -1.0, 1.0)) and torch.equal(grads[i], row.grad)
+    assert grads.tolist() == [[0.0, -1.0, 0.0], [1.0, -1.0, 1.0]]  # kept where descent moves x inward
+
+
 @pytest.mark.parametrize("start", [-3.0, 2.0])
 def test_a_log_std_past_its_bound_can_come_back(start):
     # log_std bounded to [-1, 1] but carried past a bound (by an optimiser

@@ -340,13 +340,22 @@ class Population:
             self.template.ref_policy = self.reference.template
             self._no_reference = torch.tensor([r is None for r in refs], device=device)
         self._params = list(self.policy.params.values())
-        self._exp_avg = [torch.zeros_like(p) for p in self._params]
-        self._exp_avg_sq = [torch.zeros_like(p) for p in self._params]
+        # Adam's moments, each one flat [P, D] buffer (one set of ops per step for every parameter); per parameter,
+        # [P, ...] views of it.
+        self._sizes = [p[0].numel() for p in self._params]
+        self._exp_avg_flat = torch.zeros(self.members, sum(self._sizes), device=device)
+        self._exp_avg_sq_flat = torch.zeros_like(self._exp_avg_flat)
+        self._exp_avg = self._per_parameter(self._exp_avg_flat)
+        self._exp_avg_sq = self._per_parameter(self._exp_avg_sq_flat)
         self._adam_steps = torch.zeros(self.members, dtype=torch.float32, device=device)
         self.lr = self.scalars.tensor("learning_rate", self.members, device).clone()
         self.stopped = torch.zeros(self.members, dtype=torch.bool, device=device)
         self.faults: dict[int, Exception | str] = {}
         self.iteration = 0
+
+    def _per_parameter(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """A flat ``[P, D]`` tensor as views shaped as the stacked parameters, ``[P, ...]`` each."""
+        return [part.view_as(p) for part, p in zip(flat.split(self._sizes, 1), self._params)]
 
     # ---------------------------------------------------------------- samples
     def _member_rollout(self, rollout: TensorDict, keys: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -541,8 +550,14 @@ class Population:
         terms = self._loss(batch)
         loss = terms["loss"]
         grads = torch.autograd.grad(loss.sum(), self._params, allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self._params, grads)]
-        per_member = torch.stack([g.flatten(1).square().sum(1) for g in grads]).sum(0).sqrt()  # [P]
+        grads = torch.cat(
+            [
+                p.new_zeros(p.shape[0], n) if g is None else g.flatten(1)
+                for p, g, n in zip(self._params, grads, self._sizes)
+            ],
+            1,
+        )  # [P, D]
+        per_member = grads.square().sum(1).sqrt()  # [P]
         max_norm = self.scalars.tensor("max_grad_norm", self.members, self.device)
         scale = (max_norm / (per_member + 1e-6)).clamp_max(1.0)
         loss = loss.detach()
@@ -558,25 +573,25 @@ class Population:
         return terms, per_member
 
     @torch.no_grad()
-    def _adam_step(self, grads: list[torch.Tensor], scale: torch.Tensor, ok: torch.Tensor) -> None:
+    def _adam_step(self, grads: torch.Tensor, scale: torch.Tensor, ok: torch.Tensor) -> None:
         """Adam (Kingma and Ba 2015; ``torch.optim.Adam``'s formula, ``eps=1e-5``, betas (0.9, 0.999)) of each
-        member whose ``ok`` is set, with its clip ``scale`` and rate :attr:`lr`; the others' weights and moments
-        stay."""
+        member whose ``ok`` is set, on its flat gradient (a row of ``grads``, ``[P, D]``), with its clip ``scale``
+        and rate :attr:`lr`; the others' weights and moments stay. One set of ops on the flat moments for every
+        parameter, then one in-place subtraction per parameter (a ``foreach`` op)."""
         beta1, beta2, eps = 0.9, 0.999, 1e-5
         on = ok.float()
         self._adam_steps.add_(on)
         bias1 = 1 - beta1**self._adam_steps
         bias2_sqrt = (1 - beta2**self._adam_steps).sqrt()
         # Per member: the moments' weights and the step are 0 where it does not step (its state stays as it is).
-        w1, w2 = (1 - beta1) * on, (1 - beta2) * on
-        step_size = torch.where(ok, self.lr / bias1.clamp_min(1e-30), 0.0)
-        for p, g, m, v in zip(self._params, grads, self._exp_avg, self._exp_avg_sq):
-            shape = (-1, *(1,) * (p.dim() - 1))
-            g = torch.where(ok.view(shape), g * scale.view(shape), 0.0)  # a stopped member's NaN stays out
-            m.lerp_(g, w1.view(shape))
-            v.mul_(1 - w2.view(shape)).addcmul_(g, g * w2.view(shape))
-            denom = (v.sqrt() / bias2_sqrt.view(shape)).add_(eps)
-            p.sub_(step_size.view(shape) * m / denom)
+        w1, w2 = ((1 - beta1) * on).unsqueeze(1), ((1 - beta2) * on).unsqueeze(1)
+        step_size = torch.where(ok, self.lr / bias1.clamp_min(1e-30), 0.0).unsqueeze(1)
+        g = torch.where(ok.unsqueeze(1), grads * scale.unsqueeze(1), 0.0)  # a stopped member's NaN stays out
+        m, v = self._exp_avg_flat, self._exp_avg_sq_flat
+        m.lerp_(g, w1)
+        v.mul_(1 - w2).addcmul_(g, g * w2)
+        denom = (v.sqrt() / bias2_sqrt.unsqueeze(1)).add_(eps)
+        torch._foreach_sub_(self._params, self._per_parameter(step_size * m / denom))
 
     # ---------------------------------------------------------------- schedule
     def _schedule_before_update(self) -> None:
