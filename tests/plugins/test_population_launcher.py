@@ -161,6 +161,25 @@ def test_sigterm_stops_every_member_with_its_checkpoint_and_the_resumed_populati
         ]
 
 
+def test_a_stop_signal_while_members_are_built_keeps_what_each_member_said_of_itself(tmp_path):
+    # Job 0 is refused (its env built, then its learning rate); the env of job 1, the second built, sends SIGTERM
+    # to the launcher, which forwards it while job 1 is built: job 0 stays failed with its own error, 1 and 2 are
+    # interrupted, and the sweep exits 143.
+    signalling = [
+        "env._target_=tests.helpers.signal_env.SignallingPushCube",
+        "+env.signal_at_step=0",
+        "+env.signal_at_build=2",
+        "+env.signal_to=parent",
+        f"+env.marker={tmp_path / 'signalled'}",
+    ]
+    done = run_cli([*POPULATION, "algorithm.learning_rate=-1,1e-3,1e-3", *signalling], tmp_path)
+    assert done.returncode == 143, done.stderr
+    records = {r["job"]: r for r in map(json.loads, (sweep_dir(tmp_path) / "launcher.jsonl").read_text().splitlines())}
+    assert records[0]["status"] == "failed" and "algorithm.learning_rate=-1" in records[0]["error"], records[0]
+    assert records[1]["status"] == records[2]["status"] == "interrupted"
+    assert summary_of(sweep_dir(tmp_path) / "0").status == "failed"
+
+
 @pytest.mark.slow
 def test_max_members_caps_a_population_and_a_bad_value_is_one_line(tmp_path):
     done = run_cli([*POPULATION, "seed=1,2,3", "hydra.launcher.max_members=2"], tmp_path)

@@ -81,6 +81,7 @@ class Worker:
         )
         self._pid: Future = self.executor.submit(os.getpid)
         self.jobs: list[Job] | None = None  # the current unit's jobs: one, or a population's
+        self.population = False  # the current unit is a population
         self.started = 0.0  # when the launcher handed it the current unit (Unix seconds)
         self.broken = False
         self.signals_sent = 0  # stop signals forwarded to the current job
@@ -203,7 +204,8 @@ class DevicePool:
                     worker.broken = True
                     waiting.appendleft(job)
                     continue
-                worker.jobs = job.jobs if isinstance(job, Population) else [job]
+                worker.population = isinstance(job, Population)
+                worker.jobs = job.jobs if worker.population else [job]
                 worker.signals_sent, worker.killed = 0, None
                 worker.started = self._last_start = time.time()
                 where = f"{worker.slot.label} (slot {worker.slot.index})"
@@ -258,9 +260,14 @@ class DevicePool:
                 )
                 for job in worker.jobs
             ]
-        return [
+        returns = [
             self._record(job, outcome, worker.slot, sweep_dir, batch) for job, outcome in zip(worker.jobs, outcomes)
         ]
+        if worker.population:  # members whose worker died before Hydra wrote their .hydra/ (not built yet)
+            for job, ret in zip(worker.jobs, returns):
+                if ret.status is JobStatus.FAILED:
+                    _keep_job_dir(job, ret)
+        return returns
 
     def _record(self, job: Job, outcome: Outcome, slot: Slot, sweep_dir: Path, batch: Batch) -> JobReturn:
         """Job ``job``'s ``JobReturn`` from its outcome; logs it, adds it to ``batch.failed`` if it failed and
@@ -273,7 +280,6 @@ class DevicePool:
         with open_dict(ret.cfg):
             del ret.cfg["hydra"]
         if outcome.status != "completed":  # the sweeper raises it: one line, no traceback on the console
-            _keep_job_dir(job, ret)
             where = f" (traceback: {_shown_path(outcome.log_file)})" if outcome.log_file and outcome.traceback else ""
             failed = JobFailed(
                 f"job {job.idx} {'failed: ' if outcome.status == 'failed' else ''}{outcome.error}{where}"
@@ -328,9 +334,9 @@ def _shown_overrides(overrides: list[str], width: int = 60) -> str:
 
 
 def _keep_job_dir(job: Job, ret: JobReturn) -> None:
-    """Write the ``.hydra/`` files of a job that ended before Hydra's ``run_job`` wrote them (its worker died
-    first: a population's members after the one whose build killed it), as ``run_job`` writes them, so that the
-    sweep's tables list the job with the launcher's record of it."""
+    """Write the ``.hydra/`` files of a population's member that ended before Hydra's ``run_job`` wrote them (its
+    worker died first, or a stop signal came, while an earlier member was built), as ``run_job`` writes them, so
+    that the sweep's tables list the job with the launcher's record of it."""
     subdir = OmegaConf.select(job.config, "hydra.output_subdir")
     if subdir is None or (job.output_dir / str(subdir) / "overrides.yaml").exists():
         return

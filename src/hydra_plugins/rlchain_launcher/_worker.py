@@ -59,7 +59,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.errors import CompactHydraException
-from omegaconf import open_dict, read_write
+from omegaconf import OmegaConf, open_dict, read_write
 
 from rlchain.console import error_line
 from rlchain.run.summary import STOP_SIGNALS, STOPPED, RunSummary, signal_exit_code
@@ -262,6 +262,8 @@ def _execute(jobs: list[Job], run: Any, singleton_state: dict[str, Any]) -> list
         returns = [JobReturn(overrides=job.overrides, status=JobStatus.FAILED, _return_value=err) for job in jobs]
     end = time.time()
     outcomes = [_outcome(job, ret, start, end) for job, ret in zip(jobs, returns)]
+    del returns  # a failure's traceback holds the run's frames (a population's tensors): free them for the next
+    gc.collect()
     _release_cuda_memory()
     return outcomes
 
@@ -269,8 +271,13 @@ def _execute(jobs: list[Job], run: Any, singleton_state: dict[str, Any]) -> list
 def _outcome(job: Job, ret: JobReturn, start: float, end: float) -> Outcome:
     """Job ``job``'s outcome from its ``JobReturn``; a failure's traceback goes to the job's log, not the console."""
     ret, status, error, signal_name, tb = _how_it_ended(ret, job.output_dir, start)
-    handler = job_log_file(job.output_dir)
-    if status == "failed" and handler is not None:
+    handler, opened = job_log_file(job.output_dir), None
+    if handler is None and tb is not None:  # a population's member: its Hydra log handler is closed by now
+        path = job.output_dir / f"{OmegaConf.select(job.config, 'hydra.job.name')}.log"
+        if path.exists():
+            handler = opened = logging.FileHandler(path)
+            handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    if status == "failed" and tb is not None and handler is not None:
         handler.handle(
             logging.LogRecord(
                 log.name,
@@ -290,6 +297,8 @@ def _outcome(job: Job, ret: JobReturn, start: float, end: float) -> Outcome:
         ret._return_value = RuntimeError(error) if ret.status is JobStatus.FAILED else repr(ret._return_value)
         payload = cloudpickle.dumps(ret)
     log_file = handler.baseFilename if handler else None
+    if opened is not None:
+        opened.close()
     return Outcome(payload, status, error, signal_name, tb, start, end, os.getpid(), log_file)
 
 
@@ -303,7 +312,9 @@ def _how_it_ended(
     Where the job raised, the run's own ``summary.json``, if it wrote one
     during the job, says more: a stop signal ended it (``SystemExit`` with
     128 + the signal's number), it failed (its own one-line error), or it had
-    completed before a forwarded signal reached the worker's handler again.
+    ended on its own (completed, pruned, failed, stopped) before a forwarded
+    signal reached the worker's handler (for a population's members: the
+    signal came while another member was built, or after they all ended).
     """
     if ret.status is not JobStatus.FAILED:
         return ret, "completed", None, None, None
@@ -311,10 +322,13 @@ def _how_it_ended(
     summary = RunSummary.read(output_dir)
     if summary is not None and (summary.end_time or 0) < start:
         summary = None  # an earlier attempt's
-    if isinstance(err, JobInterrupted) and summary is not None and summary.status == "completed":
-        completed = JobReturn(overrides=ret.overrides, status=JobStatus.COMPLETED, _return_value=summary.objective)
-        return completed, "completed", None, None, None
-    if isinstance(err, SystemExit) and summary is not None and summary.status in STOPPED:
+    if isinstance(err, JobInterrupted) and summary is not None:
+        if summary.status in ("completed", "pruned"):
+            completed = JobReturn(overrides=ret.overrides, status=JobStatus.COMPLETED, _return_value=summary.objective)
+            return completed, "completed", None, None, None
+        if summary.status == "failed":
+            return ret, "failed", summary.error, None, None  # its traceback is in its summary.json
+    if isinstance(err, (SystemExit, JobInterrupted)) and summary is not None and summary.status in STOPPED:
         return ret, summary.status, f"{summary.status} by {summary.signal}", summary.signal, None
     if isinstance(err, JobInterrupted):
         return ret, "interrupted", f"interrupted by {err.signal_name}", err.signal_name, None

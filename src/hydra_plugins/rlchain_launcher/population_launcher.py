@@ -134,7 +134,11 @@ def train_members(jobs: Sequence[Any], hydra_context: HydraContext) -> list[JobR
             ret.status, ret._return_value = JobStatus.FAILED, SystemExit(summary.exit_code)
         else:
             ret.return_value = summary.objective
-        hydra_context.callbacks.on_job_end(config=jobs[i].config, job_return=ret)
+    try:
+        for i in built:
+            hydra_context.callbacks.on_job_end(config=jobs[i].config, job_return=returns[i])
+    except KeyboardInterrupt:  # a stop signal forwarded after every member ended: the results stand
+        log.warning("a stop signal came while the sweep's tables were written: they are written again at its end")
     return returns
 
 

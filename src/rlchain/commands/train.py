@@ -230,18 +230,18 @@ def train_population(
     """
     from rlchain.run.population import PopulationRun, as_member, member_logs
 
-    try:
-        population = PopulationRun(trainers)
-    except ValueError as err:  # members that cannot train as one: each says so in its summary.json, in one line
-        error = error_line(str(err))
-        for trainer in trainers:
-            with contextlib.suppress(OSError):
-                _refusal(error, trainer.cfg.exp_name, trainer.env.device, trainer.cfg.objective, time.time()).write(
-                    trainer.output_dir
-                )
-        raise ConfigError(error) from err
     results = []
     with member_logs(log_files or []):
+        try:
+            population = PopulationRun(trainers)
+        except ValueError as err:  # members that cannot train as one: each says so in its summary.json, in one line
+            error = error_line(str(err))
+            for trainer in trainers:
+                with contextlib.suppress(OSError):
+                    _refusal(error, trainer.cfg.exp_name, trainer.env.device, trainer.cfg.objective, time.time()).write(
+                        trainer.output_dir
+                    )
+            raise ConfigError(error) from err
         sessions = population.train()
         for p, session in enumerate(sessions):
             summary, trainer, failure = session.summary, session.trainer, session.failure

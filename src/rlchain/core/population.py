@@ -324,7 +324,8 @@ class Population:
         #: PPO's reward_norm: each member's own scaler (its algorithm's: its statistics, saved and resumed with it).
         self.reward_scalers = [getattr(a, "reward_scaler", None) for a in algorithms]
         #: GRPO's kl_coef > 0: the members' frozen references, stacked (a member of kl_coef 0 stands in with a copy
-        #: of its policy: its loss adds 0 times its term, which it reports as 0, as its solo run does).
+        #: of its policy, whose log-probabilities are replaced: its loss adds 0 times its term, which it reports as
+        #: 0, as its solo run does).
         self.reference: PopulationPolicy | None = None
         self._no_reference: torch.Tensor | None = None
         refs = [getattr(a, "ref_policy", None) for a in algorithms]
@@ -412,7 +413,10 @@ class Population:
         advantages, mask = torch.vmap(samples)(parts["reward"], parts["done"], varying)
         out = {"advantages": advantages, "mask": mask}
         if self.reference is not None:
-            out["ref_log_prob"] = self._reference_log_prob(rollout)
+            # A member of kl_coef 0 stands in with its rollout's own log-probabilities: its term, times 0, stays
+            # finite whatever its policy does.
+            own = self._member_rollout(rollout, ("sample_log_prob",))["sample_log_prob"]
+            out["ref_log_prob"] = torch.where(self._no_reference.view(-1, 1, 1), own, self._reference_log_prob(rollout))
         return out
 
     @torch.no_grad()
@@ -591,6 +595,7 @@ class Population:
         m.lerp_(g, w1)
         v.mul_(1 - w2).addcmul_(g, g * w2)
         denom = (v.sqrt() / bias2_sqrt.unsqueeze(1)).add_(eps)
+        # Eager only: a compiled step takes no foreach op (Triton failed on one: rlchain.core.compiling).
         torch._foreach_sub_(self._params, self._per_parameter(step_size * m / denom))
 
     # ---------------------------------------------------------------- schedule

@@ -282,8 +282,8 @@ def member_logs(files: Sequence[str | os.PathLike | None]) -> Iterator[None]:
 
 def member_bytes(trainer: Trainer) -> int:
     """An estimate of the device memory one member of a population takes, bytes: its share of the rollout storage
-    (and of the update's staged copy of it), of the env's state, its weights, gradients and Adam's two moments,
-    and the activations of a minibatch's forward and backward passes (every hidden layer of both networks, kept
+    (and of the update's staged copy of it), of the env's state, its weights, gradients and Adam's two moments
+    (and GRPO's reference weights), and the activations of a minibatch's forward and backward passes (every hidden layer of both networks, kept
     for the backward, and their gradients)."""
 
     def tensor_bytes(tensors: Any) -> int:
@@ -292,9 +292,11 @@ def member_bytes(trainer: Trainer) -> int:
     storage = tensor_bytes(trainer.collector.buffer.data.values(True, True))
     env = tensor_bytes(trainer.env.get_state().values())
     weights = tensor_bytes(trainer.policy.parameters())
+    reference = getattr(trainer.algorithm, "ref_policy", None)  # GRPO's kl_coef > 0: its frozen copy, stacked
+    reference_bytes = 0 if reference is None else tensor_bytes(reference.parameters())
     hidden = sum(getattr(getattr(trainer.policy, "cfg", None), "hidden_sizes", [256, 256]))
     activations = trainer.algorithm.cfg.batch_size * hidden * 2 * 4 * 4  # 2 networks, float32, kept and grads x 2
-    return 2 * storage + env + 4 * weights + activations
+    return 2 * storage + env + 4 * weights + reference_bytes + activations
 
 
 def free_memory(device: torch.device) -> int:
