@@ -124,6 +124,7 @@ def test_jobs_of_other_shapes_form_other_populations_and_a_refused_job_fails_alo
     assert statuses["0"].status == statuses["2"].status == "completed"
     for job in ("1", "3"):
         assert statuses[job].status == "failed" and "algorithm.learning_rate=-1" in statuses[job].error
+        assert "Traceback" in (sweep / job / "train.log").read_text()  # its own log has its traceback
     assert len(rows(sweep / "0")) == 2 and len(rows(sweep / "2")) == 2
 
 
