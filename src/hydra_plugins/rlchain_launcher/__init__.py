@@ -1,11 +1,15 @@
-"""rlchain's Hydra launcher plugin: ``hydra/launcher=devices`` (see :mod:`.devices_launcher`).
+"""rlchain's Hydra launcher plugins: ``hydra/launcher=devices`` (see :mod:`.devices_launcher`) and
+``hydra/launcher=population`` (see :mod:`.population_launcher`), which share the device slots.
 
-It depends on Hydra, the standard library, cloudpickle and one module of
-rlchain's, :mod:`rlchain.run.summary` (stop signals, exit codes and the job
-record it writes). Modules, in the order a sweep meets them:
+The devices launcher depends on Hydra, the standard library, cloudpickle and
+one module of rlchain's, :mod:`rlchain.run.summary` (stop signals, exit codes
+and the job record it writes); the population launcher also builds and trains
+rlchain's runs (:mod:`rlchain.commands.train`, :mod:`rlchain.run.population`),
+in its workers. Modules, in the order a sweep meets them:
 
 - :mod:`.config`: the settings (``hydra.launcher.*``), their defaults and checks.
 - :mod:`.devices_launcher`: the plugin class Hydra instantiates; a batch of jobs, or jobs as a sweeper offers them.
+- :mod:`.population_launcher`: a batch's jobs of one shape as populations, one per slot at a time.
 - :mod:`._slots`: device slots: which devices, how many threads.
 - :mod:`._pool`: the scheduling loop, one worker process per slot.
 - :mod:`._worker`: what runs inside a worker process (start, job, exit when orphaned).
