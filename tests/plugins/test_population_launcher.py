@@ -235,3 +235,47 @@ def test_each_batch_of_optuna_trials_trains_as_one_population(tmp_path):
     sweep = sweep_dir(tmp_path)
     assert all(summary_of(sweep / str(j)).status == "completed" for j in range(4))
     assert (sweep / "optimization_results.yaml").exists()
+
+
+@pytest.mark.slow
+def test_optunas_pruner_stops_one_member_and_its_population_goes_on(tmp_path):
+    """Trials 0 and 1 (a population) complete; in the next batch trial 2 (learning_rate 1e-9: nothing is learned)
+    is worse at its first report than the completed trials, and the median pruner stops it there, while trial 3,
+    its population's other member, trains to its end."""
+    optuna = pytest.importorskip("optuna")
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="members", storage=storage, direction="maximize")
+    for rate in (3e-3, 3e-3, 1e-9, 3e-3):
+        study.enqueue_trial({"algorithm.learning_rate": rate})
+    done = run_cli(
+        [
+            "-m",
+            "hydra/sweeper=rlchain_optuna",
+            "hydra/launcher=population",
+            "experiment=cart_pole_ppo",
+            "device=cpu",
+            "trainer.iterations=4",
+            "trainer.num_eval_envs=32",
+            "trainer.num_eval_episodes=32",
+            "trainer.progress=false",
+            "trainer.fresh_eval=false",
+            "hydra.sweeper.study_name=members",
+            f"hydra.sweeper.storage={storage}",
+            "hydra.sweeper.n_trials=4",
+            "hydra.sweeper.n_jobs=2",
+            "+hydra.sweeper.pruner_options={n_startup_trials:1,n_warmup_steps:0}",
+            "algorithm.learning_rate=tag(log, interval(1e-9, 1e-2))",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    states = [t.state for t in optuna.load_study(study_name="members", storage=storage).trials]
+    assert states == [optuna.trial.TrialState.COMPLETE] * 2 + [optuna.trial.TrialState.PRUNED] + [
+        optuna.trial.TrialState.COMPLETE
+    ]
+    pruned, other = summary_of(tmp_path / "sweep" / "2"), summary_of(tmp_path / "sweep" / "3")
+    assert pruned.status == "pruned" and pruned.iteration == 2 and pruned.exit_code == 0
+    assert (tmp_path / "sweep" / "2" / "checkpoints" / "latest.pt").is_file()
+    assert other.status == "completed" and other.iteration == 4
+    assert len(rows(tmp_path / "sweep" / "2")) == 2 and len(rows(tmp_path / "sweep" / "3")) == 4
