@@ -220,26 +220,26 @@ def execute(work: bytes, context: bytes) -> list[Outcome]:
         task_function, hydra_context, singleton_state = cloudpickle.loads(context)
         if isinstance(unit, Population):
             return _execute(unit.jobs, lambda: unit.run(unit.jobs, hydra_context), singleton_state)
-
-        def run() -> list[JobReturn]:
-            return [
-                run_job(
-                    hydra_context=hydra_context,
-                    config=unit.config,
-                    task_function=task_function,
-                    job_dir_key="hydra.sweep.dir",
-                    job_subdir_key="hydra.sweep.subdir",
-                )
-            ]
-
         with _other_ranks(work, context):
-            return _execute([unit], run, singleton_state)
+            return _execute([unit], lambda: [run_sweep_job(unit, task_function, hydra_context)], singleton_state)
     finally:
         with _worker_lock:
             _job_running = False
             gone = _launcher_gone
         if gone:
             _exit_orphan()
+
+
+def run_sweep_job(job: Job, task_function: Any, hydra_context: Any) -> JobReturn:
+    """``task_function`` on ``job``'s config as Hydra runs a job of a sweep (``run_job``: its run directory,
+    ``.hydra/`` files, job logging and callbacks)."""
+    return run_job(
+        hydra_context=hydra_context,
+        config=job.config,
+        task_function=task_function,
+        job_dir_key="hydra.sweep.dir",
+        job_subdir_key="hydra.sweep.subdir",
+    )
 
 
 def _execute(jobs: list[Job], run: Any, singleton_state: dict[str, Any]) -> list[Outcome]:

@@ -93,9 +93,9 @@ def train_members(jobs: Sequence[Any], hydra_context: HydraContext) -> list[JobR
     ended, the ``SystemExit`` of its exit status (its ``summary.json`` says how it ended).
     """
     from hydra.core.hydra_config import HydraConfig
-    from hydra.core.utils import JobStatus, run_job
+    from hydra.core.utils import JobStatus
 
-    from hydra_plugins.rlchain_launcher._worker import job_log_file
+    from hydra_plugins.rlchain_launcher._worker import job_log_file, run_sweep_job
     from rlchain.commands.train import build_member, train_population
     from rlchain.console import error_line
     from rlchain.run.summary import STOPPED
@@ -104,13 +104,7 @@ def train_members(jobs: Sequence[Any], hydra_context: HydraContext) -> list[JobR
     for i, job in enumerate(jobs):
         HydraConfig.instance().set_config(job.config)
         refused = _not_taken(job.config)
-        ret = run_job(
-            hydra_context=hydra_context,
-            task_function=build_member if refused is None else _refuse(refused),
-            config=job.config,
-            job_dir_key="hydra.sweep.dir",
-            job_subdir_key="hydra.sweep.subdir",
-        )
+        ret = run_sweep_job(job, build_member if refused is None else _refuse(refused), hydra_context)
         returns.append(ret)
         if ret.status == JobStatus.COMPLETED:
             built.append(i)
