@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,15 @@ class PopulationRun:
                 }
             )
 
+    def _iterate(
+        self, p: int, session: Session, members: Sequence[Any], stats: Sequence[dict], collect_s: float, update_s: float
+    ) -> None:
+        """Member ``p``'s state into its trainer's parts, then its session's iteration on its rollout
+        (``members[p]``, :meth:`~rlchain.core.collector.SyncCollector.member_rollouts`) and update (``stats[p]``)."""
+        self._sync_out(p)
+        data = members[p]
+        session.iteration(Step(data.episodes, data.term_means, stats[p], data.data.numel(), collect_s, update_s))
+
     # ---------------------------------------------------------------- loop
     def train(self) -> list[Session]:
         """Train every member to its end; each one's session (its ``summary``, and its ``failure`` if it failed)."""
@@ -163,11 +173,7 @@ class PopulationRun:
         with StopSignals(abort_on_repeat=True) as stop:
             sessions = [Session(t, stop, lead=p == 0) for p, t in enumerate(self.trainers)]
             for p, session in enumerate(sessions):
-                with as_member(p):
-                    try:
-                        session.open()
-                    except Exception as err:  # noqa: BLE001 - that member's run fails alone
-                        session.fail(err)
+                _alone(p, session, session.open)
             try:
                 while any(s.running for s in sessions):
                     for p, session in enumerate(sessions):
@@ -182,30 +188,20 @@ class PopulationRun:
                     for p, session in enumerate(sessions):
                         if not session.running:
                             continue
-                        with as_member(p):
-                            fault = self.engine.faults.get(p)
-                            if isinstance(fault, Exception):
+                        fault = self.engine.faults.get(p)
+                        if isinstance(fault, Exception):
+                            with as_member(p):
                                 session.fail(fault)
-                                continue
-                            try:
-                                self._sync_out(p)
-                                data = members[p]
-                                step = Step(
-                                    data.episodes, data.term_means, stats[p], data.data.numel(), t1 - t0, t2 - t1
-                                )
-                                session.iteration(step)
-                            except Exception as err:  # noqa: BLE001 - that member's run fails alone
-                                session.fail(err)
-                                self.engine.stop(p, err)
+                            continue
+                        iterate = functools.partial(self._iterate, p, session, members, stats, t1 - t0, t2 - t1)
+                        failure = _alone(p, session, iterate)
+                        if failure is not None:
+                            self.engine.stop(p, failure)
                         if session.trainer.state.pruned:
                             self.engine.stop(p, "pruned")
                 for p, session in enumerate(sessions):
                     if not session.ended:
-                        with as_member(p):
-                            try:
-                                session.finish()
-                            except Exception as err:  # noqa: BLE001 - that member's run fails alone
-                                session.fail(err)
+                        _alone(p, session, session.finish)
             except Abort:
                 for p, session in enumerate(sessions):
                     if not session.ended:
@@ -220,6 +216,18 @@ class PopulationRun:
                 with as_member(p):
                     session.close()
         return sessions
+
+
+def _alone(p: int, session: Session, work: Callable[[], Any]) -> Exception | None:
+    """``work()`` as member ``p``'s own work (:func:`as_member`); an error ends that member's run alone
+    (``session.fail``) and is returned; None when ``work`` succeeded."""
+    with as_member(p):
+        try:
+            work()
+        except Exception as err:  # noqa: BLE001 - that member's run fails alone
+            session.fail(err)
+            return err
+    return None
 
 
 @contextlib.contextmanager
