@@ -139,7 +139,9 @@ def train_members(jobs: Sequence[Any], hydra_context: HydraContext) -> list[JobR
 def _not_taken(config: DictConfig) -> str | None:
     """What a population does not take yet in this job's config, as its one line, before anything is built (a
     member that compiled its own steps would have compiled them for nothing); None when it takes it."""
-    for name in ("compile", "cudagraphs"):
+    from rlchain.run.population import NOT_TAKEN
+
+    for name in NOT_TAKEN:
         if OmegaConf.select(config, f"trainer.{name}", default=False) is True:
             return f"trainer.{name}=true is not taken by a population yet: expected false (hydra/launcher=population)"
     return None

@@ -44,6 +44,9 @@ __all__ = ["PopulationRun", "as_member", "member_logs"]
 #: while the population's shared step runs.
 _member: ContextVar[int | None] = ContextVar("rlchain_population_member", default=None)
 
+#: Trainer settings a population does not take yet (true refused): its steps run eager.
+NOT_TAKEN = ("compile", "cudagraphs")
+
 #: Trainer settings that may differ between members (where each writes, what it is called, its eval seed).
 MEMBER_TRAINER_SETTINGS = ("output_dir", "seed", "exp_name", "wandb_name", "wandb_group", "wandb_tags", "resume_from")
 
@@ -291,8 +294,8 @@ def member_logs(files: Sequence[str | os.PathLike | None]) -> Iterator[None]:
 def member_bytes(trainer: Trainer) -> int:
     """An estimate of the device memory one member of a population takes, bytes: its share of the rollout storage
     (and of the update's staged copy of it), of the env's state, its weights, gradients and Adam's two moments
-    (and GRPO's reference weights), and the activations of a minibatch's forward and backward passes (every hidden layer of both networks, kept
-    for the backward, and their gradients)."""
+    (and GRPO's reference weights), and the activations of a minibatch's forward and backward passes (every hidden
+    layer of both networks, kept for the backward, and their gradients)."""
 
     def tensor_bytes(tensors: Any) -> int:
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -351,7 +354,7 @@ def _check_members(trainers: Sequence[Trainer]) -> None:
             type(first.env).__name__,
             " cannot hold a population: its members' envs run as one torch-native task (push_cube, cart_pole)",
         )
-    for name in ("compile", "cudagraphs"):
+    for name in NOT_TAKEN:
         if getattr(first.cfg, name):
             raise SettingError(f"trainer.{name}", True, " is not taken by a population yet: expected false")
     env_settings = _without(dataclasses.asdict(first.env.cfg), ("seed",))
