@@ -49,18 +49,25 @@ SWEEPS = {
 }
 
 
+def timed_rlchain(args: list[str], what: str) -> float:
+    """``rlchain-train`` with ``args`` (wandb off); its wall seconds. Exits naming ``what`` and the command's
+    stderr when it fails."""
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "rlchain", *args], env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{what} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return wall
+
+
 def run(sweep: str, way: str, root: Path, iterations: int | None, jobs_per_device: int) -> dict:
     """Run ``sweep`` one ``way`` in ``root``; its wall time, aggregate env steps/s and each job's result."""
     out = root / f"{sweep}_{way}"
     launcher = [f"hydra/launcher={way}", f"hydra.launcher.jobs_per_device={jobs_per_device}"]
     extra = [f"trainer.iterations={iterations}"] if iterations else []
     args = [*SWEEPS[sweep], *launcher, *extra, "trainer.progress=false", f"hydra.sweep.dir={out}"]
-    env = {**os.environ, "WANDB_MODE": "disabled"}
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "rlchain", "-m", *args], env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"{sweep} via {way} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    wall = timed_rlchain(["-m", *args], f"{sweep} via {way}")
     jobs = []
     for summary in sorted(out.glob("*/summary.json"), key=lambda p: int(p.parent.name)):
         data = json.loads(summary.read_text())
@@ -97,12 +104,7 @@ def members_run(members: int | None, device: str, iterations: int, root: Path) -
         args = [*common, f"hydra.run.dir={out}"]
     else:
         args = ["-m", f"seed=range({members})", "hydra/launcher=population", *common, f"hydra.sweep.dir={out}"]
-    env = {**os.environ, "WANDB_MODE": "disabled"}
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "rlchain", *args], env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"{members} member(s) failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    wall = timed_rlchain(args, "one run" if members is None else f"a population of {members}")
     sps = []
     steps = 0
     for run_dir in [out] if members is None else sorted(p for p in out.iterdir() if (p / "metrics.jsonl").exists()):
