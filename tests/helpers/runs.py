@@ -27,6 +27,21 @@ FRESH = ["trainer.fresh_eval=true"]
 SHORT = [*TINY, "trainer.iterations=8"]
 #: The user's own config directory, and its toy env with marker-file switches (:mod:`tests.helpers.fault_env`).
 USER = ["--config-dir", str(HELPERS / "user_conf"), "env=fault_line", *TINY]
+#: An Optuna search of cart_pole PPO's learning rate (log scale), 4 iterations with the first report at iteration
+#: 2, the median pruner from the first finished trial on: a trial of learning rate 1e-9 learns nothing and is
+#: pruned at its first report (the pruning tests).
+PRUNABLE_CART_POLE = [
+    "hydra/sweeper=rlchain_optuna",
+    "experiment=cart_pole_ppo",
+    "device=cpu",
+    "trainer.iterations=4",
+    "trainer.num_eval_envs=32",
+    "trainer.num_eval_episodes=32",
+    "trainer.progress=false",
+    "trainer.fresh_eval=false",
+    "+hydra.sweeper.pruner_options={n_startup_trials:1,n_warmup_steps:0}",
+    "algorithm.learning_rate=tag(log, interval(1e-9, 1e-2))",
+]
 #: Build each job's env with the barrier of :mod:`tests.helpers.sweep_barrier` (its variables: ``barrier_env``).
 MEET = "env._target_=tests.helpers.sweep_barrier.meeting_push_cube"
 

@@ -26,7 +26,7 @@ from hydra_plugins.rlchain_optuna._space import SweeperError, grid_of, search_sp
 from rlchain.commands.report import load_jobs
 from rlchain.run.summary import JobRecord, RunSummary
 from rlchain.run.tuning import open_storage
-from tests.helpers.runs import run_cli, subprocess_env
+from tests.helpers.runs import PRUNABLE_CART_POLE, run_cli, subprocess_env
 
 APP = "tests.helpers.optuna_app"
 SWEEP = ["-m", "hydra/sweeper=rlchain_optuna"]
@@ -532,20 +532,11 @@ def test_a_hopeless_trial_is_pruned_and_its_files_say_so(tmp_path):
     done = run_cli(
         [
             "-m",
-            "hydra/sweeper=rlchain_optuna",
+            *PRUNABLE_CART_POLE,
             "hydra/launcher=basic",
-            "experiment=cart_pole_ppo",
-            "device=cpu",
-            "trainer.iterations=4",
-            "trainer.num_eval_envs=32",
-            "trainer.num_eval_episodes=32",
-            "trainer.progress=false",
-            "trainer.fresh_eval=false",
             "hydra.sweeper.study_name=hopeless",
             f"hydra.sweeper.storage={storage}",
             "hydra.sweeper.n_trials=2",
-            "+hydra.sweeper.pruner_options={n_startup_trials:1,n_warmup_steps:0}",
-            "algorithm.learning_rate=tag(log, interval(1e-9, 1e-2))",
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
         ],
         tmp_path,

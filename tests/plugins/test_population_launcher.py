@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from hydra_plugins.rlchain_launcher.population_launcher import populations
-from tests.helpers.runs import TINY, rows, run_cli, summaries, summary_of
+from tests.helpers.runs import PRUNABLE_CART_POLE, TINY, rows, run_cli, summaries, summary_of
 
 POPULATION = ["-m", "hydra/launcher=population", *TINY]
 
@@ -250,21 +250,12 @@ def test_optunas_pruner_stops_one_member_and_its_population_goes_on(tmp_path):
     done = run_cli(
         [
             "-m",
-            "hydra/sweeper=rlchain_optuna",
+            *PRUNABLE_CART_POLE,
             "hydra/launcher=population",
-            "experiment=cart_pole_ppo",
-            "device=cpu",
-            "trainer.iterations=4",
-            "trainer.num_eval_envs=32",
-            "trainer.num_eval_episodes=32",
-            "trainer.progress=false",
-            "trainer.fresh_eval=false",
             "hydra.sweeper.study_name=members",
             f"hydra.sweeper.storage={storage}",
             "hydra.sweeper.n_trials=4",
             "hydra.sweeper.n_jobs=2",
-            "+hydra.sweeper.pruner_options={n_startup_trials:1,n_warmup_steps:0}",
-            "algorithm.learning_rate=tag(log, interval(1e-9, 1e-2))",
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
         ],
         tmp_path,
