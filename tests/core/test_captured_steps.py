@@ -42,6 +42,7 @@ def _build(case: str, compiled: bool, steps: int = 8):
     env = make_env()
     policy = make_policy(env.single_observation_space, env.single_action_space, hidden_sizes=[32, 32])
     algorithm = make_algorithm(policy, batch_size=32, n_epochs=2, **settings)
+    policy.seed_actions(0)  # as rlchain-train does: the warm-up's draws of the action stream must not stay drawn
     collector = SyncCollector(env, policy, steps, reset_options=algorithm.reset_options)
     if compiled:  # as trainer.compile compiles them (warm-ups included), with eager kernels
         for step in (collector.step, update_step(algorithm, collector.buffer.data)):

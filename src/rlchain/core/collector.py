@@ -212,19 +212,24 @@ class SyncCollector:
         self._start_rollout()
         self.step()
 
-    def _snapshot(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        """The env's and the collector's state (copies), which :meth:`_restore` puts back after a warm-up that
-        stepped the env (none where only the acting pass ran)."""
+    def _snapshot(self) -> tuple[Any, ...]:
+        """What a warm-up changes, as copies, which :meth:`_restore` puts back: the policy's action stream (where
+        it draws from one) and, where the warm-up stepped the env, the env's and the collector's state."""
         import copy
 
+        rng = getattr(self.stepper.policy, "action_rng", None)
+        stream = None if rng is None else rng.state.clone()
         if self.step.mode == "part":
-            return None
-        return copy.deepcopy(self.env.state_dict()), copy.deepcopy(self.state_dict())
+            return stream, None
+        return stream, (copy.deepcopy(self.env.state_dict()), copy.deepcopy(self.state_dict()))
 
-    def _restore(self, saved: tuple[dict[str, Any], dict[str, Any]] | None) -> None:
-        if saved is None:
+    def _restore(self, saved: tuple[Any, ...]) -> None:
+        stream, stepped = saved
+        if stream is not None:
+            self.stepper.policy.action_rng.state.copy_(stream)
+        if stepped is None:
             return
-        env_state, state = saved
+        env_state, state = stepped
         self.env.load_state_dict(env_state)
         self.load_state_dict(state)
         self.env.check_actions()  # clears a deferred check that the warm-up's action may have set
