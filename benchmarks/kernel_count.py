@@ -182,22 +182,9 @@ def population_rows(envs_per_member: int, sizes: tuple[int, ...] = (1, 16)) -> l
         collector._start_rollout()
         rows.append({"what": f"population collection step, P={size}", "eager": eager_calls(collector._collect_step)})
         data = collector.collect().data
-        engine.update(data)  # as every update: samples, orders
-        samples = {
-            k: v.reshape(size, -1, *v.shape[3:])
-            for k, v in engine._member_rollout(data, ("obs", "action", "sample_log_prob", "value")).items()
-        }
-        samples.update({k: v.reshape(size, -1) for k, v in engine._ppo_samples(data).items()})
-        rows_idx = torch.arange(size)[:, None]
-        idx = torch.stack([torch.randperm(samples["obs"].shape[1])[: envs_per_member * 4] for _ in seeds])
-        batch = {k: v[rows_idx, idx] for k, v in samples.items()}
-        mask = torch.ones(size, dtype=torch.bool)
-        fault, value = torch.zeros(size, dtype=torch.int64), torch.zeros(size)
-
-        def step(engine=engine, batch=batch, mask=mask, fault=fault, value=value):
-            return engine._train_step(batch, mask, fault, value)
-
-        rows.append({"what": f"population minibatch update, P={size}", "eager": eager_calls(step)})
+        engine.update(data)  # as every update: the samples staged, the orders drawn
+        engine._position.zero_()  # the epoch's first minibatch again
+        rows.append({"what": f"population minibatch update, P={size}", "eager": eager_calls(engine._indexed_step)})
     return rows
 
 

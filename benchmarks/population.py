@@ -49,15 +49,18 @@ SWEEPS = {
 }
 
 
-def timed_rlchain(args: list[str], what: str) -> float:
+def timed_rlchain(args: list[str], what: str, out: Path | None = None) -> float:
     """``rlchain-train`` with ``args`` (wandb off); its wall seconds. Exits naming ``what`` and the command's
-    stderr when it fails."""
+    stderr when it fails, with the full traceback of a failed compile (``compile_error.txt`` under ``out``, where
+    the runs write)."""
     env = {**os.environ, "WANDB_MODE": "disabled"}
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "rlchain", *args], env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if done.returncode != 0:
-        raise SystemExit(f"{what} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        traces = sorted(out.rglob("compile_error.txt")) if out is not None else []
+        shown = "".join(f"\n{path}:\n{path.read_text()[-20000:]}" for path in traces)
+        raise SystemExit(f"{what} failed ({done.returncode}):\n{done.stderr[-3000:]}{shown}")
     return wall
 
 
@@ -89,13 +92,15 @@ def run(sweep: str, way: str, root: Path, iterations: int | None, jobs_per_devic
     }
 
 
-def members_run(members: int | None, device: str, iterations: int, root: Path) -> dict:
+def members_run(members: int | None, device: str, iterations: int, root: Path, compiled: bool = False) -> dict:
     """The main job on ``device`` for ``iterations``: one run (``members`` None) or a population of ``members``
-    seeds; its wall time, aggregate training env steps/s (see the module docstring) and env steps over the wall
-    time (build, evaluations and start-up included)."""
-    out = root / f"members_{members or 'solo'}"
+    seeds (its steps compiled with ``compiled``: ``trainer.compile=true``); its wall time (compiling included),
+    aggregate training env steps/s (see the module docstring) and env steps over the wall time (build, evaluations
+    and start-up included)."""
+    out = root / f"members_{members or 'solo'}{'_compiled' if compiled else ''}"
     common = [
         f"device={device}",
+        f"trainer.compile={str(compiled).lower()}",
         f"trainer.iterations={iterations}",
         "trainer.progress=false",
         "trainer.fresh_eval=false",
@@ -104,7 +109,8 @@ def members_run(members: int | None, device: str, iterations: int, root: Path) -
         args = [*common, f"hydra.run.dir={out}"]
     else:
         args = ["-m", f"seed=range({members})", "hydra/launcher=population", *common, f"hydra.sweep.dir={out}"]
-    wall = timed_rlchain(args, "one run" if members is None else f"a population of {members}")
+    what = "one run" if members is None else f"a population of {members}{' (compiled)' if compiled else ''}"
+    wall = timed_rlchain(args, what, out)
     sps = []
     steps = 0
     for run_dir in [out] if members is None else sorted(p for p in out.iterdir() if (p / "metrics.jsonl").exists()):
@@ -112,15 +118,24 @@ def members_run(members: int | None, device: str, iterations: int, root: Path) -
         values = [r["charts/SPS"] for r in rows if "charts/SPS" in r]
         sps.append(statistics.median(values[1:] or values))
         steps += json.loads((run_dir / "summary.json").read_text())["global_step"]
-    return {"members": members, "runs": len(sps), "wall_s": wall, "train_sps": sum(sps), "wall_sps": steps / wall}
+    return {
+        "members": members,
+        "compiled": compiled,
+        "runs": len(sps),
+        "wall_s": wall,
+        "train_sps": sum(sps),
+        "wall_sps": steps / wall,
+    }
 
 
 def main_members(args: argparse.Namespace) -> None:
-    """``--members``: one run, then populations of each size; a markdown table, and JSON with ``--out``."""
+    """``--members``: one run, then populations of each size (and of each ``--compiled`` size with
+    ``trainer.compile=true``); a markdown table, and JSON with ``--out``."""
     results = []
+    runs = [(None, False), *((m, False) for m in args.members), *((m, True) for m in args.compiled or ())]
     with tempfile.TemporaryDirectory() as tmp:
-        for members in (None, *args.members):
-            results.append(members_run(members, args.device, args.iterations or 3, Path(tmp)))
+        for members, compiled in runs:
+            results.append(members_run(members, args.device, args.iterations or 3, Path(tmp), compiled))
             print(f"{members or 'one run'}: {results[-1]['wall_s']:.0f} s", file=sys.stderr, flush=True)
     base = results[0]
     print(f"the main job on {args.device}, trainer.iterations={args.iterations or 3}")
@@ -128,7 +143,7 @@ def main_members(args: argparse.Namespace) -> None:
     print("|---|---:|---:|---:|---:|---:|")
     for r in results:
         print(
-            f"| {r['members'] or 'one run'} | {r['wall_s']:.0f} | {r['train_sps']:,.0f} | "
+            f"| {r['members'] or 'one run'}{' compiled' if r['compiled'] else ''} | {r['wall_s']:.0f} | {r['train_sps']:,.0f} | "
             f"{r['train_sps'] / base['train_sps']:.2f}x | {r['wall_sps']:,.0f} | {r['wall_sps'] / base['wall_sps']:.2f}x |"
         )
     if args.out is not None:
@@ -144,6 +159,9 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, help="write the numbers as JSON here")
     parser.add_argument("--members", type=int, nargs="+", help="populations of the main job of these sizes")
+    parser.add_argument(
+        "--compiled", type=int, nargs="+", help="--members: also populations of these sizes with trainer.compile=true"
+    )
     parser.add_argument("--device", default="cuda", help="--members: the device (default cuda)")
     args = parser.parse_args()
     if args.members:

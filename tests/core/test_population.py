@@ -154,3 +154,46 @@ def test_settings_that_change_shapes_are_refused_naming_the_key():
     algorithms = [member("push_cube", "grpo", s, advantage_norm="rollout_std")[2] for s in SEEDS[:2]]
     with pytest.raises(SettingError, match=r"^algorithm\.advantage_norm='rollout_std' is not taken by a population"):
         Population(algorithms, SEEDS[:2], N)
+
+
+@pytest.mark.parametrize(
+    "algo, own",
+    [
+        # Member 1 stops its epochs at its KL target; each member's reward scaling has its own gamma.
+        ("ppo", [{"target_kl": k, "gamma": g} for k, g in zip((1.0, 1e-9, 1.0, 1.0), (0.99, 0.9, 0.95, 0.99))]),
+        ("grpo", [{"kl_coef": k} for k in (0.1, 0.0, 0.05, 0.2)]),
+    ],
+)
+def test_the_compiled_steps_of_a_population_collect_and_update_as_its_eager_steps(algo, own):
+    """``trainer.compile``'s two steps of a population (its collection step and its minibatch update, compiled
+    whole as trainer.compile compiles them, warm-ups included; dynamo's graph with eager kernels, as
+    tests/core/test_captured_steps.py does for a solo run) against the eager steps, over three iterations: the
+    same rollouts and updates; a member's KL stop and a member's non-finite loss (a NaN observation in its
+    envs, second iteration) masked on the device alike."""
+    settings = {"n_epochs": 3, **({"reward_norm": True, "stop_at_target_kl": True} if algo == "ppo" else {})}
+    results = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        engine, collector = population("push_cube", algo, own=own, **settings)
+        if compiled:
+            for step in (collector.step, engine.update_step(collector.buffer.data)):
+                step.compile(backend="aot_eager")
+                assert step.mode == "compiled"
+        runs = []
+        for i in range(3):
+            rollout = collector.collect().data
+            if i == 1:
+                rollout["obs"][3, 2 * N + 1] = float("nan")
+            runs.append((rollout.clone(), engine.update(rollout)))
+        results.append((runs, [t.detach().clone() for t in engine._updated_tensors()], dict(engine.faults)))
+    (eager, eager_after, eager_faults), (compiled, compiled_after, compiled_faults) = results
+    for (data_e, stats_e), (data_c, stats_c) in zip(eager, compiled):
+        for key in ("obs", "action", "sample_log_prob", "reward", "done"):
+            torch.testing.assert_close(data_c[key], data_e[key], rtol=1e-6, atol=1e-7, equal_nan=True, msg=key)
+        assert [set(s) for s in stats_c] == [set(s) for s in stats_e]
+        for p, (c, e) in enumerate(zip(stats_c, stats_e)):
+            assert c == pytest.approx(e, rel=1e-6, abs=1e-7), p
+    assert eager[0][1][1].get("epochs", 3.0) == (1.0 if algo == "ppo" else 3.0)
+    assert set(compiled_faults) == set(eager_faults) == {2}
+    for c, e in zip(compiled_after, eager_after):
+        torch.testing.assert_close(c, e, rtol=1e-6, atol=1e-7)

@@ -192,16 +192,17 @@ def test_max_members_caps_a_population_and_a_bad_value_is_one_line(tmp_path):
     assert "hydra.launcher.max_members=0 is not allowed: expected None or an integer >= 1" in bad.stderr
 
 
-def test_what_a_population_does_not_take_yet_is_refused_before_anything_is_built(tmp_path):
-    done = run_cli([*POPULATION, "seed=1", "trainer.compile=true"], tmp_path)
+def test_what_a_population_does_not_take_is_refused_in_one_line_before_any_step(tmp_path):
+    # CUDA graphs on the CPU: refused for the population's steps as for a solo run's, in each member's summary.
+    done = run_cli([*POPULATION, "seed=1,2", "trainer.compile=true", "trainer.cudagraphs=true"], tmp_path)
     assert done.returncode != 0
-    summary = summary_of(sweep_dir(tmp_path) / "0")
-    assert summary.status == "failed"
-    assert (
-        summary.error
-        == "trainer.compile=true is not taken by a population yet: expected false (hydra/launcher=population)"
-    )
-    assert not (sweep_dir(tmp_path) / "0" / "checkpoints").exists()
+    for job in ("0", "1"):
+        summary = summary_of(sweep_dir(tmp_path) / job)
+        assert summary.status == "failed"
+        assert summary.error == (
+            "cudagraphs=True cannot apply here: CUDA graphs need a CUDA device, and the run's is cpu; expected false"
+        )
+        assert not (sweep_dir(tmp_path) / job / "checkpoints").exists()
     # What only the built members show (a recurrent policy) refuses the population after the build: one line,
     # in each member's summary.json.
     recurrent = run_cli([*POPULATION, "seed=1,2", "policy.rnn_type=gru", "hydra.sweep.dir=recurrent"], tmp_path)
@@ -214,6 +215,21 @@ def test_what_a_population_does_not_take_yet_is_refused_before_anything_is_built
             summary.error
             == "policy.rnn_type='gru' is not taken by a population yet: expected None (a feed-forward policy)"
         )
+
+
+@pytest.mark.slow
+def test_a_population_compiles_its_steps_once_for_all_its_members(tmp_path):
+    """trainer.compile=true: the population's collection step and minibatch update compile once, with inductor (no
+    member compiles steps of its own), and each member trains and logs the compile time in its first row."""
+    done = run_cli([*POPULATION, "seed=1,2", "env=cart_pole", "trainer.compile=true"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    said = done.stderr + done.stdout
+    assert said.count("rlchain: compiled the collection step and the minibatch update in") == 1, said
+    for job in ("0", "1"):
+        assert summary_of(sweep_dir(tmp_path) / job).status == "completed"
+        logged = rows(sweep_dir(tmp_path) / job)
+        assert [("time/compile_s" in row) for row in logged] == [True] + [False] * (len(logged) - 1)
+        assert logged[0]["time/compile_s"] > 0
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from hydra.core.utils import JobReturn
@@ -103,8 +103,7 @@ def train_members(jobs: Sequence[Any], hydra_context: HydraContext) -> list[JobR
     returns, built, log_files = [], [], []
     for i, job in enumerate(jobs):
         HydraConfig.instance().set_config(job.config)
-        refused = _not_taken(job.config)
-        ret = run_sweep_job(job, build_member if refused is None else _refuse(refused), hydra_context)
+        ret = run_sweep_job(job, build_member, hydra_context)
         returns.append(ret)
         if ret.status == JobStatus.COMPLETED:
             built.append(i)
@@ -134,28 +133,6 @@ def train_members(jobs: Sequence[Any], hydra_context: HydraContext) -> list[JobR
     except KeyboardInterrupt:  # a stop signal forwarded after every member ended: the results stand
         log.warning("a stop signal came while the sweep's tables were written: they are written again at its end")
     return returns
-
-
-def _not_taken(config: DictConfig) -> str | None:
-    """What a population does not take yet in this job's config, as its one line, before anything is built (a
-    member that compiled its own steps would have compiled them for nothing); None when it takes it."""
-    from rlchain.run.population import NOT_TAKEN
-
-    for name in NOT_TAKEN:
-        if OmegaConf.select(config, f"trainer.{name}", default=False) is True:
-            return f"trainer.{name}=true is not taken by a population yet: expected false (hydra/launcher=population)"
-    return None
-
-
-def _refuse(message: str) -> Callable[[DictConfig], Any]:
-    """A job's task that refuses it with ``message`` (a ``ConfigError``: one line, its ``summary.json`` written)."""
-
-    def refuse(cfg: DictConfig) -> Any:
-        from rlchain.commands.train import refuse_member
-
-        return refuse_member(cfg, message)
-
-    return refuse
 
 
 def populations(

@@ -19,6 +19,7 @@ turns the errors a user can fix into one line and returns the objective
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -82,9 +83,10 @@ def _component(group: str) -> Iterator[None]:
         raise ConfigError(f"Invalid config: {message}") from (err if isinstance(err, ValueError) else err.__cause__)
 
 
-def build(cfg: DictConfig) -> Trainer:
+def build(cfg: DictConfig, *, member: bool = False) -> Trainer:
     """Seed torch's global RNG with ``cfg.seed``, instantiate env, policy, algorithm and trainer, then start the
-    trainer (:meth:`~rlchain.run.trainer.Trainer.start`: resume, ``init_from`` or a fresh start, and ``compile``).
+    trainer (:meth:`~rlchain.run.trainer.Trainer.start`: resume, ``init_from`` or a fresh start, and ``compile``;
+    for a population's ``member``, whose population compiles the steps it trains with, no ``compile``).
 
     In a process that torchrun started, first join the run's other processes
     (:func:`rlchain.distributed.setup`): ``device`` becomes this rank's, its
@@ -149,7 +151,7 @@ def build(cfg: DictConfig) -> Trainer:
             _recursive_=False,  # run_config holds _target_ keys: keep it data
         )
         try:
-            trainer.start()  # resume, init_from or a fresh start; compile
+            trainer.start(steps=not member)  # resume, init_from or a fresh start; compile
         except CompileFailure as err:  # its one line says what failed and where its traceback is
             raise ConfigError(str(err)) from err
     return trainer
@@ -198,22 +200,8 @@ def train(cfg: DictConfig) -> RunSummary:
 def build_member(cfg: DictConfig) -> Trainer:
     """:func:`build` for a member of a population (``hydra/launcher=population``), as a job of its sweep: a member
     refused before its first step leaves ``summary.json`` with ``status="failed"`` and raises, and the other
-    members go on."""
-    return _build(cfg, time.time())
-
-
-def refuse_member(cfg: DictConfig, message: str) -> Trainer:
-    """Refuse a population's member before anything is built, with ``message`` (one line): its ``summary.json``
-    says ``failed`` as :func:`build_member`'s refusals do.
-
-    Raises:
-        ConfigError: always.
-    """
-
-    def refused(_: DictConfig) -> Trainer:
-        raise ConfigError(message)
-
-    return _build(cfg, time.time(), refused)
+    members go on. Its steps are not compiled here: its population compiles those it trains with."""
+    return _build(cfg, time.time(), functools.partial(build, member=True))
 
 
 def train_population(
@@ -234,7 +222,8 @@ def train_population(
     with member_logs(log_files or []):
         try:
             population = PopulationRun(trainers)
-        except ValueError as err:  # members that cannot train as one: each says so in its summary.json, in one line
+        except (ValueError, CompileFailure) as err:  # members that cannot train as one (or whose steps did not
+            # compile): each says so in its summary.json, in one line
             error = error_line(str(err))
             for trainer in trainers:
                 with contextlib.suppress(OSError):

@@ -24,7 +24,10 @@ What makes member ``p`` exactly the run it would be alone:
 :class:`Population` is the engine: :attr:`Population.policy` is what the collector acts with
 (:class:`~rlchain.core.collector.SyncCollector` unchanged, on the ``P * N`` envs), :meth:`Population.update`
 learns from its ``[T, P * N]`` rollout, and :meth:`Population.write_back` puts member ``p``'s weights into its own
-policy module, whose ``state_dict`` is an ordinary single-policy checkpoint.
+policy module, whose ``state_dict`` is an ordinary single-policy checkpoint. Its minibatch step
+(:attr:`Population.step`) and the collector's collection step are each a :class:`~rlchain.core.compiling.Step` over
+fixed buffers: ``trainer.compile`` compiles each whole, as a solo run's, and a member's stop stays a mask (no
+recompile).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from rlchain.core.algorithms.config import ADAPTIVE
 from rlchain.core.algorithms.functional import compute_gae
 from rlchain.core.algorithms.update import NonFiniteError, adapted_lr
 from rlchain.core.buffer import minibatch_order
+from rlchain.core.compiling import Step
 from rlchain.core.envs.rng import CounterRng
 from rlchain.core.policies import ACTION_STREAM
 from rlchain.settings import SettingError
@@ -353,10 +357,83 @@ class Population:
         self.stopped = torch.zeros(self.members, dtype=torch.bool, device=device)
         self.faults: dict[int, Exception | str] = {}
         self.iteration = 0
+        # The update's fixed buffers (what a compiled or captured step reads and writes in place): the staged
+        # samples and minibatch order (made at the first update), the position in the epoch, the members still
+        # stepping, their fault records, the sums of their terms and the last minibatch's KL.
+        self._staged: dict[str, torch.Tensor] | None = None
+        self._samples = 0
+        self._order = torch.zeros(self.members, 0, 0, dtype=torch.int64, device=device)
+        self._position = torch.zeros(1, dtype=torch.int64, device=device)
+        self._rows = torch.arange(self.members, device=device)[:, None]
+        self._running = torch.zeros(self.members, dtype=torch.bool, device=device)
+        self._fault = torch.zeros(self.members, dtype=torch.int64, device=device)
+        self._fault_value = torch.zeros(self.members, dtype=torch.float32, device=device)
+        self._totals = torch.zeros(self.members, len(first.term_names) + 1, dtype=torch.float64, device=device)
+        self._counts = torch.zeros(self.members, dtype=torch.float64, device=device)
+        self._epochs_run = torch.zeros(self.members, dtype=torch.float64, device=device)
+        self._last_kl = torch.zeros(self.members, dtype=torch.float32, device=device)
+        #: The minibatch step (:meth:`_indexed_step`) as a :class:`~rlchain.core.compiling.Step`: what
+        #: ``trainer.compile`` compiles (:meth:`update_step` gives it its warm-up).
+        self.step = self._make_step(lambda: None)
 
     def _per_parameter(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """A flat ``[P, D]`` tensor as views shaped as the stacked parameters, ``[P, ...]`` each."""
         return [part.view_as(p) for part, p in zip(flat.split(self._sizes, 1), self._params)]
+
+    # ---------------------------------------------------------------- the step
+    def _make_step(self, warm_up: Callable[[], Any]) -> Step:
+        """The minibatch step (:meth:`_indexed_step`) as a :class:`~rlchain.core.compiling.Step` warmed up by
+        ``warm_up``, whatever it changes put back (:meth:`_snapshot`, :meth:`_restore`)."""
+        return Step(
+            "minibatch update",
+            self._indexed_step,
+            self.device,
+            warm_up=warm_up,
+            snapshot=self._snapshot,
+            restore=self._restore,
+            autograd=True,
+        )
+
+    def update_step(self, rollout: TensorDict) -> Step:
+        """The minibatch step as the :class:`~rlchain.core.compiling.Step` that ``trainer.compile`` compiles and
+        ``trainer.cudagraphs`` captures, warmed up by one :meth:`update` of ``rollout`` (the collector's
+        ``[T, P * N]`` storage; its zeros before the first rollout do), installed as :attr:`step`."""
+        self.step = self._make_step(lambda: self.update(rollout))
+        return self.step
+
+    def _updated_tensors(self) -> list[torch.Tensor]:
+        """The tensors an update writes: weights, observation statistics, Adam's moments and steps, rates, stops."""
+        return [
+            *self._params,
+            *self.policy.buffers_.values(),
+            self._exp_avg_flat,
+            self._exp_avg_sq_flat,
+            self._adam_steps,
+            self.lr,
+            self.stopped,
+        ]
+
+    def _snapshot(self) -> tuple[Any, ...]:
+        """What an update changes: :meth:`_updated_tensors`, the stops' reasons, the update count, the members'
+        minibatch generators and reward scalers."""
+        scalers = [None if s is None else (s.state_dict(), s.rank_state_dict()) for s in self.reward_scalers]
+        generators = [a.updater.generator.get_state() for a in self.algorithms]
+        tensors = [t.detach().clone() for t in self._updated_tensors()]
+        return tensors, dict(self.faults), self.iteration, generators, copy.deepcopy(scalers)
+
+    @torch.no_grad()
+    def _restore(self, saved: tuple[Any, ...]) -> None:
+        """Put :meth:`_snapshot`'s state back, into the same tensors."""
+        values, faults, iteration, generators, scalers = saved
+        for tensor, value in zip(self._updated_tensors(), values):
+            tensor.copy_(value)
+        self.faults, self.iteration = faults, iteration
+        for algorithm, state in zip(self.algorithms, generators):
+            algorithm.updater.generator.set_state(state)
+        for scaler, state in zip(self.reward_scalers, scalers):
+            if scaler is not None:
+                scaler.load_state_dict(state[0])
+                scaler.load_rank_state_dict(state[1])
 
     # ---------------------------------------------------------------- samples
     def _member_rollout(self, rollout: TensorDict, keys: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -504,45 +581,65 @@ class Population:
 
     def _optimise(self, samples: dict[str, torch.Tensor]) -> list[dict[str, float]]:
         """``n_epochs`` of each member's own seeded minibatches, one masked Adam step each (see the module
-        docstring); the adaptive schedules, the KL stop and the fault masks per member."""
+        docstring); the adaptive schedules, the KL stop and the fault masks per member. The samples are staged in
+        fixed buffers and each minibatch is one call of :attr:`step` (eager, compiled or captured)."""
         cfg, p_count = self.scalars.base, self.members
-        names = self.template.term_names
-        size = next(iter(samples.values())).shape[1]
+        self._stage(samples)
         self._schedule_before_update()
         active = ~self.stopped
-        epochs_run = torch.zeros(p_count, dtype=torch.float64, device=self.device)
-        totals = torch.zeros(p_count, len(names) + 1, dtype=torch.float64, device=self.device)
-        counts = torch.zeros(p_count, dtype=torch.float64, device=self.device)
-        fault = torch.zeros(p_count, dtype=torch.int64, device=self.device)
-        fault_value = torch.zeros(p_count, dtype=torch.float32, device=self.device)
+        for buffer in (self._totals, self._counts, self._epochs_run, self._fault, self._fault_value):
+            buffer.zero_()
+        self._running.copy_(active)
         stop_kl = cfg.target_kl is not None and getattr(cfg, "stop_at_target_kl", False)
         target_kl = self.scalars.tensor("target_kl", p_count, self.device) if cfg.target_kl is not None else None
-        running = active.clone()
-        rows = torch.arange(p_count, device=self.device)[:, None]
+        size = self._order.shape[2]
         for _ in range(cfg.n_epochs):
-            going = running.tolist()
-            orders = [
-                minibatch_order(size, cfg.batch_size, a.updater.generator)
-                if go
-                else torch.zeros(size // min(cfg.batch_size, size), min(cfg.batch_size, size), dtype=torch.int64)
-                for a, go in zip(self.algorithms, going)
-            ]
-            order = torch.stack([o.to(self.device) for o in orders])  # [P, M, size]
-            for m in range(order.shape[1]):
-                idx = order[:, m]
-                batch = {k: v[rows, idx] for k, v in samples.items()}
-                terms, grad_norm = self._train_step(batch, running, fault, fault_value)
-                row = torch.stack([*(terms[n].detach() for n in names), grad_norm], -1).double()
-                totals += torch.where(running[:, None], row, 0.0)
-                counts += running.double()
-            epochs_run += running.double()
+            going = self._running.tolist()
+            for p, (algorithm, go) in enumerate(zip(self.algorithms, going)):
+                if go:  # a stopped member's generator stays where it stopped, as its solo run's does
+                    self._order[p].copy_(minibatch_order(self._samples, size, algorithm.updater.generator))
+            self._position.zero_()
+            for _ in range(self._order.shape[1]):
+                self.step()
+            self._epochs_run += self._running.double()
             if stop_kl:
-                kl = terms["approx_kl"].detach()
-                running = running & ~(kl > target_kl)
+                self._running &= ~(self._last_kl > target_kl)
         if cfg.lr_schedule == "adaptive":
             self._adapt_lr(self._update_kl(samples), active)
         self.iteration += 1
-        return self._finish(totals, counts, epochs_run, fault, fault_value, names)
+        return self._finish(self._totals, self._counts, self._epochs_run, self._fault, self._fault_value)
+
+    def _stage(self, samples: dict[str, torch.Tensor]) -> None:
+        """Copy the update's samples (``[P, B, ...]`` each) into :attr:`_staged`, whose addresses stay from update
+        to update (new buffers only where the keys or shapes change, with the minibatch order's)."""
+        staged = self._staged
+        if (
+            staged is None
+            or staged.keys() != samples.keys()
+            or any(staged[k].shape != v.shape for k, v in samples.items())
+        ):
+            self._staged = {k: v.clone() for k, v in samples.items()}
+            self._samples = next(iter(samples.values())).shape[1]
+            size = min(self.scalars.base.batch_size, self._samples)
+            self._order = torch.zeros(self.members, self._samples // size, size, dtype=torch.int64, device=self.device)
+            return
+        for key, value in samples.items():
+            staged[key].copy_(value)
+
+    def _indexed_step(self) -> None:
+        """One minibatch step of every member (:meth:`_train_step`) on its minibatch of the staged samples (column
+        :attr:`_position` of :attr:`_order`), its terms added to the update's sums, the position moved on: all on
+        the device, the same call every minibatch, so that it compiles once and replays as one CUDA graph."""
+        # A copy of the position: the joint graph's backward must not see the position it moves on.
+        indices = self._order.index_select(1, self._position.clone()).squeeze(1)  # [P, size]
+        batch = {k: v[self._rows, indices] for k, v in self._staged.items()}
+        running = self._running
+        terms, grad_norm = self._train_step(batch, running, self._fault, self._fault_value)
+        row = torch.stack([*(terms[n].detach() for n in self.template.term_names), grad_norm], -1).double()
+        self._totals.add_(torch.where(running[:, None], row, 0.0))
+        self._counts.add_(running.double())
+        self._last_kl.copy_(terms["approx_kl"].detach())
+        self._position.add_(1)
 
     def _train_step(
         self, batch: dict[str, torch.Tensor], running: torch.Tensor, fault: torch.Tensor, fault_value: torch.Tensor
@@ -581,7 +678,7 @@ class Population:
         """Adam (Kingma and Ba 2015; ``torch.optim.Adam``'s formula, ``eps=1e-5``, betas (0.9, 0.999)) of each
         member whose ``ok`` is set, on its flat gradient (a row of ``grads``, ``[P, D]``), with its clip ``scale``
         and rate :attr:`lr`; the others' weights and moments stay. One set of ops on the flat moments for every
-        parameter, then one in-place subtraction per parameter (a ``foreach`` op)."""
+        parameter, then the subtraction from each parameter (one ``foreach`` op eager; one op each compiled)."""
         beta1, beta2, eps = 0.9, 0.999, 1e-5
         on = ok.float()
         self._adam_steps.add_(on)
@@ -595,8 +692,12 @@ class Population:
         m.lerp_(g, w1)
         v.mul_(1 - w2).addcmul_(g, g * w2)
         denom = (v.sqrt() / bias2_sqrt.unsqueeze(1)).add_(eps)
-        # Eager only: a compiled step takes no foreach op (Triton failed on one: rlchain.core.compiling).
-        torch._foreach_sub_(self._params, self._per_parameter(step_size * m / denom))
+        steps = self._per_parameter(step_size * m / denom)
+        if torch.compiler.is_compiling():  # a compiled step takes no foreach op (see rlchain.core.compiling)
+            for param, step in zip(self._params, steps):
+                param.sub_(step)
+        else:
+            torch._foreach_sub_(self._params, steps)
 
     # ---------------------------------------------------------------- schedule
     def _schedule_before_update(self) -> None:
@@ -636,9 +737,10 @@ class Population:
         return self.policy.vmap(kl, b, weight, in_dims=(0, None if weight is None else 0))
 
     # ------------------------------------------------------------------ faults
-    def _finish(self, totals, counts, epochs_run, fault, fault_value, names) -> list[dict[str, float]]:
+    def _finish(self, totals, counts, epochs_run, fault, fault_value) -> list[dict[str, float]]:
         """Read the update once: each member's means, its epochs, its fault (a member that went non-finite is
         stopped for good, with its :class:`~rlchain.core.algorithms.update.NonFiniteError`)."""
+        names = self.template.term_names
         finite = torch.stack([torch.isfinite(p.flatten(1)).all(1) for p in self._params]).all(0)
         means = totals / counts.clamp_min(1.0)[:, None]
         host = torch.cat(

@@ -34,6 +34,7 @@ from hydra.utils import instantiate
 from rlchain.core.collector import SyncCollector
 from rlchain.core.envs.base import TorchVecEnv
 from rlchain.core.population import Population
+from rlchain.run.starting import compile_steps
 from rlchain.run.stopping import Abort, StopSignals
 from rlchain.run.trainer import Session, Step, Trainer
 from rlchain.settings import SettingError
@@ -43,9 +44,6 @@ __all__ = ["PopulationRun", "as_member", "member_logs"]
 #: The member whose own work (its iteration's logs, evaluation, checkpoint, end) runs now in this process; None
 #: while the population's shared step runs.
 _member: ContextVar[int | None] = ContextVar("rlchain_population_member", default=None)
-
-#: Trainer settings a population does not take yet (true refused): its steps run eager.
-NOT_TAKEN = ("compile", "cudagraphs")
 
 #: Trainer settings that may differ between members (where each writes, what it is called, its eval seed).
 MEMBER_TRAINER_SETTINGS = ("output_dir", "seed", "exp_name", "wandb_name", "wandb_group", "wandb_tags", "resume_from")
@@ -64,9 +62,11 @@ class PopulationRun:
     Raises:
         SettingError: members that cannot train as one population, naming the setting: see
             :class:`~rlchain.core.population.Population` and :class:`~rlchain.core.population.PopulationPolicy`;
-            an env that is not a torch-native task; ``trainer.compile`` or ``cudagraphs``; members of which some
-            start afresh and some resume their episodes; a population that does not fit in ``free_bytes``
-            (:func:`check_memory`).
+            an env that is not a torch-native task; members of which some start afresh and some resume their
+            episodes; a population that does not fit in ``free_bytes`` (:func:`check_memory`);
+            ``trainer.cudagraphs`` where capture cannot apply (as for a solo run), all before any step.
+        CompileFailure: ``trainer.compile=true`` where compiling the population's steps failed: one line, the
+            traceback in the first member's ``compile_error.txt``.
     """
 
     def __init__(self, trainers: Sequence[Trainer], free_bytes: int | None = None) -> None:
@@ -89,6 +89,21 @@ class PopulationRun:
             spread_episode_starts=cfg.spread_episode_starts,
         )
         self._sync_in()
+        self._compile()
+
+    def _compile(self) -> None:
+        """Under ``trainer.compile``, compile the population's two steps, its collection step and its minibatch
+        update, as a solo run compiles its own (:func:`rlchain.run.starting.compile_steps`; each member's was not
+        compiled when it started), and under ``trainer.cudagraphs`` capture them; each member's first row logs the
+        seconds it took (``time/compile_s``)."""
+        first = self.trainers[0]
+        cfg = first.cfg
+        if not cfg.compile and not cfg.cudagraphs:
+            return
+        steps = (self.collector.step, self.engine.update_step(self.collector.buffer.data))
+        seconds = compile_steps(steps, self.env.device, cfg.compile, cfg.cudagraphs, first.output_dir)
+        for trainer in self.trainers:
+            trainer.state = dataclasses.replace(trainer.state, compile_s=seconds)
 
     # --------------------------------------------------------------- state
     def _block(self, p: int) -> slice:
@@ -354,9 +369,6 @@ def _check_members(trainers: Sequence[Trainer]) -> None:
             type(first.env).__name__,
             " cannot hold a population: its members' envs run as one torch-native task (push_cube, cart_pole)",
         )
-    for name in NOT_TAKEN:
-        if getattr(first.cfg, name):
-            raise SettingError(f"trainer.{name}", True, " is not taken by a population yet: expected false")
     env_settings = _without(dataclasses.asdict(first.env.cfg), ("seed",))
     trainer_settings = _without(dataclasses.asdict(first.cfg), MEMBER_TRAINER_SETTINGS)
     for other in trainers[1:]:

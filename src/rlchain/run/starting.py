@@ -39,7 +39,7 @@ from rlchain.run.stopping import in_submitit_job
 from rlchain.settings import SettingError
 from rlchain.utils import to_device
 
-__all__ = ["start"]
+__all__ = ["compile_steps", "start"]
 
 
 def start(
@@ -115,11 +115,27 @@ def start(
     else:
         _init_policy(parts, source[2], source[1])
         state = dataclasses.replace(state, init_from=source[1])
-    steps = (parts.collector.step, update_step(parts.algorithm, parts.collector.buffer.data))
-    if cudagraphs:
-        _check_capture(steps, parts.env.device, compile)
-    compile_s = _compile(steps, cudagraphs, state.output_dir) if compile else None
+    compile_s = None
+    if compile or cudagraphs:
+        steps = (parts.collector.step, update_step(parts.algorithm, parts.collector.buffer.data))
+        compile_s = compile_steps(steps, parts.env.device, compile, cudagraphs, state.output_dir)
     return dataclasses.replace(state, compile_s=compile_s, started=True)
+
+
+def compile_steps(
+    steps: tuple[Step, ...], device: torch.device, compile: bool, cudagraphs: bool, output_dir: Path
+) -> float | None:
+    """``trainer.compile`` and ``trainer.cudagraphs`` applied to a run's steps (its collection step and minibatch
+    update; a population's): capture checked (:func:`_check_capture`), each step compiled, then captured; the
+    seconds it took, or None without ``compile``.
+
+    Raises:
+        SettingError: ``cudagraphs`` where capture cannot apply, naming why, before anything compiles.
+        CompileFailure: see :func:`_compile`.
+    """
+    if cudagraphs:
+        _check_capture(steps, device, compile)
+    return _compile(steps, cudagraphs, output_dir) if compile else None
 
 
 def _init_policy(parts: RunParts, checkpoint: dict[str, Any], path: str | Path) -> None:

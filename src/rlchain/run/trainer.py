@@ -305,9 +305,13 @@ class Trainer:
         """The run's W&B run id, kept in checkpoints so that a resumed run continues that W&B run (:attr:`state`)."""
         return self.state.wandb_id
 
-    def start(self) -> RunState:
+    def start(self, *, steps: bool = True) -> RunState:
         """Start the run where nobody did (:func:`rlchain.run.starting.start`: resume, ``init_from`` or a fresh
         start, then ``compile``) and return its state; a started run's state is returned as it is.
+
+        Args:
+            steps: apply ``compile`` and ``cudagraphs`` to the run's own steps; False for a population's member,
+                whose steps are its population's (:class:`~rlchain.run.population.PopulationRun` compiles those).
 
         Raises:
             SettingError: see :func:`rlchain.run.starting.start`; all before any step.
@@ -320,8 +324,8 @@ class Trainer:
             self.world,
             resume_from=cfg.resume_from,
             init_from=cfg.init_from,
-            compile=cfg.compile,
-            cudagraphs=cfg.cudagraphs,
+            compile=cfg.compile and steps,
+            cudagraphs=cfg.cudagraphs and steps,
         )
         return self.state
 
