@@ -2,7 +2,7 @@
 populations of P members of the main job against one run.
 
 Usage: ``python benchmarks/population.py [--sweep seeds|grid|both] [--iterations N] [--jobs-per-device 2]
-[--out FILE]``; ``python benchmarks/population.py --members 16 64 --device cuda --iterations 3 [--out FILE]``
+[--compile] [--out FILE]``; ``python benchmarks/population.py --members 16 64 --device cuda --iterations 3 [--out FILE]``
 
 The sweeps:
 
@@ -64,13 +64,15 @@ def timed_rlchain(args: list[str], what: str, out: Path | None = None) -> float:
     return wall
 
 
-def run(sweep: str, way: str, root: Path, iterations: int | None, jobs_per_device: int) -> dict:
-    """Run ``sweep`` one ``way`` in ``root``; its wall time, aggregate env steps/s and each job's result."""
+def run(sweep: str, way: str, root: Path, iterations: int | None, jobs_per_device: int, compiled: bool) -> dict:
+    """Run ``sweep`` one ``way`` in ``root`` (every job's, or population's, steps compiled with ``compiled``); its
+    wall time, aggregate env steps/s and each job's result."""
     out = root / f"{sweep}_{way}"
     launcher = [f"hydra/launcher={way}", f"hydra.launcher.jobs_per_device={jobs_per_device}"]
     extra = [f"trainer.iterations={iterations}"] if iterations else []
+    extra += ["trainer.compile=true"] if compiled else []
     args = [*SWEEPS[sweep], *launcher, *extra, "trainer.progress=false", f"hydra.sweep.dir={out}"]
-    wall = timed_rlchain(["-m", *args], f"{sweep} via {way}")
+    wall = timed_rlchain(["-m", *args], f"{sweep} via {way}", out)
     jobs = []
     for summary in sorted(out.glob("*/summary.json"), key=lambda p: int(p.parent.name)):
         data = json.loads(summary.read_text())
@@ -92,15 +94,16 @@ def run(sweep: str, way: str, root: Path, iterations: int | None, jobs_per_devic
     }
 
 
-def members_run(members: int | None, device: str, iterations: int, root: Path, compiled: bool = False) -> dict:
+def members_run(members: int | None, device: str, iterations: int, root: Path, mode: str = "eager") -> dict:
     """The main job on ``device`` for ``iterations``: one run (``members`` None) or a population of ``members``
-    seeds (its steps compiled with ``compiled``: ``trainer.compile=true``); its wall time (compiling included),
-    aggregate training env steps/s (see the module docstring) and env steps over the wall time (build, evaluations
-    and start-up included)."""
-    out = root / f"members_{members or 'solo'}{'_compiled' if compiled else ''}"
+    seeds, its steps ``"eager"``, ``"compiled"`` (``trainer.compile=true``) or ``"captured"`` (and
+    ``trainer.cudagraphs=true``); its wall time (compiling included), aggregate training env steps/s (see the module
+    docstring) and env steps over the wall time (build, evaluations and start-up included)."""
+    out = root / f"members_{members or 'solo'}_{mode}"
     common = [
         f"device={device}",
-        f"trainer.compile={str(compiled).lower()}",
+        f"trainer.compile={str(mode != 'eager').lower()}",
+        f"trainer.cudagraphs={str(mode == 'captured').lower()}",
         f"trainer.iterations={iterations}",
         "trainer.progress=false",
         "trainer.fresh_eval=false",
@@ -109,42 +112,58 @@ def members_run(members: int | None, device: str, iterations: int, root: Path, c
         args = [*common, f"hydra.run.dir={out}"]
     else:
         args = ["-m", f"seed=range({members})", "hydra/launcher=population", *common, f"hydra.sweep.dir={out}"]
-    what = "one run" if members is None else f"a population of {members}{' (compiled)' if compiled else ''}"
-    wall = timed_rlchain(args, what, out)
+    wall = timed_rlchain(args, f"{'one run' if members is None else f'a population of {members}'} ({mode})", out)
     sps = []
-    steps = 0
+    env_steps = 0
     for run_dir in [out] if members is None else sorted(p for p in out.iterdir() if (p / "metrics.jsonl").exists()):
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         values = [r["charts/SPS"] for r in rows if "charts/SPS" in r]
         sps.append(statistics.median(values[1:] or values))
-        steps += json.loads((run_dir / "summary.json").read_text())["global_step"]
+        env_steps += json.loads((run_dir / "summary.json").read_text())["global_step"]
     return {
         "members": members,
-        "compiled": compiled,
+        "mode": mode,
         "runs": len(sps),
         "wall_s": wall,
         "train_sps": sum(sps),
-        "wall_sps": steps / wall,
+        "wall_sps": env_steps / wall,
     }
 
 
 def main_members(args: argparse.Namespace) -> None:
     """``--members``: one run, then populations of each size (and of each ``--compiled`` size with
-    ``trainer.compile=true``); a markdown table, and JSON with ``--out``."""
+    ``trainer.compile=true``, each ``--captured`` size with ``trainer.cudagraphs=true`` too); a markdown table, and
+    JSON with ``--out``. A population that fails is a row that says so, its error on stderr; the others go on."""
     results = []
-    runs = [(None, False), *((m, False) for m in args.members), *((m, True) for m in args.compiled or ())]
+    runs = [
+        (None, "eager"),
+        *((m, "eager") for m in args.members),
+        *((m, "compiled") for m in args.compiled or ()),
+        *((m, "captured") for m in args.captured or ()),
+    ]
     with tempfile.TemporaryDirectory() as tmp:
-        for members, compiled in runs:
-            results.append(members_run(members, args.device, args.iterations or 3, Path(tmp), compiled))
-            print(f"{members or 'one run'}: {results[-1]['wall_s']:.0f} s", file=sys.stderr, flush=True)
+        for members, mode in runs:
+            try:
+                results.append(members_run(members, args.device, args.iterations or 3, Path(tmp), mode))
+            except SystemExit as failed:
+                if members is None:  # no single run: no ratio to report
+                    raise
+                print(failed, file=sys.stderr, flush=True)
+                results.append({"members": members, "mode": mode, "error": str(failed).splitlines()[0]})
+                continue
+            print(f"{members or 'one run'} ({mode}): {results[-1]['wall_s']:.0f} s", file=sys.stderr, flush=True)
     base = results[0]
     print(f"the main job on {args.device}, trainer.iterations={args.iterations or 3}")
     print("| members | wall s | aggregate training env steps/s | ratio | env steps / wall s | ratio |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in results:
+        what = f"{r['members'] or 'one run'}{'' if r['mode'] == 'eager' else ' ' + r['mode']}"
+        if "error" in r:
+            print(f"| {what} | {r['error']} | | | | |")
+            continue
         print(
-            f"| {r['members'] or 'one run'}{' compiled' if r['compiled'] else ''} | {r['wall_s']:.0f} | {r['train_sps']:,.0f} | "
-            f"{r['train_sps'] / base['train_sps']:.2f}x | {r['wall_sps']:,.0f} | {r['wall_sps'] / base['wall_sps']:.2f}x |"
+            f"| {what} | {r['wall_s']:.0f} | {r['train_sps']:,.0f} | {r['train_sps'] / base['train_sps']:.2f}x | "
+            f"{r['wall_sps']:,.0f} | {r['wall_sps'] / base['wall_sps']:.2f}x |"
         )
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2))
@@ -158,9 +177,16 @@ def main() -> None:
         "--jobs-per-device", type=int, default=2, help="slots of either way: jobs or populations at once"
     )
     parser.add_argument("--out", type=Path, help="write the numbers as JSON here")
+    parser.add_argument("--compile", action="store_true", help="the sweeps: trainer.compile=true both ways")
     parser.add_argument("--members", type=int, nargs="+", help="populations of the main job of these sizes")
     parser.add_argument(
         "--compiled", type=int, nargs="+", help="--members: also populations of these sizes with trainer.compile=true"
+    )
+    parser.add_argument(
+        "--captured",
+        type=int,
+        nargs="+",
+        help="--members: also populations of these sizes with trainer.cudagraphs=true",
     )
     parser.add_argument("--device", default="cuda", help="--members: the device (default cuda)")
     args = parser.parse_args()
@@ -172,9 +198,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for sweep in sweeps:
             for way in ("devices", "population"):
-                results.append(run(sweep, way, Path(tmp), args.iterations, args.jobs_per_device))
+                results.append(run(sweep, way, Path(tmp), args.iterations, args.jobs_per_device, args.compile))
                 print(f"{sweep} via {way}: {results[-1]['wall_s']:.0f} s", file=sys.stderr, flush=True)
     budget = f"trainer.iterations={args.iterations}" if args.iterations else "the configs' iterations"
+    budget += "; trainer.compile=true both ways (compiling inside the wall time)" if args.compile else ""
     print(f"{os.cpu_count()} CPU(s); {args.jobs_per_device} slots each way (jobs or populations at once); {budget}")
     print("| sweep | way | wall s | aggregate env steps/s | ratio | final eval success (mean ± std) |")
     print("|---|---|---:|---:|---:|---|")

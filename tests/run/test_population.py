@@ -10,6 +10,7 @@ from rlchain.core.algorithms import PPO
 from rlchain.core.envs import PushCubeEnv
 from rlchain.core.policies import ActorCritic
 from rlchain.run.population import PopulationRun, member_bytes
+from rlchain.run.summary import RunSummary
 from rlchain.run.trainer import Trainer
 from rlchain.settings import SettingError
 
@@ -52,3 +53,31 @@ def test_members_whose_trainer_settings_differ_are_refused_naming_the_setting(tm
     members = [trainer(tmp_path, 1), trainer(tmp_path, 2, eval_freq=5)]
     with pytest.raises(SettingError, match=r"^trainer\.eval_freq=\[10, 5\] differs between members"):
         PopulationRun(members)
+
+
+def test_a_member_whose_actions_its_envs_reject_fails_alone_as_its_solo_run_fails(tmp_path):
+    """Member 1's policy acts with NaN weights (as one whose update diverged into its parameters would): its envs
+    reject its actions. It ends alone, with its solo run's one line; the others train to their end, and their
+    envs never see its actions."""
+
+    def poisoned(t: Trainer) -> Trainer:
+        with torch.no_grad():
+            for param in t.policy.parameters():
+                param.fill_(float("nan"))
+        return t
+
+    solo = poisoned(trainer(tmp_path / "solo", 2))
+    with pytest.raises(Exception) as solo_failure:
+        solo.train()
+    members = [trainer(tmp_path, 1), poisoned(trainer(tmp_path, 2)), trainer(tmp_path, 3)]
+    sessions = PopulationRun(members).train()
+    assert [s.summary.status for s in sessions] == ["completed", "failed", "completed"]
+    assert sessions[1].summary.error == RunSummary.read(solo.output_dir).error
+    assert "action" in sessions[1].summary.error, sessions[1].summary.error
+    assert type(sessions[1].failure) is type(solo_failure.value)
+    # The others are the population they would be without member 1: the same weights at the end.
+    clean = [trainer(tmp_path / "clean", s) for s in (1, 2, 3)]
+    PopulationRun(clean).train()
+    for p in (0, 2):
+        for mine, theirs in zip(members[p].policy.state_dict().values(), clean[p].policy.state_dict().values()):
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=0)

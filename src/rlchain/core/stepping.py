@@ -20,7 +20,7 @@ from rlchain.core.policies import Policy
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["EnvStepper", "Transition", "check_actions", "policy_input", "step_env"]
+__all__ = ["EnvStepper", "Transition", "check_actions", "policy_input", "rejected_action", "step_env"]
 
 
 def step_env(env: VecEnv, obs: Obs, action: torch.Tensor) -> tuple:
@@ -65,17 +65,27 @@ def check_actions(env: VecEnv, obs: Obs, actions: torch.Tensor | None = None) ->
 
 
 def _trace_rejected_action(env: VecEnv, obs: Obs, err: ValueError, actions: torch.Tensor | None = None) -> NoReturn:
+    error = rejected_action(env, obs, err, actions)
+    if error is err:
+        raise err
+    raise error from err
+
+
+def rejected_action(env: VecEnv, obs: Obs, err: ValueError, actions: torch.Tensor | None = None) -> ValueError:
+    """The error to report for ``env``'s rejection ``err`` of an action taken from ``obs`` (``[T, N, ...]`` in step
+    order, or one step's): ``err`` itself, or, where ``obs`` is not finite (and, with ``actions``, was not finite at
+    or before the first non-finite action's step), one that names the observation as the fault."""
     obs_step = observations.first_non_finite_step(obs)
     if obs_step is None:
-        raise err
+        return err
     if actions is not None and actions.is_floating_point():
         action_step = observations.first_non_finite_step(actions)
         if action_step is not None and action_step < obs_step:
-            raise err
-    raise ValueError(
+            return err
+    return ValueError(
         f"observation contains NaN or inf: {type(env).__name__} returned a non-finite observation, "
         f"and the policy's action from it was rejected ({err})"
-    ) from err
+    )
 
 
 def policy_input(obs: Obs, hidden: TensorDict | None) -> TensorDict:

@@ -10,8 +10,9 @@ saves exactly as its solo run does: its ``metrics.jsonl``, TensorBoard, ``checkp
 (ordinary single-run checkpoints) and ``summary.json``. A resumed population resumes each member from what its
 trainer loaded.
 
-Faults stay per member: a member whose loss or gradient norm goes non-finite, or whose iteration fails, ends
-alone with today's one line and status (its update masked from then on); a pruned member stops the same way;
+Faults stay per member: a member whose loss or gradient norm goes non-finite, whose actions its envs reject, or
+whose iteration fails, ends alone with today's one line and status (its update masked from then on; its envs
+step on, seen by no other member); a pruned member stops the same way;
 Ctrl-C or SIGTERM stops every member after the iteration, each saving its ``latest.pt``.
 """
 
@@ -34,6 +35,7 @@ from hydra.utils import instantiate
 from rlchain.core.collector import SyncCollector
 from rlchain.core.envs.base import TorchVecEnv
 from rlchain.core.population import Population
+from rlchain.core.stepping import rejected_action
 from rlchain.run.starting import compile_steps
 from rlchain.run.stopping import Abort, StopSignals
 from rlchain.run.trainer import Session, Step, Trainer
@@ -175,6 +177,18 @@ class PopulationRun:
                 }
             )
 
+    def _stop_invalid_actions(self, data: Any) -> None:
+        """Stop each member whose actions of this rollout ``data`` (``[T, P * N]``) its envs rejected, alone, before
+        the update: its run ends with the error its solo run's collection raises (the env's, or one naming a
+        non-finite observation where that came first: :func:`~rlchain.core.stepping.rejected_action`)."""
+        members, message = self.env.take_invalid_members()
+        for p in members:
+            if p in self.engine.faults:
+                continue
+            block = self._block(p)
+            error = rejected_action(self.env, data["obs"][:, block], ValueError(message), data["action"][:, block])
+            self.engine.stop(p, error)
+
     def _iterate(
         self, p: int, session: Session, members: Sequence[Any], stats: Sequence[dict], collect_s: float, update_s: float
     ) -> None:
@@ -199,6 +213,7 @@ class PopulationRun:
                             self.engine.stop(p, "ended")  # its envs ride along; its update is masked
                     t0 = clock()
                     rollout = self.collector.collect()
+                    self._stop_invalid_actions(rollout.data)
                     t1 = clock()
                     stats = self.engine.update(rollout.data)
                     t2 = clock()

@@ -415,8 +415,8 @@ class TorchVecEnv(VecEnv):
         """Make this task of ``N`` envs ``P = len(seeds)`` member tasks of ``N / P`` envs each, in order, member
         ``p`` seeded ``seeds[p]`` (a population, :mod:`rlchain.population`): from here on member ``p``'s envs
         see the episodes a task of ``N / P`` envs built with seed ``seeds[p]`` sees (each member draws from its
-        own stream: :class:`~rlchain.core.envs.rng.CounterRng`, at the draw the task's stream stands at). Call it
-        before the first ``reset``.
+        own stream: :class:`~rlchain.core.envs.rng.CounterRng`, at the draw the task's stream stands at) and flags
+        its own invalid actions (:meth:`take_invalid_members`). Call it before the first ``reset``.
 
         Raises:
             ValueError: ``N`` not a multiple of ``P``.
@@ -426,6 +426,8 @@ class TorchVecEnv(VecEnv):
         counter = self._rng.state.view(-1, 2)[0, 1]  # the draws made so far (a task may draw when it is built)
         self._rng = CounterRng(list(seeds), self.device)
         self._rng.state[:, 1] = counter
+        # Each member's own invalid-action flag (take_invalid_members): one member's fault stops it alone.
+        self._invalid_action = torch.zeros(len(seeds), dtype=torch.bool, device=self.device)
 
     def _render_rows(self, env_ids: Sequence[int] | None) -> slice | torch.Tensor:
         """The rows of the state tensors that :meth:`render` draws (checked by :meth:`VecEnv._render_ids`).
@@ -491,23 +493,46 @@ class TorchVecEnv(VecEnv):
         self.set_state(state)
 
     def _flag_invalid_action(self, bad: torch.Tensor) -> None:
-        """Record ``bad`` (a 0-d bool tensor on the env's device: this step's action was invalid) for
-        :meth:`check_actions`, on the device. Eager on the CPU, where a read costs no synchronisation, the check
-        follows at once; compiled, or on CUDA, it waits for the caller's :meth:`check_actions` (the collector and
-        evaluation call it once per rollout)."""
-        self._invalid_action.logical_or_(bad)
+        """Record ``bad`` (a bool tensor on the env's device: ``[N]``, which envs' actions of this step were invalid,
+        or 0-d, whether any was) for :meth:`check_actions`, on the device. Eager on the CPU, where a read costs no
+        synchronisation, the check follows at once; compiled, or on CUDA, it waits for the caller's
+        :meth:`check_actions` (the collector and evaluation call it once per rollout). In a task split into members
+        (:meth:`split_into_members`) each member's flag is its own (a 0-d ``bad`` flags every member), and it is
+        read by :meth:`take_invalid_members`, not raised."""
+        if self._invalid_action.dim():  # a member's own flag: any of its envs
+            members = self._invalid_action.shape[0]
+            self._invalid_action.logical_or_(bad.expand(self.num_envs).view(members, -1).any(1))
+            return
+        self._invalid_action.logical_or_(bad.any())
         if self.device.type == "cpu" and not torch.compiler.is_compiling():
             self.check_actions()
 
     def check_actions(self) -> None:
-        """Raise for an invalid action taken since the last call (one host read; the flag is then cleared).
+        """Raise for an invalid action taken since the last call (one host read; the flag is then cleared). In a
+        task split into members, nothing: the population reads each member's flag (:meth:`take_invalid_members`).
 
         Raises:
             ValueError: the env's one-line message (NaN or inf in a Box action, a Discrete action out of range).
         """
+        if self._invalid_action.dim():
+            return
         if bool(self._invalid_action):
             self._invalid_action.zero_()
             raise ValueError(self._invalid_action_message)
+
+    def take_invalid_members(self) -> tuple[list[int], str]:
+        """In a task split into members: the members whose actions were invalid since the last call (one host
+        read; the flags are then cleared), and the env's message for such an action. A member's envs step on with
+        what its actions make of its own state; no other member's envs see them.
+
+        Raises:
+            RuntimeError: a task not split into members.
+        """
+        if not self._invalid_action.dim():
+            raise RuntimeError(f"{type(self).__name__} is not split into members: its check is check_actions()")
+        members = self._invalid_action.nonzero().flatten().tolist()
+        self._invalid_action.zero_()
+        return members, self._invalid_action_message
 
 
 class SingleGymEnv(gym.Env):

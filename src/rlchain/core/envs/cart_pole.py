@@ -207,12 +207,12 @@ class CartPoleEnv(TorchVecEnv):
             if tuple(action.shape) != (n,):
                 raise ValueError(f"action has shape {tuple(action.shape)}: expected ({n},) = (num_envs,) of 0 or 1")
             action = action.to(self.device)
-            self._flag_invalid_action(~((action == 0) | (action == 1)).all())
+            self._flag_invalid_action(~((action == 0) | (action == 1)))
             return torch.where(action == 1, force_mag, -force_mag).float()
         if tuple(action.shape) != (n, 1):
             raise ValueError(f"action has shape {tuple(action.shape)}: expected ({n}, 1) = (num_envs, 1)")
         action = action.to(device=self.device, dtype=torch.float32)[:, 0]
-        self._flag_invalid_action(~torch.isfinite(action).all())
+        self._flag_invalid_action(~torch.isfinite(action))
         return action.clamp(-1.0, 1.0) * force_mag
 
     @torch.no_grad()

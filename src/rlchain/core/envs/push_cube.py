@@ -401,7 +401,7 @@ class PushCubeEnv(TorchVecEnv):
         if tuple(action.shape) != (self.num_envs, 2):
             raise ValueError(f"action has shape {tuple(action.shape)}: expected ({self.num_envs}, 2) = (num_envs, 2)")
         action = action.to(device=self.device, dtype=torch.float32)
-        self._flag_invalid_action(~torch.isfinite(action).all())
+        self._flag_invalid_action(~torch.isfinite(action).all(-1))
         return action.clamp(-1.0, 1.0)
 
     def _substep(self, pose: tuple, twist0: tuple, pusher: tuple, dx: torch.Tensor, dy: torch.Tensor) -> tuple:
