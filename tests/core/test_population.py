@@ -3,6 +3,7 @@ rounding; what stops one member leaves the others going; settings that change sh
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -197,3 +198,30 @@ def test_the_compiled_steps_of_a_population_collect_and_update_as_its_eager_step
     assert set(compiled_faults) == set(eager_faults) == {2}
     for c, e in zip(compiled_after, eager_after):
         torch.testing.assert_close(c, e, rtol=1e-6, atol=1e-7)
+
+
+def test_one_evaluation_of_a_population_is_each_members_solo_evaluation():
+    """The population's policy evaluated once on every member's evaluation envs (one task split into members,
+    each reset with its own seed), split by member, against each member's own evaluation of its own policy: the
+    same episodes, in the same order, to float rounding."""
+    from rlchain.core.evaluation import evaluate
+
+    engine, _ = population("push_cube", "ppo")
+    seeds = [s + 1 for s in SEEDS]  # a run's evaluation seed: its seed + 1
+    env = PushCubeEnv(num_envs=4 * len(SEEDS), seed=0, max_episode_steps=T)
+    env.split_into_members(seeds)
+    results = evaluate(env, engine.policy, 8 * len(SEEDS), seed=seeds).split_into_members(len(SEEDS), seeds)
+    assert env.take_invalid_members()[0] == []
+    for seed, result in zip(SEEDS, results):
+        _, policy, _ = member("push_cube", "ppo", seed)
+        want = evaluate(PushCubeEnv(num_envs=4, seed=seed + 1, max_episode_steps=T), policy, 8, seed=seed + 1)
+        assert (
+            (result.episodes, result.seed, result.env_count)
+            == (want.episodes, want.seed, want.env_count)
+            == (8, seed + 1, 4)
+        )
+        np.testing.assert_allclose(result.returns, want.returns, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(result.lengths, want.lengths)
+        np.testing.assert_array_equal(result.successes, want.successes)
+        for name, values in want.metrics.items():
+            np.testing.assert_allclose(result.metrics[name], values, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -1,7 +1,10 @@
 """A population of trainers built from Python: refused before its first step where it does not fit in memory,
-naming the largest population that does; members of other shapes refused naming the setting."""
+naming the largest population that does; members of other shapes refused naming the setting; a member whose
+actions its envs reject fails alone; the members' evaluations run at once, each as its own evaluator's."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -13,6 +16,7 @@ from rlchain.run.population import PopulationRun, member_bytes
 from rlchain.run.summary import RunSummary
 from rlchain.run.trainer import Trainer
 from rlchain.settings import SettingError
+from tests.helpers.runs import rows
 
 
 def trainer(tmp_path, seed: int, **settings) -> Trainer:
@@ -81,3 +85,27 @@ def test_a_member_whose_actions_its_envs_reject_fails_alone_as_its_solo_run_fail
     for p in (0, 2):
         for mine, theirs in zip(members[p].policy.state_dict().values(), clean[p].policy.state_dict().values()):
             torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+
+
+def test_a_population_evaluates_its_members_at_once_each_as_its_own_evaluator_would(tmp_path):
+    """Every member's evaluations run as one (the population's policy on every member's evaluation envs): each
+    member logs them as its own rows, at its own evaluation steps, and the last equals what the member's own
+    evaluator gives for its final policy (to float rounding); the shared evaluation's seconds are each member's."""
+    evaluation = {"eval_freq": 1, "num_eval_envs": 4, "num_eval_episodes": 8}
+    members = [
+        trainer(tmp_path, s, eval_env=functools.partial(PushCubeEnv, max_episode_steps=8), **evaluation)
+        for s in (1, 2, 3)
+    ]
+    run = PopulationRun(members)
+    assert run.eval_env is not None and run.eval_env.num_envs == 12
+    sessions = run.train()
+    assert [s.summary.status for s in sessions] == ["completed"] * 3
+    logged = [[r for r in rows(tmp_path / str(s)) if "eval/avg_reward" in r] for s in (1, 2, 3)]
+    assert [[r["charts/iteration"] for r in member] for member in logged] == [[1, 2]] * 3
+    assert len({member[-1]["time/eval_s"] for member in logged}) == 1
+    for member, t in zip(logged, members):
+        last = member[-1]
+        own = t.evaluator.evaluate(t.policy, t.state.global_step)
+        assert last["eval/episodes"] == own["eval/episodes"] == 8
+        for key in ("eval/avg_reward", "eval/avg_length", "eval/success_rate"):
+            assert last[key] == pytest.approx(own[key], rel=1e-5, abs=1e-6), key

@@ -95,7 +95,7 @@ class Evaluation:
             None for an env whose ``reports_success`` is false.
         metrics: each task metric's value at each episode's last step
             (e.g. the final ``distance_to_goal``, m), float64.
-        seed: the reset seed of the evaluation.
+        seed: the reset seed of the evaluation (a list: each member's, of a task split into members).
         deterministic: whether actions were the policy's deterministic ones.
         frames: the video, uint8 ``[T, H, W, 3]``: the first episode of
             each of the first ``video_episodes`` envs, one after another, one
@@ -109,11 +109,13 @@ class Evaluation:
     lengths: np.ndarray
     successes: np.ndarray | None
     metrics: dict[str, np.ndarray]
-    seed: int
+    seed: int | list[int]
     deterministic: bool = True
     frames: np.ndarray | None = None
     fps: float = 30.0
     video_lengths: list[int] = field(default_factory=list)
+    env_count: int = 0
+    """The envs the episodes ran on (episode ``k`` of env ``i`` is episode ``k * env_count + i``)."""
 
     @property
     def episodes(self) -> int:
@@ -139,6 +141,36 @@ class Evaluation:
         out.update({name: Interval.of(values) for name, values in self.metrics.items()})
         return out
 
+    def split_into_members(self, members: int, seeds: list[int]) -> list[Evaluation]:
+        """The evaluation of a task split into ``members`` (:meth:`~rlchain.core.envs.base.TorchVecEnv.split_into_members`:
+        member ``p`` owns envs ``[p * n, (p + 1) * n)`` of the ``members * n``) as each member's own, its episodes
+        in the order its own evaluation of ``n`` envs lists them, and its reset seed ``seeds[p]`` (no video).
+
+        Raises:
+            ValueError: an evaluation with a video, or whose envs do not split into ``members`` equal parts.
+        """
+        if self.frames is not None:
+            raise ValueError("an evaluation with a video does not split into members")
+        total, envs = self.episodes, self.env_count
+        if not envs or envs % members:
+            raise ValueError(f"an evaluation of {envs} envs does not split into {members} members")
+        n = envs // members
+        # Episode k of env i is row k * envs + i; member p's own episode k of its env j is row k * n + j.
+        rows = np.arange(total).reshape(total // envs, members, n).transpose(1, 0, 2).reshape(members, -1)
+        return [
+            Evaluation(
+                returns=self.returns[r],
+                lengths=self.lengths[r],
+                successes=None if self.successes is None else self.successes[r],
+                metrics={name: values[r] for name, values in self.metrics.items()},
+                seed=seeds[p],
+                deterministic=self.deterministic,
+                fps=self.fps,
+                env_count=n,
+            )
+            for p, r in enumerate(rows)
+        ]
+
     def to_json(self) -> dict[str, Any]:
         """``{"seed", "episodes", "deterministic", "metrics": {key: Interval fields}}`` (plain JSON data)."""
         return {
@@ -151,7 +183,12 @@ class Evaluation:
 
 @torch.no_grad()
 def evaluate(
-    env: VecEnv, policy: Policy, num_episodes: int, seed: int, deterministic: bool = True, video_episodes: int = 0
+    env: VecEnv,
+    policy: Policy,
+    num_episodes: int,
+    seed: int | list[int],
+    deterministic: bool = True,
+    video_episodes: int = 0,
 ) -> Evaluation:
     """Run whole episodes and keep each one's outcome.
 
@@ -167,7 +204,7 @@ def evaluate(
             ``deterministic=False`` samples from torch's global RNG. A recurrent
             policy acts from each env's state, fresh (zeros) at every episode's start.
         num_episodes: episodes wanted (rounded up to a multiple of ``N``).
-        seed: the reset seed.
+        seed: the reset seed (a list: each member's, for a task split into members).
         video_episodes: record the first episode of envs ``0 .. video_episodes - 1``
             with ``env.render`` (at most ``N``; 0 records nothing).
 
@@ -234,11 +271,12 @@ def evaluate(
         lengths=host(ep_len),
         successes=ep_succ.cpu().numpy() > 0.5 if env.reports_success else None,
         metrics={name: host(values) for name, values in ep_metrics.items()},
-        seed=int(seed),
+        seed=[int(x) for x in seed] if isinstance(seed, list) else int(seed),
         deterministic=deterministic,
         frames=frames,
         fps=float(env.metadata.get("render_fps", 30)),
         video_lengths=lengths,
+        env_count=n,
     )
 
 

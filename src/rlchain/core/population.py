@@ -214,22 +214,26 @@ class PopulationPolicy(nn.Module):
         dims = (0, *((in_dims,) * len(args) if not isinstance(in_dims, tuple) else in_dims))
         return torch.vmap(one, in_dims=dims, randomness="error")(state, *args)
 
-    def _split(self, x: torch.Tensor) -> torch.Tensor:
+    def _split(self, x: torch.Tensor, envs: int | None = None) -> torch.Tensor:
         """A batch of ``k`` whole steps of the ``P * N`` envs, ``[k * P * N, ...]`` (env-minor, as the collector
-        flattens its ``[T, P * N]`` storage) -> each member's ``[P, k * N, ...]``."""
-        k = x.shape[0] // (self.members * self.envs)
-        return x.view(k, self.members, self.envs, *x.shape[1:]).transpose(0, 1).reshape(self.members, -1, *x.shape[1:])
+        flattens its ``[T, P * N]`` storage) -> each member's ``[P, k * N, ...]``; ``N`` is ``envs``, or the
+        training envs' :attr:`envs` (None)."""
+        n = envs or self.envs
+        k = x.shape[0] // (self.members * n)
+        return x.view(k, self.members, n, *x.shape[1:]).transpose(0, 1).reshape(self.members, -1, *x.shape[1:])
 
-    def _merge(self, y: torch.Tensor) -> torch.Tensor:
+    def _merge(self, y: torch.Tensor, envs: int | None = None) -> torch.Tensor:
         """The inverse of :meth:`_split`: ``[P, k * N, ...]`` -> ``[k * P * N, ...]``."""
-        k = y.shape[1] // self.envs
-        return y.view(self.members, k, self.envs, *y.shape[2:]).transpose(0, 1).reshape(-1, *y.shape[2:])
+        n = envs or self.envs
+        k = y.shape[1] // n
+        return y.view(self.members, k, n, *y.shape[2:]).transpose(0, 1).reshape(-1, *y.shape[2:])
 
     def act(
         self, obs: torch.Tensor, state: Any = None, deterministic: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
-        """Every member's :meth:`~rlchain.core.policies.ActorCritic.act` on its envs' ``obs`` (``[P * N,
-        obs_dim]``): ``(action, log_prob, value, None)``, ``[P * N, ...]``, the noise from each member's stream."""
+        """Every member's :meth:`~rlchain.core.policies.ActorCritic.act` on its envs' ``obs`` (one step, ``[P * N,
+        obs_dim]``, ``N`` the training's envs per member or an evaluation's): ``(action, log_prob, value, None)``,
+        ``[P * N, ...]``, the noise from each member's stream."""
         noise = None if deterministic else self.template_noise(obs.shape[0])
         template = self.template
 
@@ -237,11 +241,12 @@ class PopulationPolicy(nn.Module):
             action, log_prob, value, _ = template._core_act(o, None, deterministic, z)
             return action, log_prob, value
 
+        n = obs.shape[0] // self.members  # one step's envs per member (the training's, or an evaluation's)
         if noise is None:
-            out = self.vmap(lambda o: act(o, None), self._split(obs))
+            out = self.vmap(lambda o: act(o, None), self._split(obs, n))
         else:
-            out = self.vmap(act, self._split(obs), self._split(noise))
-        action, log_prob, value = (self._merge(x) for x in out)
+            out = self.vmap(act, self._split(obs, n), self._split(noise, n))
+        action, log_prob, value = (self._merge(x, n) for x in out)
         return action, log_prob, value, None
 
     def template_noise(self, batch: int) -> torch.Tensor:

@@ -78,6 +78,12 @@ class Evaluator:
         """
         began = time.perf_counter()
         result = evaluate(self.env, policy, self.num_episodes, seed=self.seed, video_episodes=self.video_episodes)
+        return self.record(result, global_step, time.perf_counter() - began, writer)
+
+    def record(self, result: Evaluation, global_step: int, seconds: float, writer: Any = None) -> dict[str, float]:
+        """Take ``result`` as the evaluation at ``global_step`` (run by :meth:`evaluate`, or for a population's
+        member by its population, which evaluates every member at once, :mod:`rlchain.run.population`), that took
+        ``seconds``: its row (``eval/*`` and ``time/eval_s``), the best success rate, the video."""
         stats = result.means()
         self.last = {f"eval/{k}": v for k, v in stats.items()}
         self.last["eval/global_step"] = global_step
@@ -86,7 +92,7 @@ class Evaluator:
             path = write_mp4(self.video_dir / f"step_{global_step:012d}.mp4", result.frames, result.fps)
             if writer is not None:
                 writer.log_video("eval/video", path, result.frames, result.fps, global_step)
-        return {**self.last, "time/eval_s": time.perf_counter() - began}
+        return {**self.last, "time/eval_s": seconds}
 
     def metric_names(self, train_row: dict[str, float]) -> set[str]:
         """The ``eval/`` names an evaluation logs, known before any ran: :data:`EVAL_METRICS`, ``success_rate``

@@ -34,6 +34,7 @@ from hydra.utils import instantiate
 
 from rlchain.core.collector import SyncCollector
 from rlchain.core.envs.base import TorchVecEnv
+from rlchain.core.evaluation import Evaluation, evaluate
 from rlchain.core.population import Population
 from rlchain.core.stepping import rejected_action
 from rlchain.run.starting import compile_steps
@@ -92,6 +93,15 @@ class PopulationRun:
         )
         self._sync_in()
         self._compile()
+        #: The members' evaluation env, every member's evaluation envs as one task split into members (their
+        #: evaluations during training run at once: :meth:`_evaluate`); None without evaluation, or with videos
+        #: (each member then evaluates alone, as its solo run does).
+        self.eval_env: TorchVecEnv | None = None
+        evaluator = first.evaluator
+        if evaluator.env is not None and not evaluator.video_episodes:
+            count = self.members * evaluator.env.num_envs
+            self.eval_env = instantiate(first.config["env"], num_envs=count, _convert_="all")
+            self.eval_env.split_into_members([t.evaluator.seed for t in self.trainers])
 
     def _compile(self) -> None:
         """Under ``trainer.compile``, compile the population's two steps, its collection step and its minibatch
@@ -190,13 +200,52 @@ class PopulationRun:
             self.engine.stop(p, error)
 
     def _iterate(
-        self, p: int, session: Session, members: Sequence[Any], stats: Sequence[dict], collect_s: float, update_s: float
+        self,
+        p: int,
+        session: Session,
+        members: Sequence[Any],
+        stats: Sequence[dict],
+        evaluations: Sequence[tuple[Evaluation | Exception, float] | None],
+        collect_s: float,
+        update_s: float,
     ) -> None:
         """Member ``p``'s state into its trainer's parts, then its session's iteration on its rollout
-        (``members[p]``, :meth:`~rlchain.core.collector.SyncCollector.member_rollouts`) and update (``stats[p]``)."""
+        (``members[p]``, :meth:`~rlchain.core.collector.SyncCollector.member_rollouts`), update (``stats[p]``)
+        and evaluation, where one is due (``evaluations[p]``, :meth:`_evaluate`)."""
         self._sync_out(p)
         data = members[p]
-        session.iteration(Step(data.episodes, data.term_means, stats[p], data.data.numel(), collect_s, update_s))
+        session.iteration(
+            Step(data.episodes, data.term_means, stats[p], data.data.numel(), collect_s, update_s, evaluations[p])
+        )
+
+    @torch.no_grad()
+    def _evaluate(self, sessions: Sequence[Session]) -> list[tuple[Evaluation | Exception, float] | None]:
+        """Every member's evaluation of this iteration, where its loop evaluates after it
+        (:meth:`~rlchain.run.trainer.Trainer.evaluation_due`), as one evaluation of the population's policy on
+        :attr:`eval_env` (each member's envs reset with its own evaluation seed): per member, its own
+        :class:`~rlchain.core.evaluation.Evaluation` (its episodes those its solo run's evaluation runs, to float
+        rounding) and the seconds of the whole, or the error its evaluation raises; None where none is due."""
+        due = [
+            s.running and p not in self.engine.faults and s.trainer.evaluation_due(s.trainer.state.iteration + 1)
+            for p, s in enumerate(sessions)
+        ]
+        if self.eval_env is None or not any(due):
+            return [None] * self.members
+        evaluator = self.trainers[0].evaluator
+        seeds = [t.evaluator.seed for t in self.trainers]
+        began = time.perf_counter()
+        try:
+            episodes = self.members * evaluator.num_episodes  # each member's num_eval_episodes
+            results: list[Evaluation | Exception] = evaluate(
+                self.eval_env, self.engine.policy, episodes, seed=seeds
+            ).split_into_members(self.members, seeds)
+        except Exception as err:  # noqa: BLE001 - the evaluation of every member due fails with it
+            results = [err] * self.members
+        invalid, message = self.eval_env.take_invalid_members()
+        for p in invalid:
+            results[p] = ValueError(message)
+        seconds = time.perf_counter() - began
+        return [(result, seconds) if d else None for result, d in zip(results, due)]
 
     # ---------------------------------------------------------------- loop
     def train(self) -> list[Session]:
@@ -218,6 +267,7 @@ class PopulationRun:
                     stats = self.engine.update(rollout.data)
                     t2 = clock()
                     members = self.collector.member_rollouts(rollout, self.members)
+                    evaluations = self._evaluate(sessions)
                     for p, session in enumerate(sessions):
                         if not session.running:
                             continue
@@ -226,7 +276,9 @@ class PopulationRun:
                             with as_member(p):
                                 session.fail(fault)
                             continue
-                        iterate = functools.partial(self._iterate, p, session, members, stats, t1 - t0, t2 - t1)
+                        iterate = functools.partial(
+                            self._iterate, p, session, members, stats, evaluations, t1 - t0, t2 - t1
+                        )
                         failure = _alone(p, session, iterate)
                         if failure is not None:
                             self.engine.stop(p, failure)
@@ -323,15 +375,18 @@ def member_logs(files: Sequence[str | os.PathLike | None]) -> Iterator[None]:
 
 def member_bytes(trainer: Trainer) -> int:
     """An estimate of the device memory one member of a population takes, bytes: its share of the rollout storage
-    (and of the update's staged copy of it), of the env's state, its weights, gradients and Adam's two moments
-    (and GRPO's reference weights), and the activations of a minibatch's forward and backward passes (every hidden
-    layer of both networks, kept for the backward, and their gradients)."""
+    (and of the update's staged copy of it), of the env's state and the evaluation env's, its weights, gradients
+    and Adam's two moments (and GRPO's reference weights), and the activations of a minibatch's forward and
+    backward passes (every hidden layer of both networks, kept for the backward, and their gradients)."""
 
     def tensor_bytes(tensors: Any) -> int:
         return sum(t.numel() * t.element_size() for t in tensors)
 
     storage = tensor_bytes(trainer.collector.buffer.data.values(True, True))
     env = tensor_bytes(trainer.env.get_state().values())
+    eval_env = trainer.evaluator.env
+    if isinstance(eval_env, TorchVecEnv):  # its share of the population's evaluation env (PopulationRun.eval_env)
+        env += tensor_bytes(eval_env.get_state().values())
     weights = tensor_bytes(trainer.policy.parameters())
     reference = getattr(trainer.algorithm, "ref_policy", None)  # GRPO's kl_coef > 0: its frozen copy, stacked
     reference_bytes = 0 if reference is None else tensor_bytes(reference.parameters())

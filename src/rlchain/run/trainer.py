@@ -57,6 +57,7 @@ from rlchain.console import Progress, error_line, notice
 from rlchain.core.algorithms.base import Algorithm, NonFiniteError
 from rlchain.core.collector import Episodes, EpisodeWindow, SyncCollector
 from rlchain.core.envs.base import VecEnv
+from rlchain.core.evaluation import Evaluation
 from rlchain.core.policies import Policy
 from rlchain.distributed import CollectiveError, World, world
 from rlchain.run.checkpoint import Checkpoints
@@ -428,7 +429,7 @@ class Trainer:
             row = self._training_row(
                 terms, step.losses, samples, collect_s=step.collect_s, update_s=step.update_s, elapsed_s=t2 - start
             )
-            decision = (signal, *self._log_and_evaluate(row, writer))
+            decision = (signal, *self._log_and_evaluate(row, writer, step.evaluation))
         world.at(state.iteration, "decision")
         signal, state.pruned, save, value = world.share(decision, "the broadcast of the iteration's decision")
         if save is not None:
@@ -441,13 +442,27 @@ class Trainer:
                 self.save()
         return row, signal
 
-    def _log_and_evaluate(self, row: dict[str, float], writer: MetricWriter) -> tuple[bool, str | None, float | None]:
-        """Rank 0's part of an iteration: evaluate (when due), log, report to the trial; return
-        ``(pruned, checkpoint to write: "best", "latest" or None, the objective's value)``."""
+    def evaluation_due(self, iteration: int) -> bool:
+        """Whether the loop evaluates after iteration ``iteration`` (1-based): every ``eval_freq`` and at the last,
+        with an evaluation env."""
+        cfg = self.cfg
+        return self.evaluator.env is not None and (iteration % cfg.eval_freq == 0 or iteration == cfg.iterations)
+
+    def _log_and_evaluate(
+        self, row: dict[str, float], writer: MetricWriter, made: tuple[Evaluation | Exception, float] | None = None
+    ) -> tuple[bool, str | None, float | None]:
+        """Rank 0's part of an iteration: evaluate (when due; ``made``: the evaluation a population made, see
+        :attr:`Step.evaluation`), log, report to the trial; return ``(pruned, checkpoint to write: "best",
+        "latest" or None, the objective's value)``."""
         cfg, iteration = self.cfg, self.state.iteration
-        evaluated = self.evaluator.env is not None and (iteration % cfg.eval_freq == 0 or iteration == cfg.iterations)
+        evaluated = self.evaluation_due(iteration)
         if evaluated:
-            row.update(self.evaluator.evaluate(self.policy, self.state.global_step, writer))
+            if made is None:
+                row.update(self.evaluator.evaluate(self.policy, self.state.global_step, writer))
+            elif isinstance(made[0], Exception):
+                raise made[0]
+            else:
+                row.update(self.evaluator.record(made[0], self.state.global_step, made[1], writer))
             self.objective.resolve(self.evaluator.last)
         writer.log(row, self.state.global_step)
         if not self._objective_checked:
@@ -568,6 +583,10 @@ class Step:
     samples: int
     collect_s: float
     update_s: float
+    evaluation: tuple[Evaluation | Exception, float] | None = None
+    """A population's member: this iteration's evaluation, where one is due, made by its population (every member
+    at once), and its seconds; an error in place of the evaluation is raised as the evaluation's own would be.
+    None: the loop evaluates here, where one is due."""
 
 
 class Session:
