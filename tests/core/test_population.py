@@ -3,6 +3,8 @@ rounding; what stops one member leaves the others going; settings that change sh
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,12 @@ from rlchain.core.policies import ActorCritic, ActorOnly
 from rlchain.core.population import Population
 from rlchain.settings import SettingError
 
-ENVS = {"push_cube": PushCubeEnv, "cart_pole": CartPoleEnv}
+ENVS = {
+    "push_cube": PushCubeEnv,
+    "cart_pole": CartPoleEnv,
+    # Observation groups: the actor's noisy features and the critic's exact ones (asymmetric actor-critic).
+    "push_cube_privileged": functools.partial(PushCubeEnv, privileged_critic=True, obs_noise_std=0.01),
+}
 N, T = 8, 16
 SEEDS = [3, 1, 4, 15]
 RATES = [1e-3, 3e-4, 2e-3, 5e-4]
@@ -73,6 +80,8 @@ OWN = {
         ("cart_pole", "grpo", None),
         ("push_cube", "ppo", "reward_norm"),
         ("push_cube", "grpo", "reference_kl"),
+        ("push_cube_privileged", "ppo", None),
+        ("push_cube_privileged", "grpo", "reference_kl"),
     ],
 )
 def test_member_p_is_solo_run_p_rollout_for_rollout_and_update_for_update(env_name, algo, own):
@@ -91,10 +100,13 @@ def test_member_p_is_solo_run_p_rollout_for_rollout_and_update_for_update(env_na
             # The episodes' starts are the same draws, bit for bit; after, a batched matrix product rounds as it
             # will (a member's mean action may differ from its solo run's in the last bit), and the second rollout
             # acts with weights that went through both ways of updating.
-            assert torch.equal(rollout["obs"][0, block], data["obs"][0]), p
+            assert (rollout["obs"][0, block] == data["obs"][0]).all(), p  # a tensor's, or every group's
             tol = 1e-5 if rollout is rollouts[0] else 1e-3
             for key in ("obs", "action", "reward", "sample_log_prob"):
-                torch.testing.assert_close(rollout[key][:, block], data[key], rtol=tol, atol=tol / 10)
+                mine, solo_values = rollout[key][:, block], data[key]
+                for group in [None] if isinstance(mine, torch.Tensor) else list(mine.keys()):
+                    a, b = (mine, solo_values) if group is None else (mine[group], solo_values[group])
+                    torch.testing.assert_close(a, b, rtol=tol, atol=tol / 10, msg=f"{key} {group}")
             assert torch.equal(rollout["done"][:, block], data["done"]), p
             want = algorithm.update(data)
             assert set(stats) == set(want)
@@ -152,6 +164,13 @@ def test_settings_that_change_shapes_are_refused_naming_the_key():
     algorithms = [member("push_cube", "ppo", s, batch_size=b)[2] for s, b in zip(SEEDS[:2], (32, 64))]
     with pytest.raises(SettingError, match=r"^algorithm\.batch_size=\[32, 64\] differs between the members"):
         Population(algorithms, SEEDS[:2], N)
+    pixels = [
+        ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16])
+        for env in [PushCubeEnv(num_envs=2, obs_mode="pixels_state", image_size=36)] * 2
+    ]
+    engines = [PPO(p, batch_size=32) for p in pixels]
+    with pytest.raises(SettingError, match=r"^policy='ActorCritic' cannot join a population with image observations"):
+        Population(engines, SEEDS[:2], 2)
     algorithms = [member("push_cube", "grpo", s, advantage_norm="rollout_std")[2] for s in SEEDS[:2]]
     with pytest.raises(SettingError, match=r"^algorithm\.advantage_norm='rollout_std' is not taken by a population"):
         Population(algorithms, SEEDS[:2], N)

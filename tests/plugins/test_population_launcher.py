@@ -129,8 +129,12 @@ def test_jobs_of_other_shapes_form_other_populations_and_a_refused_job_fails_alo
 
 
 @pytest.mark.slow
-def test_sigterm_stops_every_member_with_its_checkpoint_and_the_resumed_population_goes_on_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("groups", [False, True], ids=["flat", "observation_groups"])
+def test_sigterm_stops_every_member_with_its_checkpoint_and_the_resumed_population_goes_on_bit_for_bit(
+    tmp_path, groups
+):
     signal_env = [
+        f"env.privileged_critic={str(groups).lower()}",  # the actor's and the critic's groups: resumed as groups
         "env._target_=tests.helpers.signal_env.SignallingPushCube",
         "+env.signal_at_step=12",  # in iteration 2 (8 steps each)
         "+env.signal_to=parent",  # the launcher, which forwards it to the population's worker

@@ -63,6 +63,29 @@ __all__ = ["SHAPE_SETTINGS", "Population", "PopulationPolicy", "Scalars"]
 SHAPE_SETTINGS = ("batch_size", "n_epochs", "group_size", "seq_len", "lr_schedule")
 
 
+def _first(obs: Any) -> torch.Tensor:
+    """An observation's tensor, or its first group's."""
+    return obs if isinstance(obs, torch.Tensor) else obs[next(iter(obs.keys()))]
+
+
+def _batch(obs: Any) -> int:
+    """An observation's batch size (dim 0), a tensor's or its groups'."""
+    return _first(obs).shape[0]
+
+
+def _nest(flat: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """A minibatch's flat keys (an observation's groups as ``obs.<group>``, :meth:`Population._member_rollout`)
+    as the nested mapping an algorithm's loss reads (``obs`` a mapping of its groups)."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        head, _, group = key.partition(".")
+        if group:
+            out.setdefault(head, {})[group] = value
+        else:
+            out[key] = value
+    return out
+
+
 class _Run(nn.Module):
     """Runs a function while ``policy``'s parameters and buffers are those handed to
     :func:`torch.func.functional_call` (one member's, under :func:`torch.vmap`)."""
@@ -160,17 +183,14 @@ class PopulationPolicy(nn.Module):
                 first.cfg.rnn_type,
                 " is not taken by a population yet: expected None (a feed-forward policy)",
             )
-        if (
-            not hasattr(first, "seed_actions")
-            or getattr(first, "image_groups", None)
-            or getattr(first, "grouped", False)
-        ):
-            kind = "observation groups or images" if hasattr(first, "seed_actions") else type(first).__name__
+        if not hasattr(first, "seed_actions") or getattr(first, "image_groups", None):
+            kind = "image observations" if hasattr(first, "seed_actions") else type(first).__name__
             raise SettingError(
                 "policy",
                 type(first).__name__,
                 f" cannot join a population with {kind}: its members are batched through ActorCritic's tensor core "
-                "on one flat observation; expected policy=actor_critic or actor_only on a flat observation",
+                "on vector observations; expected policy=actor_critic or actor_only on vector observations (one "
+                "flat observation, or vector groups)",
             )
         for other in members[1:]:
             if type(other) is not type(first) or other.cfg != first.cfg:
@@ -222,6 +242,12 @@ class PopulationPolicy(nn.Module):
         k = x.shape[0] // (self.members * n)
         return x.view(k, self.members, n, *x.shape[1:]).transpose(0, 1).reshape(self.members, -1, *x.shape[1:])
 
+    def _split_obs(self, obs: Any, envs: int | None = None) -> Any:
+        """:meth:`_split` of an observation: a tensor, or each group of a mapping (a dict of the groups)."""
+        if isinstance(obs, torch.Tensor):
+            return self._split(obs, envs)
+        return {group: self._split(obs[group], envs) for group in obs.keys()}
+
     def _merge(self, y: torch.Tensor, envs: int | None = None) -> torch.Tensor:
         """The inverse of :meth:`_split`: ``[P, k * N, ...]`` -> ``[k * P * N, ...]``."""
         n = envs or self.envs
@@ -234,18 +260,18 @@ class PopulationPolicy(nn.Module):
         """Every member's :meth:`~rlchain.core.policies.ActorCritic.act` on its envs' ``obs`` (one step, ``[P * N,
         obs_dim]``, ``N`` the training's envs per member or an evaluation's): ``(action, log_prob, value, None)``,
         ``[P * N, ...]``, the noise from each member's stream."""
-        noise = None if deterministic else self.template_noise(obs.shape[0])
+        noise = None if deterministic else self.template_noise(_batch(obs))
         template = self.template
 
         def act(o: torch.Tensor, z: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
             action, log_prob, value, _ = template._core_act(o, None, deterministic, z)
             return action, log_prob, value
 
-        n = obs.shape[0] // self.members  # one step's envs per member (the training's, or an evaluation's)
+        n = _batch(obs) // self.members  # one step's envs per member (the training's, or an evaluation's)
         if noise is None:
-            out = self.vmap(lambda o: act(o, None), self._split(obs, n))
+            out = self.vmap(lambda o: act(o, None), self._split_obs(obs, n))
         else:
-            out = self.vmap(act, self._split(obs, n), self._split(noise, n))
+            out = self.vmap(act, self._split_obs(obs, n), self._split(noise, n))
         action, log_prob, value = (self._merge(x, n) for x in out)
         return action, log_prob, value, None
 
@@ -258,22 +284,26 @@ class PopulationPolicy(nn.Module):
     def value(self, obs: torch.Tensor, state: Any = None) -> torch.Tensor:
         """Every member's critic value of its envs' ``obs`` ``[P * N, ...]``: float32 ``[P * N]``."""
         template = self.template
-        return self._merge(self.vmap(lambda o: template._core_value(o, None), self._split(obs)))
+        return self._merge(self.vmap(lambda o: template._core_value(o, None), self._split_obs(obs)))
 
     def initial_state(self, batch: int, device: Any = None) -> None:
         """None: a population's policies are feed-forward."""
         return None
 
     @torch.no_grad()
-    def update_obs_normalizer(self, obs: torch.Tensor) -> None:
-        """Fold each member's observations of a ``[T, P * N, ...]`` rollout into its own normaliser."""
-        t = obs.shape[0]
-        member_obs = obs.view(t, self.members, -1, *obs.shape[2:]).transpose(0, 1)
+    def update_obs_normalizer(self, obs: Any) -> None:
+        """Fold each member's observations of a ``[T, P * N, ...]`` rollout (a tensor, or groups) into its own
+        normaliser."""
+
+        def members(x: torch.Tensor) -> torch.Tensor:
+            return x.view(x.shape[0], self.members, -1, *x.shape[2:]).transpose(0, 1)
+
+        member_obs = members(obs) if isinstance(obs, torch.Tensor) else {g: members(obs[g]) for g in obs.keys()}
         template = self.template
 
-        def update(o: torch.Tensor) -> torch.Tensor:
+        def update(o: Any) -> torch.Tensor:
             template.update_obs_normalizer(o)  # in place, into each member's slice of the stacked buffers
-            return o.new_zeros(())
+            return _first(o).new_zeros(())
 
         self.vmap(update, member_obs)
 
@@ -442,12 +472,20 @@ class Population:
 
     # ---------------------------------------------------------------- samples
     def _member_rollout(self, rollout: TensorDict, keys: Sequence[str]) -> dict[str, torch.Tensor]:
-        """``keys`` of the ``[T, P * N]`` rollout as ``[P, T, N, ...]`` tensors (member-major)."""
+        """``keys`` of the ``[T, P * N]`` rollout as ``[P, T, N, ...]`` tensors (member-major); an observation's
+        groups each under ``obs.<group>`` (:func:`_nest` puts them back)."""
         t = rollout.batch_size[0]
+
+        def members(x: torch.Tensor) -> torch.Tensor:
+            return x.view(t, self.members, self.envs_per_member, *x.shape[2:]).transpose(0, 1)
+
         out = {}
         for key in keys:
             x = rollout[key]
-            out[key] = x.view(t, self.members, self.envs_per_member, *x.shape[2:]).transpose(0, 1)
+            if isinstance(x, torch.Tensor):
+                out[key] = members(x)
+            else:
+                out.update({f"{key}.{group}": members(x[group]) for group in x.keys()})
         return out
 
     def _ppo_samples(self, rollout: TensorDict) -> dict[str, torch.Tensor]:
@@ -512,12 +550,12 @@ class Population:
         flat = {k: v.reshape(self.members, t * n, *v.shape[3:]) for k, v in parts.items()}
         template, size = self.reference.template, self.scalars.base.batch_size
 
-        def log_prob(obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-            td = TensorDict({"obs": obs, "action": action}, batch_size=[obs.shape[0]])
+        def log_prob(b: dict[str, torch.Tensor]) -> torch.Tensor:
+            td = TensorDict(_nest(b), batch_size=[b["action"].shape[0]])
             return template.evaluate_actions(td)["sample_log_prob"]
 
         chunks = [
-            self.reference.vmap(log_prob, flat["obs"][:, i : i + size], flat["action"][:, i : i + size])
+            self.reference.vmap(log_prob, {k: v[:, i : i + size] for k, v in flat.items()})
             for i in range(0, t * n, size)
         ]
         return torch.cat(chunks, 1).view(self.members, t, n)
@@ -577,7 +615,7 @@ class Population:
             view = copy.copy(template)
             view.cfg = scalars.view(values)
             size = next(iter(b.values())).shape[0]
-            return view._minibatch_loss(TensorDict(b, batch_size=[size]))
+            return view._minibatch_loss(TensorDict(_nest(b), batch_size=[size]))
 
         terms = self.policy.vmap(loss, batch, varying)
         if self._no_reference is not None:  # kl_coef 0: no reference, its term 0 as its solo run reports it
@@ -731,14 +769,14 @@ class Population:
             from tensordict import TensorDict
 
             size = b["action"].shape[0]
-            new = template.evaluate_actions(TensorDict(b, batch_size=[size]))["sample_log_prob"]
+            new = template.evaluate_actions(TensorDict(_nest(b), batch_size=[size]))["sample_log_prob"]
             log_ratio = new - b["sample_log_prob"]
             per = torch.expm1(log_ratio) - log_ratio
             if w is None:
                 return per.mean()
             return torch.where(w.sum() > 0, (per * w).sum() / w.sum().clamp_min(1e-30), 0.0)
 
-        b = {k: samples[k] for k in ("obs", "action", "sample_log_prob")}
+        b = {k: v for k, v in samples.items() if k.partition(".")[0] in ("obs", "action", "sample_log_prob")}
         return self.policy.vmap(kl, b, weight, in_dims=(0, None if weight is None else 0))
 
     # ------------------------------------------------------------------ faults

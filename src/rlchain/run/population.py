@@ -145,7 +145,7 @@ class PopulationRun:
         if not all(fresh):
             self.collector.load_state_dict(
                 {
-                    "obs": torch.cat([s["obs"] for s in states]),
+                    "obs": _cat_obs([s["obs"] for s in states]),
                     "episode_return": torch.cat([s["episode_return"] for s in states]),
                     "episode_length": torch.cat([s["episode_length"] for s in states]),
                 }
@@ -181,7 +181,7 @@ class PopulationRun:
         if state["obs"] is not None:
             trainer.collector.load_state_dict(
                 {
-                    "obs": state["obs"][block],
+                    "obs": _slice_obs(state["obs"], block),
                     "episode_return": state["episode_return"][block],
                     "episode_length": state["episode_length"][block],
                 }
@@ -301,6 +301,20 @@ class PopulationRun:
                 with as_member(p):
                     session.close()
         return sessions
+
+
+def _cat_obs(states: Sequence[Any]) -> Any:
+    """The members' saved observations (each a tensor, or a dict of groups: ``observations.to_state``) as one."""
+    if isinstance(states[0], torch.Tensor):
+        return torch.cat(list(states))
+    return {group: torch.cat([s[group] for s in states]) for group in states[0]}
+
+
+def _slice_obs(state: Any, block: slice) -> Any:
+    """A member's envs' ``block`` of a saved observation (a tensor, or a dict of groups)."""
+    if isinstance(state, torch.Tensor):
+        return state[block]
+    return {group: value[block] for group, value in state.items()}
 
 
 def _alone(p: int, session: Session, work: Callable[[], Any]) -> Exception | None:
