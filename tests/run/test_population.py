@@ -19,12 +19,12 @@ from rlchain.settings import SettingError
 from tests.helpers.runs import rows
 
 
-def trainer(tmp_path, seed: int, **settings) -> Trainer:
+def trainer(tmp_path, seed: int, ppo: dict | None = None, **settings) -> Trainer:
     torch.manual_seed(seed)
     env_cfg = {"_target_": "rlchain.core.envs.PushCubeEnv", "num_envs": 8, "seed": seed, "max_episode_steps": 8}
     env = PushCubeEnv(**{k: v for k, v in env_cfg.items() if k != "_target_"})
     policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16])
-    algorithm = PPO(policy, batch_size=32, n_epochs=1)
+    algorithm = PPO(policy, batch_size=32, n_epochs=1, **(ppo or {}))
     policy.seed_actions(seed)
     built = Trainer(
         env,
@@ -33,10 +33,9 @@ def trainer(tmp_path, seed: int, **settings) -> Trainer:
         run_config={"env": env_cfg},
         output_dir=str(tmp_path / str(seed)),
         seed=seed,
-        iterations=2,
         rollout_steps=8,
         progress=False,
-        **settings,
+        **{"iterations": 2, **settings},
     )
     built.start()
     return built
@@ -109,3 +108,27 @@ def test_a_population_evaluates_its_members_at_once_each_as_its_own_evaluator_wo
         assert last["eval/episodes"] == own["eval/episodes"] == 8
         for key in ("eval/avg_reward", "eval/avg_length", "eval/success_rate"):
             assert last[key] == pytest.approx(own[key], rel=1e-5, abs=1e-6), key
+
+
+def test_members_that_resume_and_members_that_start_afresh_train_in_one_population_as_they_would_apart(tmp_path):
+    """A sweep resumed with other slots can put a resumed member (seed 1, stopped after 2 of its 3 iterations)
+    beside one that starts afresh (seed 2): each ends as it would have without the other, bit for bit on the CPU,
+    its linear schedule at its own update count."""
+    linear = {"lr_schedule": "linear", "total_iterations": 3}
+    first = PopulationRun([trainer(tmp_path / "mixed", s, linear) for s in (1, 3)])  # 2 iterations: seed 1 stops
+    first.train()
+    mixed = [
+        trainer(tmp_path / "mixed", 1, linear, iterations=3, resume_from="auto"),
+        trainer(tmp_path / "mixed", 2, linear, iterations=3),
+    ]
+    assert mixed[0].state.iteration == 2 and mixed[1].state.iteration == 0
+    sessions = PopulationRun(mixed).train()
+    assert [s.summary.status for s in sessions] == ["completed"] * 2
+    straight = [trainer(tmp_path / "straight", s, linear, iterations=3) for s in (1, 2)]
+    PopulationRun(straight).train()
+    for mine, theirs in zip(mixed, straight):
+        assert mine.state.global_step == theirs.state.global_step == 3 * 8 * 8
+        for a, b in zip(mine.policy.state_dict().values(), theirs.policy.state_dict().values()):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        logged, want = rows(mine.output_dir), rows(theirs.output_dir)
+        assert [r["losses/policy_loss"] for r in logged] == [r["losses/policy_loss"] for r in want]

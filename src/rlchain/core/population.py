@@ -391,7 +391,9 @@ class Population:
         self.lr = self.scalars.tensor("learning_rate", self.members, device).clone()
         self.stopped = torch.zeros(self.members, dtype=torch.bool, device=device)
         self.faults: dict[int, Exception | str] = {}
-        self.iteration = 0
+        self.updates = torch.zeros(self.members, dtype=torch.float32, device=device)
+        """Each member's update count (its linear schedule's position; in its :class:`NonFiniteError`): its own, as
+        members may join having run different numbers of updates (resumed and fresh members)."""
         # The update's fixed buffers (what a compiled or captured step reads and writes in place): the staged
         # samples and minibatch order (made at the first update), the position in the epoch, the members still
         # stepping, their fault records, the sums of their terms and the last minibatch's KL.
@@ -437,7 +439,8 @@ class Population:
         return self.step
 
     def _updated_tensors(self) -> list[torch.Tensor]:
-        """The tensors an update writes: weights, observation statistics, Adam's moments and steps, rates, stops."""
+        """The tensors an update writes: weights, observation statistics, Adam's moments and steps, rates, stops,
+        update counts."""
         return [
             *self._params,
             *self.policy.buffers_.values(),
@@ -446,23 +449,24 @@ class Population:
             self._adam_steps,
             self.lr,
             self.stopped,
+            self.updates,
         ]
 
     def _snapshot(self) -> tuple[Any, ...]:
-        """What an update changes: :meth:`_updated_tensors`, the stops' reasons, the update count, the members'
-        minibatch generators and reward scalers."""
+        """What an update changes: :meth:`_updated_tensors`, the stops' reasons, the members' minibatch generators
+        and reward scalers."""
         scalers = [None if s is None else (s.state_dict(), s.rank_state_dict()) for s in self.reward_scalers]
         generators = [a.updater.generator.get_state() for a in self.algorithms]
         tensors = [t.detach().clone() for t in self._updated_tensors()]
-        return tensors, dict(self.faults), self.iteration, generators, copy.deepcopy(scalers)
+        return tensors, dict(self.faults), generators, copy.deepcopy(scalers)
 
     @torch.no_grad()
     def _restore(self, saved: tuple[Any, ...]) -> None:
         """Put :meth:`_snapshot`'s state back, into the same tensors."""
-        values, faults, iteration, generators, scalers = saved
+        values, faults, generators, scalers = saved
         for tensor, value in zip(self._updated_tensors(), values):
             tensor.copy_(value)
-        self.faults, self.iteration = faults, iteration
+        self.faults = faults
         for algorithm, state in zip(self.algorithms, generators):
             algorithm.updater.generator.set_state(state)
         for scaler, state in zip(self.reward_scalers, scalers):
@@ -649,7 +653,7 @@ class Population:
                 self._running &= ~(self._last_kl > target_kl)
         if cfg.lr_schedule == "adaptive":
             self._adapt_lr(self._update_kl(samples), active)
-        self.iteration += 1
+        self.updates.add_(1)
         return self._finish(self._totals, self._counts, self._epochs_run, self._fault, self._fault_value)
 
     def _stage(self, samples: dict[str, torch.Tensor]) -> None:
@@ -750,7 +754,7 @@ class Population:
         base = self.scalars.tensor("learning_rate", self.members, self.device)
         if cfg.lr_schedule == "linear":
             total = self.scalars.tensor("total_iterations", self.members, self.device)
-            base = base * (1.0 - self.iteration / total).clamp_min(0.0)
+            base = base * (1.0 - self.updates / total).clamp_min(0.0)
         self.lr.copy_(base)
 
     def _adapt_lr(self, kl: torch.Tensor, mask: torch.Tensor) -> None:
@@ -793,12 +797,14 @@ class Population:
                 fault[:, None].double(),
                 fault_value[:, None].double(),
                 finite[:, None].double(),
+                self.updates[:, None].double(),
             ],
             1,
         ).tolist()
         out = []
         for p, row in enumerate(host):
-            *values, epochs, code, value, params_finite = row
+            *values, epochs, code, value, params_finite, updates = row
+            update = int(updates)
             stats = dict(zip((*names, "grad_norm"), values))
             if self.kind == "ppo":
                 stats["epochs"] = epochs
@@ -807,12 +813,12 @@ class Population:
                 continue
             error = None
             if code:
-                error = NonFiniteError("loss" if code == 1 else "grad_norm", value, self.iteration)
+                error = NonFiniteError("loss" if code == 1 else "grad_norm", value, update)
             elif not all(math.isfinite(v) for v in values):
                 name = next(n for n, v in stats.items() if not math.isfinite(v))
-                error = NonFiniteError(name, stats[name], self.iteration)
+                error = NonFiniteError(name, stats[name], update)
             elif not params_finite:
-                error = NonFiniteError("parameter", math.nan, self.iteration)
+                error = NonFiniteError("parameter", math.nan, update)
             if error is not None:
                 self.stop(p, error)
             out.append(stats)

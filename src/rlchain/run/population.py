@@ -65,8 +65,8 @@ class PopulationRun:
     Raises:
         SettingError: members that cannot train as one population, naming the setting: see
             :class:`~rlchain.core.population.Population` and :class:`~rlchain.core.population.PopulationPolicy`;
-            an env that is not a torch-native task; members of which some start afresh and some resume their
-            episodes; a population that does not fit in ``free_bytes`` (:func:`check_memory`);
+            an env that is not a torch-native task; a population that does not fit in ``free_bytes``
+            (:func:`check_memory`);
             ``trainer.cudagraphs`` where capture cannot apply (as for a solo run), all before any step.
         CompileFailure: ``trainer.compile=true`` where compiling the population's steps failed: one line, the
             traceback in the first member's ``compile_error.txt``.
@@ -125,24 +125,29 @@ class PopulationRun:
     def _sync_in(self) -> None:
         """Take each member's state as its trainer started it (afresh, or resumed): its envs and episodes in
         progress, its Adam state, rate and update count (its weights and action stream the engine took when built).
-
-        Raises:
-            SettingError: some members resume their episodes and others start afresh.
-        """
+        Where some members resume and others start afresh, the fresh members' envs take their first reset here, as
+        their first rollout would (the whole task resets, then the resumed members' envs take back their own
+        state), so that every member starts where its solo run would."""
         engine = self.engine
         env_states = [t.env.state_dict() for t in self.trainers]
         self.env.set_state({name: torch.cat([s[name] for s in env_states]) for name in self.env.get_state()})
         self.env._rng.state.copy_(torch.stack([s["rng"] for s in env_states]))
         states = [t.collector.state_dict() for t in self.trainers]
-        fresh = [s["obs"] is None for s in states]
-        if any(fresh) and not all(fresh):
-            raise SettingError(
-                "trainer.resume_from",
-                [str(t.output_dir) for t, f in zip(self.trainers, fresh) if not f],
-                " resume their episodes while other members start afresh: a population's members start alike; "
-                "resume every member, or none",
-            )
-        if not all(fresh):
+        resumed = [p for p, s in enumerate(states) if s["obs"] is not None]
+        if resumed and len(resumed) < self.members:
+            self.collector._start_rollout()  # the fresh members' first reset (and spread episode starts)
+            task = self.env.get_state()
+            for p in resumed:
+                block = self._block(p)
+                for name, value in task.items():
+                    value[block].copy_(env_states[p][name])
+                self.env._rng.state[p].copy_(env_states[p]["rng"])
+            now = self.collector.state_dict()  # the fresh members' episodes, after their reset
+            states = [
+                states[p] if p in resumed else {key: _slice_obs(value, self._block(p)) for key, value in now.items()}
+                for p in range(self.members)
+            ]
+        if resumed:
             self.collector.load_state_dict(
                 {
                     "obs": _cat_obs([s["obs"] for s in states]),
@@ -158,7 +163,7 @@ class PopulationRun:
                 engine._exp_avg_sq[j][p].copy_(exp_avg_sq[j])
             engine._adam_steps[p] = steps[0]
             engine.lr[p] = updater.lr
-        engine.iteration = self.trainers[0].algorithm.updater.iteration
+            engine.updates[p] = updater.iteration
 
     @torch.no_grad()
     def _sync_out(self, p: int) -> None:
@@ -172,7 +177,7 @@ class PopulationRun:
             exp_avg_sq[j].copy_(engine._exp_avg_sq[j][p])
             steps[j].copy_(engine._adam_steps[p])
         updater.lr.copy_(engine.lr[p])
-        updater.iteration = engine.iteration
+        updater.iteration = int(engine.updates[p])
         block = self._block(p)
         trainer.env.set_state({name: value[block] for name, value in self.env.get_state().items()})
         trainer.env._rng.state.copy_(self.env._rng.state[p])
