@@ -190,6 +190,8 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cuda", help="--members: the device (default cuda)")
     args = parser.parse_args()
+    if (args.compiled or args.captured) and not args.members:
+        parser.error("--compiled and --captured go with --members")
     if args.members:
         main_members(args)
         return

@@ -9,9 +9,9 @@ import functools
 import pytest
 import torch
 
-from rlchain.core.algorithms import PPO
+from rlchain.core.algorithms import GRPO, PPO
 from rlchain.core.envs import PushCubeEnv
-from rlchain.core.policies import ActorCritic
+from rlchain.core.policies import ActorCritic, ActorOnly
 from rlchain.run.population import PopulationRun, member_bytes
 from rlchain.run.summary import RunSummary
 from rlchain.run.trainer import Trainer
@@ -19,12 +19,18 @@ from rlchain.settings import SettingError
 from tests.helpers.runs import rows
 
 
-def trainer(tmp_path, seed: int, ppo: dict | None = None, **settings) -> Trainer:
+def trainer(tmp_path, seed: int, ppo: dict | None = None, grpo: dict | None = None, **settings) -> Trainer:
+    """A started trainer of push_cube (8 envs, 8-step episodes) and PPO with ``ppo``'s settings, or GRPO with
+    ``grpo``'s (groups of 4), as rlchain-train builds one."""
     torch.manual_seed(seed)
     env_cfg = {"_target_": "rlchain.core.envs.PushCubeEnv", "num_envs": 8, "seed": seed, "max_episode_steps": 8}
     env = PushCubeEnv(**{k: v for k, v in env_cfg.items() if k != "_target_"})
-    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16])
-    algorithm = PPO(policy, batch_size=32, n_epochs=1, **(ppo or {}))
+    if grpo is None:
+        policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16])
+        algorithm = PPO(policy, batch_size=32, n_epochs=1, **(ppo or {}))
+    else:
+        policy = ActorOnly(env.single_observation_space, env.single_action_space, hidden_sizes=[16])
+        algorithm = GRPO(policy, batch_size=32, n_epochs=1, group_size=4, **grpo)
     policy.seed_actions(seed)
     built = Trainer(
         env,
@@ -110,21 +116,24 @@ def test_a_population_evaluates_its_members_at_once_each_as_its_own_evaluator_wo
             assert last[key] == pytest.approx(own[key], rel=1e-5, abs=1e-6), key
 
 
-def test_members_that_resume_and_members_that_start_afresh_train_in_one_population_as_they_would_apart(tmp_path):
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_members_that_resume_and_members_that_start_afresh_train_in_one_population_as_they_would_apart(tmp_path, algo):
     """A sweep resumed with other slots can put a resumed member (seed 1, stopped after 2 of its 3 iterations)
     beside one that starts afresh (seed 2): each ends as it would have without the other, bit for bit on the CPU,
-    its linear schedule at its own update count."""
+    its linear schedule at its own update count (PPO: episodes that carry across rollouts; GRPO: every rollout
+    starts with a reset)."""
     linear = {"lr_schedule": "linear", "total_iterations": 3}
-    first = PopulationRun([trainer(tmp_path / "mixed", s, linear) for s in (1, 3)])  # 2 iterations: seed 1 stops
+    settings = {"ppo": linear} if algo == "ppo" else {"grpo": linear}
+    first = PopulationRun([trainer(tmp_path / "mixed", s, **settings) for s in (1, 3)])  # 2 iterations
     first.train()
     mixed = [
-        trainer(tmp_path / "mixed", 1, linear, iterations=3, resume_from="auto"),
-        trainer(tmp_path / "mixed", 2, linear, iterations=3),
+        trainer(tmp_path / "mixed", 1, iterations=3, resume_from="auto", **settings),
+        trainer(tmp_path / "mixed", 2, iterations=3, **settings),
     ]
     assert mixed[0].state.iteration == 2 and mixed[1].state.iteration == 0
     sessions = PopulationRun(mixed).train()
     assert [s.summary.status for s in sessions] == ["completed"] * 2
-    straight = [trainer(tmp_path / "straight", s, linear, iterations=3) for s in (1, 2)]
+    straight = [trainer(tmp_path / "straight", s, iterations=3, **settings) for s in (1, 2)]
     PopulationRun(straight).train()
     for mine, theirs in zip(mixed, straight):
         assert mine.state.global_step == theirs.state.global_step == 3 * 8 * 8

@@ -233,6 +233,8 @@ class SyncCollector:
         self.env.load_state_dict(env_state)
         self.load_state_dict(state)
         self.env.check_actions()  # clears a deferred check that the warm-up's action may have set
+        if getattr(self.env, "is_split", False):  # a task split into members: each member's flag (not raised)
+            self.env.take_invalid_members()
 
     def _start_rollout(self) -> None:
         """Reset where the rollout must (the first one; every one with ``reset_options``) and zero the sums."""

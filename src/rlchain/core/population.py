@@ -328,8 +328,8 @@ class Population:
         policy: the :class:`PopulationPolicy` the collector acts with.
         scalars: the members' settings (:class:`Scalars`).
         lr: float32 ``[P]``, each member's learning rate in use.
-        stopped: bool ``[P]``: members stopped for good (a non-finite loss or gradient norm, a pruned trial); their
-            steps move nothing.
+        stopped: bool ``[P]``: members stopped for good (a non-finite loss or gradient norm, a pruned trial, a
+            run that ended or failed, actions its envs rejected); their steps move nothing.
         faults: per stopped member, its :class:`~rlchain.core.algorithms.update.NonFiniteError` (or why, a string).
 
     Raises:
@@ -825,8 +825,9 @@ class Population:
         return out
 
     def stop(self, member: int, why: Exception | str) -> None:
-        """Stop ``member`` for good (masked: its steps move nothing from now on; no recompile): a non-finite
-        update, or a pruned trial."""
+        """Stop ``member`` for good (masked: its steps move nothing from now on; no recompile), for ``why``: a
+        non-finite update, actions its envs rejected, a failed iteration (the error), a pruned trial or a run that
+        ended (a string)."""
         self.stopped[member] = True
         self.faults[member] = why
 

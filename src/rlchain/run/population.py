@@ -19,6 +19,7 @@ Ctrl-C or SIGTERM stops every member after the iteration, each saving its ``late
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import logging
@@ -127,21 +128,25 @@ class PopulationRun:
         progress, its Adam state, rate and update count (its weights and action stream the engine took when built).
         Where some members resume and others start afresh, the fresh members' envs take their first reset here, as
         their first rollout would (the whole task resets, then the resumed members' envs take back their own
-        state), so that every member starts where its solo run would."""
+        state), so that every member starts where its solo run would; where every rollout starts with a reset
+        (GRPO), the first rollout resets them all, and nothing but the envs' streams is taken."""
         engine = self.engine
         env_states = [t.env.state_dict() for t in self.trainers]
         self.env.set_state({name: torch.cat([s[name] for s in env_states]) for name in self.env.get_state()})
         self.env._rng.state.copy_(torch.stack([s["rng"] for s in env_states]))
         states = [t.collector.state_dict() for t in self.trainers]
         resumed = [p for p, s in enumerate(states) if s["obs"] is not None]
+        if resumed and len(resumed) < self.members and self.collector.reset_options is not None:
+            resumed = []  # every rollout starts with a reset of every env (GRPO): no episode carries, none to load
         if resumed and len(resumed) < self.members:
             self.collector._start_rollout()  # the fresh members' first reset (and spread episode starts)
-            task = self.env.get_state()
+            task = {name: value.clone() for name, value in self.env.get_state().items()}
             for p in resumed:
                 block = self._block(p)
                 for name, value in task.items():
-                    value[block].copy_(env_states[p][name])
+                    value[block] = env_states[p][name]
                 self.env._rng.state[p].copy_(env_states[p]["rng"])
+            self.env.set_state(task)
             now = self.collector.state_dict()  # the fresh members' episodes, after their reset
             states = [
                 states[p] if p in resumed else {key: _slice_obs(value, self._block(p)) for key, value in now.items()}
@@ -245,7 +250,7 @@ class PopulationRun:
                 self.eval_env, self.engine.policy, episodes, seed=seeds
             ).split_into_members(self.members, seeds)
         except Exception as err:  # noqa: BLE001 - the evaluation of every member due fails with it
-            results = [err] * self.members
+            results = [_own_copy(err) for _ in range(self.members)]
         invalid, message = self.eval_env.take_invalid_members()
         for p in invalid:
             results[p] = ValueError(message)
@@ -306,6 +311,13 @@ class PopulationRun:
                 with as_member(p):
                     session.close()
         return sessions
+
+
+def _own_copy(err: Exception) -> Exception:
+    """A copy of ``err`` for one member (its own traceback and summary), caused by ``err``."""
+    mine = copy.copy(err)
+    mine.__cause__ = err
+    return mine
 
 
 def _cat_obs(states: Sequence[Any]) -> Any:
@@ -404,7 +416,9 @@ def member_bytes(trainer: Trainer) -> int:
     storage = tensor_bytes(trainer.collector.buffer.data.values(True, True))
     env = tensor_bytes(trainer.env.get_state().values())
     eval_env = trainer.evaluator.env
-    if isinstance(eval_env, TorchVecEnv):  # its share of the population's evaluation env (PopulationRun.eval_env)
+    if (
+        isinstance(eval_env, TorchVecEnv) and not trainer.evaluator.video_episodes
+    ):  # its share of PopulationRun.eval_env
         env += tensor_bytes(eval_env.get_state().values())
     weights = tensor_bytes(trainer.policy.parameters())
     reference = getattr(trainer.algorithm, "ref_policy", None)  # GRPO's kl_coef > 0: its frozen copy, stacked

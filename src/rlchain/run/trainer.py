@@ -394,7 +394,8 @@ class Trainer:
         rows logged after its step) never leaves a hole in the logs.
 
         ``step``: this iteration's rollout and update, made elsewhere (a population's member, whose collection and
-        update are its population's); None: collect and update here.
+        update are its population's, and its evaluation where one is due: :attr:`Step.evaluation`); None: collect,
+        update and evaluate here.
         """
         world, state, clock = self.world, self.state, time.perf_counter
         if step is None:

@@ -514,11 +514,16 @@ class TorchVecEnv(VecEnv):
         Raises:
             ValueError: the env's one-line message (NaN or inf in a Box action, a Discrete action out of range).
         """
-        if self._invalid_action.dim():
+        if self.is_split:
             return
         if bool(self._invalid_action):
             self._invalid_action.zero_()
             raise ValueError(self._invalid_action_message)
+
+    @property
+    def is_split(self) -> bool:
+        """Whether the task is split into members (:meth:`split_into_members`)."""
+        return bool(self._invalid_action.dim())
 
     def take_invalid_members(self) -> tuple[list[int], str]:
         """In a task split into members: the members whose actions were invalid since the last call (one host
@@ -528,7 +533,7 @@ class TorchVecEnv(VecEnv):
         Raises:
             RuntimeError: a task not split into members.
         """
-        if not self._invalid_action.dim():
+        if not self.is_split:
             raise RuntimeError(f"{type(self).__name__} is not split into members: its check is check_actions()")
         members = self._invalid_action.nonzero().flatten().tolist()
         self._invalid_action.zero_()
