@@ -5,6 +5,7 @@ actions its envs reject fails alone; the members' evaluations run at once, each 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import torch
 from rlchain.core.algorithms import GRPO, PPO
 from rlchain.core.envs import PushCubeEnv
 from rlchain.core.policies import ActorCritic, ActorOnly
-from rlchain.run.population import PopulationRun, member_bytes
+from rlchain.run.population import PopulationRun, free_memory, member_bytes
 from rlchain.run.summary import RunSummary
 from rlchain.run.trainer import Trainer
 from rlchain.settings import SettingError
@@ -141,3 +142,18 @@ def test_members_that_resume_and_members_that_start_afresh_train_in_one_populati
             torch.testing.assert_close(a, b, rtol=0, atol=0)
         logged, want = rows(mine.output_dir), rows(theirs.output_dir)
         assert [r["losses/policy_loss"] for r in logged] == [r["losses/policy_loss"] for r in want]
+
+
+def test_a_population_on_a_device_that_slots_share_plans_for_its_share_of_the_memory(monkeypatch):
+    """Populations that start together on one device each see what is free at their start: with the launcher's
+    jobs_per_device=J (in each worker's environment), each plans for at most 1/J of the device's memory."""
+    from hydra_plugins.rlchain_launcher._slots import SHARING, make_slots
+
+    assert {slot.environ()[SHARING] for slot in make_slots(["cpu"], 4, 1)} == {"4"}
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    total = int(meminfo["MemTotal"].split()[0]) * 1024
+    monkeypatch.delenv(SHARING, raising=False)
+    alone = free_memory(torch.device("cpu"))
+    assert alone > total // 4  # this machine has more than a quarter of its memory free
+    monkeypatch.setenv(SHARING, "4")
+    assert free_memory(torch.device("cpu")) == total // 4

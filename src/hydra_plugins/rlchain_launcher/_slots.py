@@ -22,6 +22,10 @@ class LauncherConfigError(CompactHydraException):
     """A ``hydra.launcher.*`` value the devices launcher rejects (printed without traceback)."""
 
 
+#: The environment variable a worker reads the number of slots sharing its device from.
+SHARING = "RLCHAIN_SLOTS_ON_DEVICE"
+
+
 @dataclass(frozen=True)
 class Slot:
     """One place a job can run: a device and a thread budget.
@@ -31,12 +35,15 @@ class Slot:
         device: ``"cpu"``, or the CUDA id(s) written to ``CUDA_VISIBLE_DEVICES`` (``"0,1"`` for a job of two).
         num_threads: torch intra-op / OpenMP / MKL threads of each of the job's processes.
         ranks: processes of each job (``devices_per_job``): one multi-process run.
+        sharing: the slots on its device (``jobs_per_device``): a population plans at most its share of the
+            device's memory (:data:`SHARING`, :func:`rlchain.run.population.free_memory`).
     """
 
     index: int
     device: str
     num_threads: int
     ranks: int = 1
+    sharing: int = 1
 
     @property
     def label(self) -> str:
@@ -44,13 +51,14 @@ class Slot:
         return "cpu" if self.device == "cpu" else f"cuda:{self.device}"
 
     def environ(self) -> dict[str, str]:
-        """The environment a worker of this slot runs its jobs in: its GPU, and its CPU threads (read by torch,
-        OpenMP and MKL when they start)."""
+        """The environment a worker of this slot runs its jobs in: its GPU, its CPU threads (read by torch,
+        OpenMP and MKL when they start) and the slots sharing its device."""
         threads = str(self.num_threads)
         return {
             "CUDA_VISIBLE_DEVICES": "" if self.device == "cpu" else self.device,
             "OMP_NUM_THREADS": threads,
             "MKL_NUM_THREADS": threads,
+            SHARING: str(self.sharing),
         }
 
 
@@ -194,4 +202,4 @@ def make_slots(
         threads = threads_per_job
     else:
         threads = exported_threads() or max(1, usable_cpus() // (n_slots * devices_per_job))
-    return [Slot(i, ids[i % len(ids)], threads, devices_per_job) for i in range(n_slots)]
+    return [Slot(i, ids[i % len(ids)], threads, devices_per_job, jobs_per_device) for i in range(n_slots)]

@@ -429,17 +429,24 @@ def member_bytes(trainer: Trainer) -> int:
 
 
 def free_memory(device: torch.device) -> int:
-    """The bytes free on ``device``: CUDA's ``mem_get_info``; on the CPU, Linux's ``MemAvailable`` (else
-    unbounded)."""
+    """The bytes a population on ``device`` may plan for: what is free there (CUDA's ``mem_get_info``; on the CPU,
+    Linux's ``MemAvailable``, else unbounded), and at most its share of the whole where the launcher's slots share
+    the device (the slot's ``jobs_per_device``, in its worker's environment: populations that start together each
+    see what is free at their start, so each plans for its share only)."""
+    from hydra_plugins.rlchain_launcher._slots import SHARING
+
+    sharing = max(1, int(os.environ.get(SHARING) or 1))
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
+        free, total = torch.cuda.mem_get_info(device)
+        return min(free, total // sharing)
+    info = {}
+    with contextlib.suppress(OSError):
         for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 2**62
+            name, _, value = line.partition(":")
+            if name in ("MemAvailable", "MemTotal"):
+                info[name] = int(value.split()[0]) * 1024
+    free = info.get("MemAvailable", 2**62)
+    return min(free, info["MemTotal"] // sharing) if "MemTotal" in info else free
 
 
 def check_memory(trainers: Sequence[Trainer], free_bytes: int | None = None) -> None:
