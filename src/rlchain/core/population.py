@@ -47,6 +47,7 @@ from rlchain.core.algorithms.update import NonFiniteError, adapted_lr
 from rlchain.core.buffer import minibatch_order
 from rlchain.core.compiling import Step
 from rlchain.core.envs.rng import CounterRng
+from rlchain.core.observations import leaves
 from rlchain.core.policies import ACTION_STREAM
 from rlchain.settings import SettingError
 
@@ -63,27 +64,12 @@ __all__ = ["SHAPE_SETTINGS", "Population", "PopulationPolicy", "Scalars"]
 SHAPE_SETTINGS = ("batch_size", "n_epochs", "group_size", "seq_len", "lr_schedule")
 
 
-def _first(obs: Any) -> torch.Tensor:
-    """An observation's tensor, or its first group's."""
-    return obs if isinstance(obs, torch.Tensor) else obs[next(iter(obs.keys()))]
+def _batch(flat: dict[str, torch.Tensor]) -> TensorDict:
+    """One member's minibatch (flat keys, an observation's groups as ``obs.<group>``:
+    :meth:`Population._member_rollout`) as the TensorDict an algorithm's loss reads, its groups nested back."""
+    from tensordict import TensorDict
 
-
-def _batch(obs: Any) -> int:
-    """An observation's batch size (dim 0), a tensor's or its groups'."""
-    return _first(obs).shape[0]
-
-
-def _nest(flat: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """A minibatch's flat keys (an observation's groups as ``obs.<group>``, :meth:`Population._member_rollout`)
-    as the nested mapping an algorithm's loss reads (``obs`` a mapping of its groups)."""
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        head, _, group = key.partition(".")
-        if group:
-            out.setdefault(head, {})[group] = value
-        else:
-            out[key] = value
-    return out
+    return TensorDict(flat, batch_size=[flat["action"].shape[0]]).unflatten_keys(".")
 
 
 class _Run(nn.Module):
@@ -260,14 +246,14 @@ class PopulationPolicy(nn.Module):
         """Every member's :meth:`~rlchain.core.policies.ActorCritic.act` on its envs' ``obs`` (one step, ``[P * N,
         obs_dim]``, ``N`` the training's envs per member or an evaluation's): ``(action, log_prob, value, None)``,
         ``[P * N, ...]``, the noise from each member's stream."""
-        noise = None if deterministic else self.template_noise(_batch(obs))
+        noise = None if deterministic else self.template_noise(leaves(obs)[0].shape[0])
         template = self.template
 
         def act(o: torch.Tensor, z: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
             action, log_prob, value, _ = template._core_act(o, None, deterministic, z)
             return action, log_prob, value
 
-        n = _batch(obs) // self.members  # one step's envs per member (the training's, or an evaluation's)
+        n = leaves(obs)[0].shape[0] // self.members  # one step's envs per member (the training's, or an evaluation's)
         if noise is None:
             out = self.vmap(lambda o: act(o, None), self._split_obs(obs, n))
         else:
@@ -303,7 +289,7 @@ class PopulationPolicy(nn.Module):
 
         def update(o: Any) -> torch.Tensor:
             template.update_obs_normalizer(o)  # in place, into each member's slice of the stacked buffers
-            return _first(o).new_zeros(())
+            return leaves(o)[0].new_zeros(())
 
         self.vmap(update, member_obs)
 
@@ -477,20 +463,12 @@ class Population:
     # ---------------------------------------------------------------- samples
     def _member_rollout(self, rollout: TensorDict, keys: Sequence[str]) -> dict[str, torch.Tensor]:
         """``keys`` of the ``[T, P * N]`` rollout as ``[P, T, N, ...]`` tensors (member-major); an observation's
-        groups each under ``obs.<group>`` (:func:`_nest` puts them back)."""
+        groups each under ``obs.<group>`` (tensordict's ``flatten_keys``; :func:`_batch` nests them back)."""
         t = rollout.batch_size[0]
-
-        def members(x: torch.Tensor) -> torch.Tensor:
-            return x.view(t, self.members, self.envs_per_member, *x.shape[2:]).transpose(0, 1)
-
-        out = {}
-        for key in keys:
-            x = rollout[key]
-            if isinstance(x, torch.Tensor):
-                out[key] = members(x)
-            else:
-                out.update({f"{key}.{group}": members(x[group]) for group in x.keys()})
-        return out
+        flat = rollout.select(*keys).flatten_keys(".")
+        return {
+            key: x.view(t, self.members, self.envs_per_member, *x.shape[2:]).transpose(0, 1) for key, x in flat.items()
+        }
 
     def _ppo_samples(self, rollout: TensorDict) -> dict[str, torch.Tensor]:
         """Each member's advantages and returns ``[P, T, N]`` (its own ``gamma``, ``gae_lambda``; its advantages
@@ -547,7 +525,6 @@ class Population:
     def _reference_log_prob(self, rollout: TensorDict) -> torch.Tensor:
         """Each member's reference log-probabilities of its rollout's actions ``[P, T, N]``, in forward passes of
         at most ``batch_size`` samples in order, as :meth:`~rlchain.core.algorithms.GRPO.reference_log_prob`."""
-        from tensordict import TensorDict
 
         parts = self._member_rollout(rollout, ("obs", "action"))
         t, n = rollout.batch_size[0], self.envs_per_member
@@ -555,8 +532,7 @@ class Population:
         template, size = self.reference.template, self.scalars.base.batch_size
 
         def log_prob(b: dict[str, torch.Tensor]) -> torch.Tensor:
-            td = TensorDict(_nest(b), batch_size=[b["action"].shape[0]])
-            return template.evaluate_actions(td)["sample_log_prob"]
+            return template.evaluate_actions(_batch(b))["sample_log_prob"]
 
         chunks = [
             self.reference.vmap(log_prob, {k: v[:, i : i + size] for k, v in flat.items()})
@@ -610,7 +586,6 @@ class Population:
     def _loss(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Every member's minibatch loss and terms ``[P]``: its algorithm's own ``_minibatch_loss`` with its own
         numbers and weights, vmapped."""
-        from tensordict import TensorDict
 
         template, scalars = self.template, self.scalars
         varying = scalars.varying
@@ -618,8 +593,7 @@ class Population:
         def loss(b: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             view = copy.copy(template)
             view.cfg = scalars.view(values)
-            size = next(iter(b.values())).shape[0]
-            return view._minibatch_loss(TensorDict(_nest(b), batch_size=[size]))
+            return view._minibatch_loss(_batch(b))
 
         terms = self.policy.vmap(loss, batch, varying)
         if self._no_reference is not None:  # kl_coef 0: no reference, its term 0 as its solo run reports it
@@ -654,7 +628,7 @@ class Population:
         if cfg.lr_schedule == "adaptive":
             self._adapt_lr(self._update_kl(samples), active)
         self.updates.add_(1)
-        return self._finish(self._totals, self._counts, self._epochs_run, self._fault, self._fault_value)
+        return self._finish()
 
     def _stage(self, samples: dict[str, torch.Tensor]) -> None:
         """Copy the update's samples (``[P, B, ...]`` each) into :attr:`_staged`, whose addresses stay from update
@@ -770,10 +744,8 @@ class Population:
         weight = samples.get("mask")
 
         def kl(b: dict[str, torch.Tensor], w: torch.Tensor | None) -> torch.Tensor:
-            from tensordict import TensorDict
 
-            size = b["action"].shape[0]
-            new = template.evaluate_actions(TensorDict(_nest(b), batch_size=[size]))["sample_log_prob"]
+            new = template.evaluate_actions(_batch(b))["sample_log_prob"]
             log_ratio = new - b["sample_log_prob"]
             per = torch.expm1(log_ratio) - log_ratio
             if w is None:
@@ -784,18 +756,18 @@ class Population:
         return self.policy.vmap(kl, b, weight, in_dims=(0, None if weight is None else 0))
 
     # ------------------------------------------------------------------ faults
-    def _finish(self, totals, counts, epochs_run, fault, fault_value) -> list[dict[str, float]]:
-        """Read the update once: each member's means, its epochs, its fault (a member that went non-finite is
-        stopped for good, with its :class:`~rlchain.core.algorithms.update.NonFiniteError`)."""
+    def _finish(self) -> list[dict[str, float]]:
+        """Read the update's sums and fault records once: each member's means, its epochs, its fault (a member that
+        went non-finite is stopped for good, with its :class:`~rlchain.core.algorithms.update.NonFiniteError`)."""
         names = self.template.term_names
         finite = torch.stack([torch.isfinite(p.flatten(1)).all(1) for p in self._params]).all(0)
-        means = totals / counts.clamp_min(1.0)[:, None]
+        means = self._totals / self._counts.clamp_min(1.0)[:, None]
         host = torch.cat(
             [
                 means,
-                epochs_run[:, None],
-                fault[:, None].double(),
-                fault_value[:, None].double(),
+                self._epochs_run[:, None],
+                self._fault[:, None].double(),
+                self._fault_value[:, None].double(),
                 finite[:, None].double(),
                 self.updates[:, None].double(),
             ],
