@@ -149,17 +149,11 @@ class PopulationRun:
             self.env.set_state(task)
             now = self.collector.state_dict()  # the fresh members' episodes, after their reset
             states = [
-                states[p] if p in resumed else {key: _slice_obs(value, self._block(p)) for key, value in now.items()}
+                states[p] if p in resumed else {key: _block_of(now[key], self._block(p)) for key in _EPISODES}
                 for p in range(self.members)
             ]
         if resumed:
-            self.collector.load_state_dict(
-                {
-                    "obs": _cat_obs([s["obs"] for s in states]),
-                    "episode_return": torch.cat([s["episode_return"] for s in states]),
-                    "episode_length": torch.cat([s["episode_length"] for s in states]),
-                }
-            )
+            self.collector.load_state_dict({key: _joined([s[key] for s in states]) for key in _EPISODES})
         for p, trainer in enumerate(self.trainers):
             updater = trainer.algorithm.updater
             exp_avg, exp_avg_sq, steps = updater._adam_state
@@ -189,13 +183,7 @@ class PopulationRun:
         trainer.policy.action_rng.state.copy_(engine.policy.action_rng.state[p])
         state = self.collector.state_dict()
         if state["obs"] is not None:
-            trainer.collector.load_state_dict(
-                {
-                    "obs": _slice_obs(state["obs"], block),
-                    "episode_return": state["episode_return"][block],
-                    "episode_length": state["episode_length"][block],
-                }
-            )
+            trainer.collector.load_state_dict({key: _block_of(state[key], block) for key in _EPISODES})
 
     def _stop_invalid_actions(self, data: Any) -> None:
         """Stop each member whose actions of this rollout ``data`` (``[T, P * N]``) its envs rejected, alone, before
@@ -320,18 +308,23 @@ def _own_copy(err: Exception) -> Exception:
     return mine
 
 
-def _cat_obs(states: Sequence[Any]) -> Any:
-    """The members' saved observations (each a tensor, or a dict of groups: ``observations.to_state``) as one."""
-    if isinstance(states[0], torch.Tensor):
-        return torch.cat(list(states))
-    return {group: torch.cat([s[group] for s in states]) for group in states[0]}
+#: What a collector's state holds of the episodes in progress (a feed-forward policy's), each ``[N, ...]``.
+_EPISODES = ("obs", "episode_return", "episode_length")
 
 
-def _slice_obs(state: Any, block: slice) -> Any:
-    """A member's envs' ``block`` of a saved observation (a tensor, or a dict of groups)."""
-    if isinstance(state, torch.Tensor):
-        return state[block]
-    return {group: value[block] for group, value in state.items()}
+def _joined(values: Sequence[Any]) -> Any:
+    """The members' saved values (each a tensor, or a dict of a saved observation's groups:
+    ``observations.to_state``) as one, member after member along dim 0."""
+    if isinstance(values[0], torch.Tensor):
+        return torch.cat(list(values))
+    return {group: torch.cat([v[group] for v in values]) for group in values[0]}
+
+
+def _block_of(value: Any, block: slice) -> Any:
+    """A member's envs' ``block`` (dim 0) of a saved value (a tensor, or a dict of a saved observation's groups)."""
+    if isinstance(value, torch.Tensor):
+        return value[block]
+    return {group: v[block] for group, v in value.items()}
 
 
 def _alone(p: int, session: Session, work: Callable[[], Any]) -> Exception | None:
