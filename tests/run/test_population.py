@@ -144,16 +144,15 @@ def test_members_that_resume_and_members_that_start_afresh_train_in_one_populati
         assert [r["losses/policy_loss"] for r in logged] == [r["losses/policy_loss"] for r in want]
 
 
-def test_a_population_on_a_device_that_slots_share_plans_for_its_share_of_the_memory(monkeypatch):
+def test_a_population_on_a_device_that_slots_share_plans_for_its_share_of_the_memory():
     """Populations that start together on one device each see what is free at their start: with the launcher's
-    jobs_per_device=J (in each worker's environment), each plans for at most 1/J of the device's memory."""
+    jobs_per_device=J (in each worker's environment, which the population launcher's worker passes on), each plans
+    for at most 1/J of the device's memory."""
     from hydra_plugins.rlchain_launcher._slots import SHARING, make_slots
 
     assert {slot.environ()[SHARING] for slot in make_slots(["cpu"], 4, 1)} == {"4"}
     meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
     total = int(meminfo["MemTotal"].split()[0]) * 1024
-    monkeypatch.delenv(SHARING, raising=False)
     alone = free_memory(torch.device("cpu"))
     assert alone > total // 4  # this machine has more than a quarter of its memory free
-    monkeypatch.setenv(SHARING, "4")
-    assert free_memory(torch.device("cpu")) == total // 4
+    assert free_memory(torch.device("cpu"), sharing=4) == total // 4

@@ -36,7 +36,7 @@ class Slot:
         num_threads: torch intra-op / OpenMP / MKL threads of each of the job's processes.
         ranks: processes of each job (``devices_per_job``): one multi-process run.
         sharing: the slots on its device (``jobs_per_device``): a population plans at most its share of the
-            device's memory (:data:`SHARING`, :func:`rlchain.run.population.free_memory`).
+            device's memory (its worker reads :data:`SHARING`; :func:`rlchain.run.population.free_memory`).
     """
 
     index: int

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -95,9 +96,11 @@ def train_members(jobs: Sequence[Any], hydra_context: HydraContext) -> list[JobR
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import JobStatus
 
+    from hydra_plugins.rlchain_launcher._slots import SHARING
     from hydra_plugins.rlchain_launcher._worker import job_log_file, run_sweep_job
     from rlchain.commands.train import build_member, train_population
     from rlchain.console import error_line
+    from rlchain.run.population import free_memory
     from rlchain.run.summary import STOPPED
 
     returns, built, log_files = [], [], []
@@ -112,8 +115,10 @@ def train_members(jobs: Sequence[Any], hydra_context: HydraContext) -> list[JobR
     if not built:
         return returns
     numbers = [jobs[i].idx for i in built]
+    members = [returns[i].return_value for i in built]
+    free = free_memory(members[0].env.device, int(os.environ.get(SHARING) or 1))  # this slot's share of its device
     try:
-        outcome = train_population([returns[i].return_value for i in built], log_files)
+        outcome = train_population(members, log_files, free)
     except Exception as err:  # noqa: BLE001 - members that cannot form one population: each job fails so
         log.error(f"population of jobs {numbers} refused: {error_line(err)}")
         for i in built:

@@ -205,12 +205,13 @@ def build_member(cfg: DictConfig) -> Trainer:
 
 
 def train_population(
-    trainers: Sequence[Trainer], log_files: Sequence[str | None] | None = None
+    trainers: Sequence[Trainer], log_files: Sequence[str | None] | None = None, free_bytes: int | None = None
 ) -> list[tuple[RunSummary, BaseException | None]]:
     """Train the built members ``trainers`` as one population (:class:`rlchain.run.population.PopulationRun`);
     print each one's result line (or its one-line failure) and return each one's summary and failure.
     ``log_files``: each member's log file (Hydra's job log), which takes its own lines
-    (:func:`~rlchain.run.population.member_logs`); None: the logging as it is.
+    (:func:`~rlchain.run.population.member_logs`); None: the logging as it is. ``free_bytes``: the device memory
+    the population may plan for (None: what its device has free, :func:`~rlchain.run.population.free_memory`).
 
     Raises:
         ConfigError: members that cannot form one population (before any step), naming the setting; each
@@ -221,7 +222,7 @@ def train_population(
     results = []
     with member_logs(log_files or []):
         try:
-            population = PopulationRun(trainers)
+            population = PopulationRun(trainers, free_bytes)
         except (ValueError, CompileFailure) as err:  # members that cannot train as one (or whose steps did not
             # compile): each says so in its summary.json, in one line
             error = error_line(str(err))

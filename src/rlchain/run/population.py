@@ -421,14 +421,12 @@ def member_bytes(trainer: Trainer) -> int:
     return 2 * storage + env + 4 * weights + reference_bytes + activations
 
 
-def free_memory(device: torch.device) -> int:
+def free_memory(device: torch.device, sharing: int = 1) -> int:
     """The bytes a population on ``device`` may plan for: what is free there (CUDA's ``mem_get_info``; on the CPU,
-    Linux's ``MemAvailable``, else unbounded), and at most its share of the whole where the launcher's slots share
-    the device (the slot's ``jobs_per_device``, in its worker's environment: populations that start together each
-    see what is free at their start, so each plans for its share only)."""
-    from hydra_plugins.rlchain_launcher._slots import SHARING
-
-    sharing = max(1, int(os.environ.get(SHARING) or 1))
+    Linux's ``MemAvailable``, else unbounded), and at most its share of the whole where ``sharing`` slots share
+    the device (the launcher's ``jobs_per_device``: populations that start together each see what is free at their
+    start, so each plans for its share only)."""
+    sharing = max(1, sharing)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return min(free, total // sharing)
