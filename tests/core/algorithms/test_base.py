@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -9,9 +11,14 @@ import torch
 
 from rlchain.core.algorithms import GRPO, PPO
 from rlchain.core.algorithms.base import Algorithm, AlgorithmConfig
+from rlchain.core.algorithms.functional import compute_gae
 from rlchain.core.collector import SyncCollector
+from rlchain.core.envs.push_cube import PushCubeEnv
 from rlchain.core.policies import ActorCritic, ActorOnly
 from tests.helpers.toy_env import LineEnv
+
+#: A small encoder for image observations (push_cube's 16 x 16 camera).
+SMALL_CNN = {"cnn_channels": [4, 8], "cnn_kernel_sizes": [4, 3], "cnn_strides": [2, 2], "cnn_features": 8}
 
 
 def test_lr_schedules():
@@ -183,3 +190,33 @@ def test_a_target_kl_that_no_setting_reads_is_refused(algorithm, settings, match
     algorithm(policy, target_kl=0.01, lr_schedule="adaptive")
     if algorithm is PPO:
         PPO(policy, target_kl=0.01, stop_at_target_kl=True)
+
+
+@pytest.mark.parametrize("obs_mode", ["state", "pixels"])
+def test_an_update_moves_every_parameter_as_torch_adam_moves_it(obs_mode):
+    # One minibatch of the whole rollout, one epoch: the update is one step of Adam (torch.optim.Adam, its plain
+    # form) on the PPO loss's gradients, clipped to max_grad_norm. A camera's [H, W, C] image enters the CNN as a
+    # channels-last tensor, whose convolutions' weight gradients come channels-last: each must still move the
+    # element it belongs to.
+    torch.manual_seed(0)
+    env = PushCubeEnv(num_envs=4, seed=0, obs_mode=obs_mode, image_size=16)
+    policy = ActorCritic(
+        env.single_observation_space, env.single_action_space, hidden_sizes=[16], obs_normalization=False, **SMALL_CNN
+    )
+    rollout = SyncCollector(env, policy, 8).collect().data
+    settings = {"learning_rate": 1e-3, "batch_size": 32, "n_epochs": 1, "norm_adv": False, "max_grad_norm": 0.5}
+    reference, start = copy.deepcopy(policy), copy.deepcopy(policy)
+    PPO(policy, **settings).update(rollout)
+
+    advantages, returns = compute_gae(
+        rollout["reward"], rollout["value"], rollout["next_value"], rollout["terminated"], rollout["done"], 0.99, 0.95
+    )
+    data = rollout.select("obs", "action", "sample_log_prob", "value")
+    data.set("advantages", advantages)
+    data.set("returns", returns)
+    PPO(reference, **settings)._minibatch_loss(data.reshape(-1))["loss"].backward()
+    torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+    torch.optim.Adam(reference.parameters(), lr=1e-3, eps=1e-5, foreach=False).step()
+    for (name, mine), want, before in zip(policy.named_parameters(), reference.parameters(), start.parameters()):
+        torch.testing.assert_close(mine, want, rtol=0, atol=1e-6, msg=name)
+        assert not torch.equal(mine, before), name  # every parameter took its step

@@ -228,7 +228,7 @@ class MinibatchUpdate:
         terms = self.loss(batch)
         loss = terms["loss"]
         grads = list(torch.autograd.grad(loss, self._params, allow_unused=True))
-        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self._params, grads)]
+        grads = [_laid_out_as(g, p) for p, g in zip(self._params, grads)]
         world().average_(grads, "the all-reduce of the gradients")  # every rank steps with the ranks' mean
         grads, grad_norm = _clip(grads, self.cfg.max_grad_norm)
         loss = loss.detach()
@@ -444,6 +444,22 @@ def _clip(grads: list[torch.Tensor], max_norm: float) -> tuple[list[torch.Tensor
         return [g * scale for g in grads], norm
     norm = torch.nn.utils.get_total_norm(grads, foreach=True)
     return torch._foreach_mul(grads, (max_norm / (norm + 1e-6)).clamp_max(1.0)), norm
+
+
+def _laid_out_as(grad: torch.Tensor | None, param: torch.Tensor) -> torch.Tensor:
+    """``param``'s gradient in ``param``'s memory layout (zeros where it has none).
+
+    ``torch.autograd.grad`` hands a gradient back in the layout its backward made: a convolution of a
+    channels-last image (a camera's ``[H, W, C]``, permuted for the CNN) gives channels-last weight gradients.
+    torch's fused Adam reads a gradient's storage in its parameter's order (``.grad`` is laid out as its parameter
+    by autograd's accumulation; this path does not go through it), so such a gradient would move every weight by
+    another weight's step.
+    """
+    if grad is None:
+        return torch.zeros_like(param)
+    if grad.stride() == param.stride():
+        return grad
+    return torch.empty_like(param).copy_(grad)
 
 
 def _init_adam_state(
