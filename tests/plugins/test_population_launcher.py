@@ -21,11 +21,27 @@ def sweep_dir(cwd):
     return path
 
 
-def test_each_member_writes_the_run_its_solo_run_writes(tmp_path):
-    done = run_cli([*POPULATION, "seed=1,2"], tmp_path)
+#: push_cube through its camera: a 16 x 16 image and the state for the actor (a CNN whose spatial softmax keeps its
+#: pixel coordinates out of the checkpoint), the exact state for the critic.
+CAMERA = [
+    "env.obs_mode=pixels_state",
+    "env.privileged_critic=true",
+    "env.image_size=16",
+    "policy.cnn_channels=[4,8]",
+    "policy.cnn_kernel_sizes=[4,3]",
+    "policy.cnn_strides=[2,2]",
+    "policy.cnn_features=8",
+    "policy.cnn_head=spatial_softmax",
+]
+
+
+@pytest.mark.parametrize("camera", [False, True], ids=["state", "camera"])
+def test_each_member_writes_the_run_its_solo_run_writes(tmp_path, camera):
+    extra = CAMERA if camera else []
+    done = run_cli([*POPULATION, "seed=1,2", *extra], tmp_path)
     assert done.returncode == 0, done.stderr
     sweep = sweep_dir(tmp_path)
-    solo = run_cli([*TINY, "seed=2", "hydra.run.dir=solo"], tmp_path)
+    solo = run_cli([*TINY, "seed=2", "hydra.run.dir=solo", *extra], tmp_path)
     assert solo.returncode == 0, solo.stderr
     member = sweep / "1"
     for name in ("metrics.jsonl", "summary.json", "checkpoints/latest.pt", "checkpoints/best.pt", ".hydra/config.yaml"):
@@ -47,6 +63,8 @@ def test_each_member_writes_the_run_its_solo_run_writes(tmp_path):
     for name, value in solo_ckpt["policy"].items():
         torch.testing.assert_close(ours["policy"][name], value, rtol=1e-3, atol=1e-5)
     assert "population" in done.stderr + done.stdout and (sweep / "summary.md").exists()
+    if camera:
+        return
     # rlchain-export takes the member's run as any run: its ONNX policy acts as the solo run's, to rounding.
     import onnxruntime
 

@@ -141,7 +141,8 @@ class PopulationPolicy(nn.Module):
 
     Args:
         members: ``P`` policies of one class and settings (feed-forward :class:`~rlchain.core.policies.ActorCritic`
-            or :class:`~rlchain.core.policies.ActorOnly`), each built from its member's seed.
+            or :class:`~rlchain.core.policies.ActorOnly`; vector observations, images through their CNN encoders,
+            or groups of both), each built from its member's seed.
         seeds: the members' run seeds: member ``p``'s action noise is the stream of
             ``seeds[p] + ACTION_STREAM``, as its policy alone would draw it
             (:meth:`~rlchain.core.policies.ActorCritic.seed_actions`), from where the member's own stream stands
@@ -169,14 +170,12 @@ class PopulationPolicy(nn.Module):
                 first.cfg.rnn_type,
                 " is not taken by a population yet: expected None (a feed-forward policy)",
             )
-        if not hasattr(first, "seed_actions") or getattr(first, "image_groups", None):
-            kind = "image observations" if hasattr(first, "seed_actions") else type(first).__name__
+        if not hasattr(first, "seed_actions"):
             raise SettingError(
                 "policy",
                 type(first).__name__,
-                f" cannot join a population with {kind}: its members are batched through ActorCritic's tensor core "
-                "on vector observations; expected policy=actor_critic or actor_only on vector observations (one "
-                "flat observation, or vector groups)",
+                " cannot join a population: its members are batched through ActorCritic's tensor core; expected "
+                "policy=actor_critic or actor_only",
             )
         for other in members[1:]:
             if type(other) is not type(first) or other.cfg != first.cfg:
@@ -190,6 +189,9 @@ class PopulationPolicy(nn.Module):
         for i, p in enumerate(self.params.values()):
             self.register_parameter(f"member_param_{i}", p)
         self.buffers_ = buffers
+        # What a policy's state_dict holds: not the constants a module keeps out of it (a spatial softmax's pixel
+        # coordinates, persistent=False), which are stacked with the buffers for the vmapped calls.
+        self._saved = set(first.state_dict())
         for i, b in enumerate(buffers.values()):
             self.register_buffer(f"member_buffer_{i}", b)
         device = next(iter(self.params.values())).device
@@ -296,7 +298,7 @@ class PopulationPolicy(nn.Module):
     def member_state_dict(self, p: int) -> dict[str, torch.Tensor]:
         """Member ``p``'s weights and buffers as an ordinary policy ``state_dict`` (copies)."""
         state = {name: t[p].detach().clone() for name, t in self.params.items()}
-        state.update({name: t[p].clone() for name, t in self.buffers_.items()})
+        state.update({name: t[p].clone() for name, t in self.buffers_.items() if name in self._saved})
         return state
 
 
