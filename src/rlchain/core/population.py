@@ -321,8 +321,8 @@ class Population:
         faults: per stopped member, its :class:`~rlchain.core.algorithms.update.NonFiniteError` (or why, a string).
 
     Raises:
-        SettingError: settings a population cannot vary or take yet, naming them: see :class:`Scalars`; GRPO's
-            ``advantage_norm='rollout_std'``; an algorithm other than PPO or GRPO.
+        SettingError: settings a population cannot vary or take yet, naming them: see :class:`Scalars`; an
+            algorithm other than PPO or GRPO.
     """
 
     def __init__(self, algorithms: Sequence[Algorithm], seeds: Sequence[int], envs_per_member: int) -> None:
@@ -333,13 +333,6 @@ class Population:
         if not isinstance(first, PPO | GRPO) or any(type(a) is not type(first) for a in algorithms):
             raise SettingError("algorithm", type(first).__name__, " cannot form a population: expected PPO or GRPO")
         self.kind = "ppo" if isinstance(first, PPO) else "grpo"
-        for a in algorithms:
-            if self.kind == "grpo" and a.cfg.advantage_norm == "rollout_std":
-                raise SettingError(
-                    "algorithm.advantage_norm",
-                    a.cfg.advantage_norm,
-                    " is not taken by a population yet: expected 'std' or 'none'",
-                )
         self.algorithms = list(algorithms)
         self.members, self.envs_per_member = len(algorithms), envs_per_member
         self.policy = PopulationPolicy([a.policy for a in algorithms], seeds, envs_per_member)

@@ -136,8 +136,8 @@ def group_relative_advantages(
         sum_sq, live_count = world().sum(
             torch.stack([centred.square().sum(), signal.sum().to(centred.dtype)]), "the all-reduce of the rollout's std"
         )
-        if int(live_count) > 1:
-            centred = centred / (sum_sq.div(live_count).sqrt() + eps)
+        # No host read: a rollout of at most one live sample keeps its centred returns (zeros), on the device.
+        centred = torch.where(live_count > 1, centred / (sum_sq.div(live_count).sqrt() + eps), centred)
     return centred.view(t, n)
 
 
