@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra.utils import instantiate
 
 from rlchain.core.algorithms import GRPO, PPO
 from rlchain.core.envs import PushCubeEnv
@@ -17,15 +18,24 @@ from rlchain.run.population import PopulationRun, free_memory, member_bytes
 from rlchain.run.summary import RunSummary
 from rlchain.run.trainer import Trainer
 from rlchain.settings import SettingError
+from tests.helpers.evaluation_fault_env import EvaluationFaultPushCube
 from tests.helpers.runs import rows
 
 
-def trainer(tmp_path, seed: int, ppo: dict | None = None, grpo: dict | None = None, **settings) -> Trainer:
-    """A started trainer of push_cube (8 envs, 8-step episodes) and PPO with ``ppo``'s settings, or GRPO with
-    ``grpo``'s (groups of 4), as rlchain-train builds one."""
+def trainer(
+    tmp_path, seed: int, ppo: dict | None = None, grpo: dict | None = None, env_cfg: dict | None = None, **settings
+) -> Trainer:
+    """A started trainer of push_cube (8 envs, 8-step episodes; ``env_cfg``: another ``_target_`` and its
+    settings) and PPO with ``ppo``'s settings, or GRPO with ``grpo``'s (groups of 4), as rlchain-train builds one."""
     torch.manual_seed(seed)
-    env_cfg = {"_target_": "rlchain.core.envs.PushCubeEnv", "num_envs": 8, "seed": seed, "max_episode_steps": 8}
-    env = PushCubeEnv(**{k: v for k, v in env_cfg.items() if k != "_target_"})
+    env_cfg = {
+        "_target_": "rlchain.core.envs.PushCubeEnv",
+        **(env_cfg or {}),
+        "num_envs": 8,
+        "seed": seed,
+        "max_episode_steps": 8,
+    }
+    env = instantiate(env_cfg)
     if grpo is None:
         policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16])
         algorithm = PPO(policy, batch_size=32, n_epochs=1, **(ppo or {}))
@@ -115,6 +125,32 @@ def test_a_population_evaluates_its_members_at_once_each_as_its_own_evaluator_wo
         assert last["eval/episodes"] == own["eval/episodes"] == 8
         for key in ("eval/avg_reward", "eval/avg_length", "eval/success_rate"):
             assert last[key] == pytest.approx(own[key], rel=1e-5, abs=1e-6), key
+
+
+def test_a_shared_evaluation_that_fails_leaves_each_member_to_evaluate_alone_failing_only_its_own(tmp_path, capsys):
+    """The members' shared evaluation raises (its env refuses the reset split into members): each member due
+    evaluates alone, with its own evaluator, as its solo run does. Member 1's own evaluation raises too (its reset
+    seed 3): it fails alone with its solo run's error; the others complete with their evaluations logged."""
+    faults = {"_target_": "tests.helpers.evaluation_fault_env.EvaluationFaultPushCube", "fail_seed": 3}
+    evaluation = {"eval_freq": 1, "num_eval_envs": 4, "num_eval_episodes": 4}
+    eval_env = functools.partial(EvaluationFaultPushCube, fail_seed=3, max_episode_steps=8)
+    solo = trainer(tmp_path / "solo", 2, env_cfg=faults, eval_env=eval_env, **evaluation)
+    with pytest.raises(RuntimeError, match="the reset of seed 3 failed"):
+        solo.train()
+    members = [
+        trainer(tmp_path, s, env_cfg={**faults, "shared_fails": True}, eval_env=eval_env, **evaluation)
+        for s in (1, 2, 3)
+    ]
+    sessions = PopulationRun(members).train()
+    assert [s.summary.status for s in sessions] == ["completed", "failed", "completed"]
+    assert sessions[1].summary.error == RunSummary.read(solo.output_dir).error
+    assert "the members' shared evaluation failed (RuntimeError: the shared reset of seeds" in capsys.readouterr().err
+    for p in (0, 2):
+        t = members[p]
+        logged = [r for r in rows(t.output_dir) if "eval/avg_reward" in r]
+        assert [r["charts/iteration"] for r in logged] == [1, 2]
+        own = t.evaluator.evaluate(t.policy, t.state.global_step)
+        assert logged[-1]["eval/avg_reward"] == pytest.approx(own["eval/avg_reward"], rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])

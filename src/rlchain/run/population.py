@@ -19,7 +19,6 @@ Ctrl-C or SIGTERM stops every member after the iteration, each saving its ``late
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import logging
@@ -33,6 +32,7 @@ from typing import Any
 import torch
 from hydra.utils import instantiate
 
+from rlchain.console import notice
 from rlchain.core.collector import SyncCollector
 from rlchain.core.envs.base import TorchVecEnv
 from rlchain.core.evaluation import Evaluation, evaluate
@@ -222,7 +222,12 @@ class PopulationRun:
         (:meth:`~rlchain.run.trainer.Trainer.evaluation_due`), as one evaluation of the population's policy on
         :attr:`eval_env` (each member's envs reset with its own evaluation seed): per member, its own
         :class:`~rlchain.core.evaluation.Evaluation` (its episodes those its solo run's evaluation runs, to float
-        rounding) and the seconds of the whole, or the error its evaluation raises; None where none is due."""
+        rounding) and the seconds of the whole, or the error its evaluation raises; None where none is due.
+
+        Where the shared evaluation itself raises (an env's error on some member's states, a batch too large for
+        the device), it is left for this iteration: one notice names the error, and each due member's loop
+        evaluates alone with its own evaluator (its ``Step.evaluation`` None), as its solo run would, so that
+        what fails one member's evaluation fails that member only."""
         due = [
             s.running and p not in self.engine.faults and s.trainer.evaluation_due(s.trainer.state.iteration + 1)
             for p, s in enumerate(sessions)
@@ -237,8 +242,13 @@ class PopulationRun:
             results: list[Evaluation | Exception] = evaluate(
                 self.eval_env, self.engine.policy, episodes, seed=seeds
             ).split_into_members(self.members, seeds)
-        except Exception as err:  # noqa: BLE001 - the evaluation of every member due fails with it
-            results = [_own_copy(err) for _ in range(self.members)]
+        except Exception as err:  # noqa: BLE001 - each due member evaluates alone instead
+            self.eval_env.take_invalid_members()
+            notice(
+                f"the members' shared evaluation failed ({type(err).__name__}: {err}); each member due evaluates "
+                "alone this iteration"
+            )
+            return [None] * self.members
         invalid, message = self.eval_env.take_invalid_members()
         for p in invalid:
             results[p] = ValueError(message)
@@ -299,13 +309,6 @@ class PopulationRun:
                 with as_member(p):
                     session.close()
         return sessions
-
-
-def _own_copy(err: Exception) -> Exception:
-    """A copy of ``err`` for one member (its own traceback and summary), caused by ``err``."""
-    mine = copy.copy(err)
-    mine.__cause__ = err
-    return mine
 
 
 #: What a collector's state holds of the episodes in progress (a feed-forward policy's), each ``[N, ...]``.
