@@ -45,6 +45,7 @@ from rlchain.console import error_line, logged_warnings, show
 from rlchain.core.compiling import CompileFailure
 from rlchain.distributed import CollectiveError, rank_seed
 from rlchain.run import tuning
+from rlchain.run.heap import keep_freed_memory
 from rlchain.run.run_dir import remove_if_unused
 from rlchain.run.stopping import in_submitit_job, requeue_signal
 from rlchain.run.summary import STOPPED, RunSummary, placement
@@ -177,7 +178,8 @@ def train(cfg: DictConfig) -> RunSummary:
     sweep tables list it; such a summary does not make the directory hold a run
     (:func:`rlchain.run.run_dir.existing_run`). A single run refused so says it in
     its one line and leaves no directory behind
-    (:func:`rlchain.run.run_dir.remove_if_unused`).
+    (:func:`rlchain.run.run_dir.remove_if_unused`). The process keeps the host memory a step frees for the next
+    (:func:`rlchain.run.heap.keep_freed_memory`).
 
     Raises:
         ConfigError: see :func:`build`.
@@ -212,6 +214,7 @@ def train_population(
     ``log_files``: each member's log file (Hydra's job log), which takes its own lines
     (:func:`~rlchain.run.population.member_logs`); None: the logging as it is. ``free_bytes``: the device memory
     the population may plan for (None: what its device has free, :func:`~rlchain.run.population.free_memory`).
+    The process keeps the host memory a step frees for the next (:func:`rlchain.run.heap.keep_freed_memory`).
 
     Raises:
         ConfigError: members that cannot form one population (before any step), naming the setting; each
@@ -219,6 +222,7 @@ def train_population(
     """
     from rlchain.run.population import PopulationRun, as_member, member_logs
 
+    keep_freed_memory()
     results = []
     with member_logs(log_files or []):
         try:
@@ -246,6 +250,7 @@ def train_population(
 
 
 def _train(cfg: DictConfig) -> RunSummary:
+    keep_freed_memory()
     trainer = _build(cfg, time.time())
     try:
         summary = trainer.train()
