@@ -235,7 +235,8 @@ def test_what_a_population_does_not_take_is_refused_in_one_line_before_any_step(
         assert summary.status == "failed"
         assert (
             summary.error
-            == "policy.rnn_type='gru' is not taken by a population yet: expected None (a feed-forward policy)"
+            == "policy.rnn_type='gru' is not taken by a population yet (torch.vmap cannot batch torch.nn.GRU's or "
+            "LSTM's kernels): expected None (a feed-forward policy)"
         )
 
 

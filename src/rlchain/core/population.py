@@ -168,7 +168,8 @@ class PopulationPolicy(nn.Module):
             raise SettingError(
                 "policy.rnn_type",
                 first.cfg.rnn_type,
-                " is not taken by a population yet: expected None (a feed-forward policy)",
+                " is not taken by a population yet (torch.vmap cannot batch torch.nn.GRU's or LSTM's kernels): "
+                "expected None (a feed-forward policy)",
             )
         if not hasattr(first, "seed_actions"):
             raise SettingError(
