@@ -24,6 +24,8 @@ ENVS = {
     "push_cube_privileged": functools.partial(PushCubeEnv, privileged_critic=True, obs_noise_std=0.01),
     # A camera's image and the state (a CNN encoder and an MLP), the critic the exact state.
     "push_cube_pixels": functools.partial(PushCubeEnv, obs_mode="pixels_state", privileged_critic=True, image_size=16),
+    # The camera's image alone: one uint8 tensor, not a group.
+    "push_cube_camera": functools.partial(PushCubeEnv, obs_mode="pixels", image_size=16),
 }
 #: A small CNN for push_cube_pixels' 16 x 16 image (the other envs' policies ignore it).
 SMALL_CNN = {"cnn_channels": [4, 8], "cnn_kernel_sizes": [4, 3], "cnn_strides": [2, 2], "cnn_features": 8}
@@ -91,6 +93,7 @@ OWN = {
         ("push_cube_privileged", "grpo", "reference_kl"),
         ("push_cube_pixels", "ppo", None),
         ("push_cube_pixels", "grpo", "reference_kl"),
+        ("push_cube_camera", "ppo", None),
     ],
 )
 def test_member_p_is_solo_run_p_rollout_for_rollout_and_update_for_update(env_name, algo, own):

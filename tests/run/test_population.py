@@ -13,6 +13,7 @@ from hydra.utils import instantiate
 
 from rlchain.core.algorithms import GRPO, PPO
 from rlchain.core.envs import PushCubeEnv
+from rlchain.core.networks import CNNEncoder
 from rlchain.core.policies import ActorCritic, ActorOnly
 from rlchain.run.population import PopulationRun, free_memory, member_bytes
 from rlchain.run.summary import RunSummary
@@ -38,7 +39,7 @@ def trainer(
     env = instantiate(env_cfg)
     if grpo is None:
         policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16])
-        algorithm = PPO(policy, batch_size=32, n_epochs=1, **(ppo or {}))
+        algorithm = PPO(policy, **{"batch_size": 32, "n_epochs": 1, **(ppo or {})})
     else:
         policy = ActorOnly(env.single_observation_space, env.single_action_space, hidden_sizes=[16])
         algorithm = GRPO(policy, batch_size=32, n_epochs=1, group_size=4, **grpo)
@@ -128,8 +129,8 @@ def test_a_population_evaluates_its_members_at_once_each_as_its_own_evaluator_wo
 
 
 def test_a_shared_evaluation_that_fails_leaves_each_member_to_evaluate_alone_failing_only_its_own(tmp_path, capsys):
-    """The members' shared evaluation raises (its env refuses the reset split into members): each member due
-    evaluates alone, with its own evaluator, as its solo run does. Member 1's own evaluation raises too (its reset
+    """The members' shared evaluation raises (its env refuses the reset split into members): from then on each
+    member due evaluates alone, with its own evaluator, as its solo run does. Member 1's own evaluation raises too (its reset
     seed 3): it fails alone with its solo run's error; the others complete with their evaluations logged."""
     faults = {"_target_": "tests.helpers.evaluation_fault_env.EvaluationFaultPushCube", "fail_seed": 3}
     evaluation = {"eval_freq": 1, "num_eval_envs": 4, "num_eval_episodes": 4}
@@ -144,7 +145,8 @@ def test_a_shared_evaluation_that_fails_leaves_each_member_to_evaluate_alone_fai
     sessions = PopulationRun(members).train()
     assert [s.summary.status for s in sessions] == ["completed", "failed", "completed"]
     assert sessions[1].summary.error == RunSummary.read(solo.output_dir).error
-    assert "the members' shared evaluation failed (RuntimeError: the shared reset of seeds" in capsys.readouterr().err
+    # Said once: after the first failure the members evaluate alone, without trying the shared evaluation again.
+    assert capsys.readouterr().err.count("the members' shared evaluation failed (RuntimeError: the shared reset") == 1
     for p in (0, 2):
         t = members[p]
         logged = [r for r in rows(t.output_dir) if "eval/avg_reward" in r]
@@ -192,3 +194,16 @@ def test_a_population_on_a_device_that_slots_share_plans_for_its_share_of_the_me
     alone = free_memory(torch.device("cpu"))
     assert alone > total // 4  # this machine has more than a quarter of its memory free
     assert free_memory(torch.device("cpu"), sharing=4) == total // 4
+
+
+def test_a_camera_members_memory_estimate_counts_its_image_encoders_maps(tmp_path):
+    """A CNN's activations (every convolution's output map, per sample of a minibatch, kept for the backward, and
+    their gradients) are most of a camera member's memory: each sample more in a minibatch adds them."""
+    camera = trainer(tmp_path / "32", 1, env_cfg={"obs_mode": "pixels"})
+    encoders = [m for m in camera.policy.modules() if isinstance(m, CNNEncoder)]
+    assert len(encoders) == 2  # the actor's and the critic's
+    maps = sum(e.activation_floats for e in encoders)
+    assert maps == 2 * (32 * 15 * 15 + 64 * 6 * 6 + 64 * 4 * 4 + 256)  # the default CNN on a 64 x 64 image
+    larger = trainer(tmp_path / "64", 1, ppo={"batch_size": 64}, env_cfg={"obs_mode": "pixels"})
+    per_sample = 2 * 16 + maps  # both networks' hidden layer of 16, and the maps
+    assert member_bytes(larger) - member_bytes(camera) == 32 * per_sample * 4 * 4  # float32, kept and grads, x 2

@@ -200,12 +200,14 @@ class CNNEncoder(nn.Module):
         self.shape, self.channels_last = shape, observations.channels_last(shape)
         c, h, w = (shape[2], shape[0], shape[1]) if self.channels_last else shape
         layers: list[nn.Module] = []
+        maps = 0
         for out, kernel, stride in zip(channels, kernel_sizes, strides):
             conv = nn.Conv2d(c, out, kernel, stride)
             nn.init.orthogonal_(conv.weight, math.sqrt(2))
             nn.init.zeros_(conv.bias)
             layers += [conv, ACTIVATIONS[activation]()]
             c, h, w = out, (h - kernel) // stride + 1, (w - kernel) // stride + 1
+            maps += c * h * w
             if h < 1 or w < 1:
                 raise SettingError(
                     "cnn_kernel_sizes",
@@ -231,6 +233,8 @@ class CNNEncoder(nn.Module):
         nn.init.zeros_(linear.bias)
         self.net = nn.Sequential(*layers, reader, linear, ACTIVATIONS[activation]())
         self.features = features
+        #: Floats of one image's activations: every convolution's output map and the features.
+        self.activation_floats = maps + features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[: x.dim() - 3]

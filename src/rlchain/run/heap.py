@@ -5,7 +5,7 @@ A training step allocates and frees the same tensors every minibatch. Tensors of
 mmap threshold (which grows with the blocks freed, to at most 32 MiB) is mapped afresh for each allocation, and
 free memory at the top of the heap beyond the trim threshold (twice that) is handed back to the kernel. Either
 way the next step's tensors take fresh pages, each a page fault on first touch: 2.5M faults per update of a
-population of four of the main job, a third of its time (``benchmarks/README.md``). :func:`keep_freed_memory`
+population of four of the main job, about 40% of its CPU time (``benchmarks/README.md``). :func:`keep_freed_memory`
 sets both thresholds once for the process: blocks up to 32 MiB come from the heap, and its free top is kept up
 to 1 GiB (the process keeps at most what its steps already used at their peak).
 """

@@ -36,6 +36,7 @@ from rlchain.console import notice
 from rlchain.core.collector import SyncCollector
 from rlchain.core.envs.base import TorchVecEnv
 from rlchain.core.evaluation import Evaluation, evaluate
+from rlchain.core.networks import CNNEncoder
 from rlchain.core.population import Population
 from rlchain.core.stepping import rejected_action
 from rlchain.run.starting import compile_steps
@@ -225,9 +226,9 @@ class PopulationRun:
         rounding) and the seconds of the whole, or the error its evaluation raises; None where none is due.
 
         Where the shared evaluation itself raises (an env's error on some member's states, a batch too large for
-        the device), it is left for this iteration: one notice names the error, and each due member's loop
-        evaluates alone with its own evaluator (its ``Step.evaluation`` None), as its solo run would, so that
-        what fails one member's evaluation fails that member only."""
+        the device), it is left for the rest of the run: one notice names the error, and from then on each due
+        member's loop evaluates alone with its own evaluator (its ``Step.evaluation`` None), as its solo run
+        would, so that what fails one member's evaluation fails that member only."""
         due = [
             s.running and p not in self.engine.faults and s.trainer.evaluation_due(s.trainer.state.iteration + 1)
             for p, s in enumerate(sessions)
@@ -242,11 +243,12 @@ class PopulationRun:
             results: list[Evaluation | Exception] = evaluate(
                 self.eval_env, self.engine.policy, episodes, seed=seeds
             ).split_into_members(self.members, seeds)
-        except Exception as err:  # noqa: BLE001 - each due member evaluates alone instead
-            self.eval_env.take_invalid_members()
+        except Exception as err:  # noqa: BLE001 - each due member evaluates alone instead, from now on
+            self.engine.policy.train()  # as evaluate leaves it when it ends
+            self.eval_env = None
             notice(
-                f"the members' shared evaluation failed ({type(err).__name__}: {err}); each member due evaluates "
-                "alone this iteration"
+                f"the members' shared evaluation failed ({type(err).__name__}: {err}); from now on each member "
+                "evaluates alone"
             )
             return [None] * self.members
         invalid, message = self.eval_env.take_invalid_members()
@@ -404,7 +406,8 @@ def member_bytes(trainer: Trainer) -> int:
     """An estimate of the device memory one member of a population takes, bytes: its share of the rollout storage
     (and of the update's staged copy of it), of the env's state and the evaluation env's, its weights, gradients
     and Adam's two moments (and GRPO's reference weights), and the activations of a minibatch's forward and
-    backward passes (every hidden layer of both networks, kept for the backward, and their gradients)."""
+    backward passes (every hidden layer of both networks and every image encoder's maps, kept for the backward,
+    and their gradients)."""
 
     def tensor_bytes(tensors: Any) -> int:
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -420,7 +423,9 @@ def member_bytes(trainer: Trainer) -> int:
     reference = getattr(trainer.algorithm, "ref_policy", None)  # GRPO's kl_coef > 0: its frozen copy, stacked
     reference_bytes = 0 if reference is None else tensor_bytes(reference.parameters())
     hidden = sum(getattr(getattr(trainer.policy, "cfg", None), "hidden_sizes", [256, 256]))
-    activations = trainer.algorithm.cfg.batch_size * hidden * 2 * 4 * 4  # 2 networks, float32, kept and grads x 2
+    maps = sum(m.activation_floats for m in trainer.policy.modules() if isinstance(m, CNNEncoder))
+    per_sample = 2 * hidden + maps  # the actor's and the critic's hidden layers, and every image encoder's maps
+    activations = trainer.algorithm.cfg.batch_size * per_sample * 4 * 4  # float32, kept and grads x 2
     return 2 * storage + env + 4 * weights + reference_bytes + activations
 
 
