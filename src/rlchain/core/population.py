@@ -249,14 +249,15 @@ class PopulationPolicy(nn.Module):
         """Every member's :meth:`~rlchain.core.policies.ActorCritic.act` on its envs' ``obs`` (one step, ``[P * N,
         obs_dim]``, ``N`` the training's envs per member or an evaluation's): ``(action, log_prob, value, None)``,
         ``[P * N, ...]``, the noise from each member's stream."""
-        noise = None if deterministic else self.template_noise(leaves(obs)[0].shape[0])
+        envs = leaves(obs)[0].shape[0]  # P * N: one step of the training's envs, or an evaluation's
+        noise = None if deterministic else self.template_noise(envs)
         template = self.template
 
         def act(o: torch.Tensor, z: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
             action, log_prob, value, _ = template._core_act(o, None, deterministic, z)
             return action, log_prob, value
 
-        n = leaves(obs)[0].shape[0] // self.members  # one step's envs per member (the training's, or an evaluation's)
+        n = envs // self.members  # one step's envs per member
         if noise is None:
             out = self.vmap(lambda o: act(o, None), self._split_obs(obs, n))
         else:
@@ -521,7 +522,6 @@ class Population:
     def _reference_log_prob(self, rollout: TensorDict) -> torch.Tensor:
         """Each member's reference log-probabilities of its rollout's actions ``[P, T, N]``, in forward passes of
         at most ``batch_size`` samples in order, as :meth:`~rlchain.core.algorithms.GRPO.reference_log_prob`."""
-
         parts = self._member_rollout(rollout, ("obs", "action"))
         t, n = rollout.batch_size[0], self.envs_per_member
         flat = {k: v.reshape(self.members, t * n, *v.shape[3:]) for k, v in parts.items()}
@@ -582,7 +582,6 @@ class Population:
     def _loss(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Every member's minibatch loss and terms ``[P]``: its algorithm's own ``_minibatch_loss`` with its own
         numbers and weights, vmapped."""
-
         template, scalars = self.template, self.scalars
         varying = scalars.varying
 
@@ -740,7 +739,6 @@ class Population:
         weight = samples.get("mask")
 
         def kl(b: dict[str, torch.Tensor], w: torch.Tensor | None) -> torch.Tensor:
-
             new = template.evaluate_actions(_batch(b))["sample_log_prob"]
             log_ratio = new - b["sample_log_prob"]
             per = torch.expm1(log_ratio) - log_ratio
