@@ -135,9 +135,9 @@ def training_rows(num_envs: int) -> list[dict]:
         rows.append(_row(f"collection step (push_cube_{algo})", collector._collect_step))
         algorithm.update(collector.collect().data)  # stages the update's samples, as every update does
         updater = algorithm.updater
-        samples = updater._staged.batch_size[0]
-        order = minibatch_order(samples, algorithm.cfg.batch_size, torch.Generator(), out=updater._order_buffer)
-        updater._order = order.repeat(64, 1)  # room for every call the counts make
+        samples = updater._samples
+        order = minibatch_order(samples, algorithm.cfg.batch_size, torch.Generator(), out=updater._order_buffer[0])
+        updater._order = order.repeat(64, 1)[None]  # room for every call the counts make
 
         def step(updater=updater):
             return updater._indexed_step()
@@ -183,8 +183,10 @@ def population_rows(envs_per_member: int, sizes: tuple[int, ...] = (1, 16)) -> l
         rows.append({"what": f"population collection step, P={size}", "eager": eager_calls(collector._collect_step)})
         data = collector.collect().data
         engine.update(data)  # as every update: the samples staged, the orders drawn
-        engine._position.zero_()  # the epoch's first minibatch again
-        rows.append({"what": f"population minibatch update, P={size}", "eager": eager_calls(engine._indexed_step)})
+        engine.updater._position.zero_()  # the epoch's first minibatch again
+        rows.append(
+            {"what": f"population minibatch update, P={size}", "eager": eager_calls(engine.updater._indexed_step)}
+        )
     return rows
 
 

@@ -97,7 +97,9 @@ def test_the_collection_step_and_the_update_keep_their_tensors_addresses():
         tensors.update({f"env.{k}": v for k, v in env.get_state().items()})
         tensors.update({f"param.{k}": v for k, v in policy.state_dict().items()})
         updater = algorithm.updater
-        tensors.update({f"adam.{i}": t for i, t in enumerate(t for state in updater._adam_state for t in state)})
+        adam = [updater._exp_avg_flat, updater._exp_avg_sq_flat, updater._adam_steps]
+        adam += [t for state in updater.optimizer.state.values() for t in state.values()]  # the checkpoint's views
+        tensors.update({f"adam.{i}": t for i, t in enumerate(adam)})
         tensors.update({f"staged.{k}": v for k, v in updater._staged.items(True, True)})
         return {k: v.data_ptr() for k, v in tensors.items()}
 
@@ -109,6 +111,29 @@ def test_the_collection_step_and_the_update_keep_their_tensors_addresses():
     collector.load_state_dict(collector.state_dict())
     env.load_state_dict(env.state_dict())
     assert addresses() == first
+
+
+def test_a_compiled_update_moves_the_adaptive_minibatch_rate_as_the_eager_update_does():
+    """Under ``lr_schedule=adaptive_minibatch`` every minibatch step sets the rate in the compiled step. The rate was
+    a 0-d float64 tensor, whose in-place writes torch 2.13's ``torch.compile`` drops on the CPU: the compiled
+    update kept its starting rate (1e-3 against the eager update's 5.9e-5 here) and stepped with it."""
+    results = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        torch._dynamo.reset()
+        env = CartPoleEnv(num_envs=16, seed=0)
+        policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[32, 32])
+        settings = dict(learning_rate=1e-3, lr_schedule="adaptive_minibatch", target_kl=1e-6)
+        algorithm = PPO(policy, batch_size=32, n_epochs=2, **settings)
+        policy.seed_actions(0)
+        collector = SyncCollector(env, policy, 8)
+        if compiled:
+            for step in (collector.step, update_step(algorithm, collector.buffer.data)):
+                step.compile(backend="aot_eager")
+        results.append(algorithm.update(collector.collect().data))
+    eager, compiled = results
+    assert eager["learning_rate"] < 1e-4  # the rule lowered it (a KL far above the tiny target)
+    assert compiled == pytest.approx(eager, rel=1e-5, abs=1e-7)
 
 
 @pytest.mark.parametrize(

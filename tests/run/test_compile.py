@@ -46,8 +46,8 @@ def test_a_compiled_run_trains_with_the_eager_step_and_logs_its_compile_time_onc
     rollout.set("advantages", torch.randn(64))
     rollout.set("returns", torch.randn(64) * 3)
     updater._stage(rollout)
-    updater._order = minibatch_order(64, 64, torch.Generator().manual_seed(1), out=updater._order_buffer)
-    kept = [*policy.parameters(), *(t for state in updater._adam_state for t in state)]
+    minibatch_order(64, 64, torch.Generator().manual_seed(1), out=updater._order_buffer[0])
+    kept = [*policy.parameters(), updater._exp_avg_flat, updater._exp_avg_sq_flat, updater._adam_steps]
     start = [t.detach().clone() for t in kept]
     results = []
     for step in (updater.step, updater._indexed_step):  # compiled, then eager

@@ -23,7 +23,9 @@ What makes member ``p`` exactly the run it would be alone:
 
 :class:`Population` is the engine: :attr:`Population.policy` is what the collector acts with
 (:class:`~rlchain.core.collector.SyncCollector` unchanged, on the ``P * N`` envs), :meth:`Population.update`
-learns from its ``[T, P * N]`` rollout, and :meth:`Population.write_back` puts member ``p``'s weights into its own
+learns from its ``[T, P * N]`` rollout through a solo run's own update mechanics
+(:class:`~rlchain.core.algorithms.update.MinibatchUpdate` with ``P`` members: a solo run is its population of
+one), and :meth:`Population.write_back` puts member ``p``'s weights into its own
 policy module, whose ``state_dict`` is an ordinary single-policy checkpoint. Its minibatch step
 (:attr:`Population.step`) and the collector's collection step are each a :class:`~rlchain.core.compiling.Step` over
 fixed buffers: ``trainer.compile`` compiles each whole, as a solo run's, and a member's stop stays a mask (no
@@ -41,10 +43,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from rlchain.core.algorithms.config import ADAPTIVE
 from rlchain.core.algorithms.functional import compute_gae
-from rlchain.core.algorithms.update import NonFiniteError, adapted_lr
-from rlchain.core.buffer import minibatch_order
+from rlchain.core.algorithms.update import MinibatchUpdate
 from rlchain.core.compiling import Step
 from rlchain.core.envs.rng import CounterRng
 from rlchain.core.observations import leaves
@@ -317,7 +317,8 @@ class Population:
     Attributes:
         policy: the :class:`PopulationPolicy` the collector acts with.
         scalars: the members' settings (:class:`Scalars`).
-        lr: float32 ``[P]``, each member's learning rate in use.
+        updater: the update's mechanics (:class:`~rlchain.core.algorithms.update.MinibatchUpdate`, ``P`` members).
+        lr: float64 ``[P]``, each member's learning rate in use.
         stopped: bool ``[P]``: members stopped for good (a non-finite loss or gradient norm, a pruned trial, a
             run that ended or failed, actions its envs rejected); their steps move nothing.
         faults: per stopped member, its :class:`~rlchain.core.algorithms.update.NonFiniteError` (or why, a string).
@@ -363,76 +364,61 @@ class Population:
             self.template.ref_policy = self.reference.template
             self._no_reference = torch.tensor([r is None for r in refs], device=device)
         self._params = list(self.policy.params.values())
-        # Adam's moments, each one flat [P, D] buffer (one set of ops per step for every parameter); per parameter,
-        # [P, ...] views of it.
-        self._sizes = [p[0].numel() for p in self._params]
-        self._exp_avg_flat = torch.zeros(self.members, sum(self._sizes), device=device)
-        self._exp_avg_sq_flat = torch.zeros_like(self._exp_avg_flat)
-        self._exp_avg = self._per_parameter(self._exp_avg_flat)
-        self._exp_avg_sq = self._per_parameter(self._exp_avg_sq_flat)
-        self._adam_steps = torch.zeros(self.members, dtype=torch.float32, device=device)
-        self.lr = self.scalars.tensor("learning_rate", self.members, device).clone()
-        self.stopped = torch.zeros(self.members, dtype=torch.bool, device=device)
+        #: The update's mechanics, a solo run's own (:class:`~rlchain.core.algorithms.update.MinibatchUpdate`) with
+        #: the member shape ``(P,)``: Adam, the schedule, the minibatches, the train step, the faults.
+        self.updater = MinibatchUpdate(
+            self.policy,
+            self.scalars.base,
+            self._loss,
+            first.term_names,
+            False,
+            members=self.members,
+            params=self._params,
+            varying=self.scalars.varying,
+            generators=[a.updater.generator for a in algorithms],
+        )
         self.faults: dict[int, Exception | str] = {}
-        self.updates = torch.zeros(self.members, dtype=torch.float32, device=device)
-        """Each member's update count (its linear schedule's position; in its :class:`NonFiniteError`): its own, as
-        members may join having run different numbers of updates (resumed and fresh members)."""
-        # The update's fixed buffers (what a compiled or captured step reads and writes in place): the staged
-        # samples and minibatch order (made at the first update), the position in the epoch, the members still
-        # stepping, their fault records, the sums of their terms and the last minibatch's KL.
-        self._staged: dict[str, torch.Tensor] | None = None
-        self._samples = 0
-        self._order = torch.zeros(self.members, 0, 0, dtype=torch.int64, device=device)
-        self._position = torch.zeros(1, dtype=torch.int64, device=device)
-        self._rows = torch.arange(self.members, device=device)[:, None]
-        self._running = torch.zeros(self.members, dtype=torch.bool, device=device)
-        self._fault = torch.zeros(self.members, dtype=torch.int64, device=device)
-        self._fault_value = torch.zeros(self.members, dtype=torch.float32, device=device)
-        self._totals = torch.zeros(self.members, len(first.term_names) + 1, dtype=torch.float64, device=device)
-        self._counts = torch.zeros(self.members, dtype=torch.float64, device=device)
-        self._epochs_run = torch.zeros(self.members, dtype=torch.float64, device=device)
-        self._last_kl = torch.zeros(self.members, dtype=torch.float32, device=device)
-        #: The minibatch step (:meth:`_indexed_step`) as a :class:`~rlchain.core.compiling.Step`: what
-        #: ``trainer.compile`` compiles (:meth:`update_step` gives it its warm-up).
-        self.step = self._make_step(lambda: None)
+        #: The minibatch step (:meth:`update_step` gives it its warm-up): what ``trainer.compile`` compiles.
+        self.step = self.updater.step
 
-    def _per_parameter(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """A flat ``[P, D]`` tensor as views shaped as the stacked parameters, ``[P, ...]`` each."""
-        return [part.view_as(p) for part, p in zip(flat.split(self._sizes, 1), self._params)]
+    @property
+    def lr(self) -> torch.Tensor:
+        """float64 ``[P]``: each member's learning rate in use."""
+        return self.updater.lr
+
+    @property
+    def stopped(self) -> torch.Tensor:
+        """bool ``[P]``: the members stopped for good (:meth:`stop`)."""
+        return self.updater.stopped
+
+    @property
+    def updates(self) -> torch.Tensor:
+        """float64 ``[P]``: each member's update count (its linear schedule's position; in its
+        :class:`~rlchain.core.algorithms.update.NonFiniteError`): its own, as members may join having run different
+        numbers of updates (resumed and fresh members)."""
+        return self.updater.updates
 
     # ---------------------------------------------------------------- the step
-    def _make_step(self, warm_up: Callable[[], Any]) -> Step:
-        """The minibatch step (:meth:`_indexed_step`) as a :class:`~rlchain.core.compiling.Step` warmed up by
-        ``warm_up``, whatever it changes put back (:meth:`_snapshot`, :meth:`_restore`)."""
-        return Step(
-            "minibatch update",
-            self._indexed_step,
-            self.device,
-            warm_up=warm_up,
-            snapshot=self._snapshot,
-            restore=self._restore,
-            autograd=True,
-        )
-
     def update_step(self, rollout: TensorDict) -> Step:
         """The minibatch step as the :class:`~rlchain.core.compiling.Step` that ``trainer.compile`` compiles and
         ``trainer.cudagraphs`` captures, warmed up by one :meth:`update` of ``rollout`` (the collector's
         ``[T, P * N]`` storage; its zeros before the first rollout do), installed as :attr:`step`."""
-        self.step = self._make_step(lambda: self.update(rollout))
+        self.step = self.updater.make_step(lambda: self.update(rollout), self._snapshot, self._restore)
         return self.step
 
     def _updated_tensors(self) -> list[torch.Tensor]:
         """The tensors an update writes: weights, observation statistics, Adam's moments and steps, rates, stops,
         update counts."""
+        u = self.updater
         return [
             *self._params,
             *self.policy.buffers_.values(),
-            self._exp_avg_flat,
-            self._exp_avg_sq_flat,
-            self._adam_steps,
-            self.lr,
-            self.stopped,
-            self.updates,
+            u._exp_avg_flat,
+            u._exp_avg_sq_flat,
+            u._adam_steps,
+            u.lr,
+            u.stopped,
+            u.updates,
         ]
 
     def _snapshot(self) -> tuple[Any, ...]:
@@ -441,15 +427,15 @@ class Population:
         scalers = [None if s is None else (s.state_dict(), s.rank_state_dict()) for s in self.reward_scalers]
         generators = [a.updater.generator.get_state() for a in self.algorithms]
         tensors = [t.detach().clone() for t in self._updated_tensors()]
-        return tensors, dict(self.faults), generators, copy.deepcopy(scalers)
+        return tensors, dict(self.faults), list(self.updater._stopped), generators, copy.deepcopy(scalers)
 
     @torch.no_grad()
     def _restore(self, saved: tuple[Any, ...]) -> None:
         """Put :meth:`_snapshot`'s state back, into the same tensors."""
-        values, faults, generators, scalers = saved
+        values, faults, stopped, generators, scalers = saved
         for tensor, value in zip(self._updated_tensors(), values):
             tensor.copy_(value)
-        self.faults = faults
+        self.faults, self.updater._stopped = faults, stopped
         for algorithm, state in zip(self.algorithms, generators):
             algorithm.updater.generator.set_state(state)
         for scaler, state in zip(self.reward_scalers, scalers):
@@ -550,7 +536,12 @@ class Population:
         data = self._member_rollout(rollout, keys)
         data.update(computed)
         samples = {k: v.reshape(self.members, -1, *v.shape[3:]) for k, v in data.items()}  # [P, T * N, ...]
-        stats = self._optimise(samples)
+        cfg = self.scalars.base
+        stop_kl = self.scalars.get("target_kl") if getattr(cfg, "stop_at_target_kl", False) else None
+        results = self.updater.run_members(samples, stop_kl, lambda: self._update_kl(samples))
+        for p, (_, _, error) in enumerate(results):
+            if error is not None and p not in self.faults:
+                self.stop(p, error)
         before = {name: b.clone() for name, b in self.policy.buffers_.items()}
         self.policy.update_obs_normalizer(rollout["obs"])
         with torch.no_grad():  # a stopped member's statistics stay as they were
@@ -559,11 +550,13 @@ class Population:
         extra = self._ppo_stats(data) if self.kind == "ppo" else self._grpo_stats(data)
         lrs = self.lr.tolist()
         out = []
-        for p in range(self.members):
+        for p, (stats, epochs, _) in enumerate(results):
             if p in self.faults:
                 out.append({})
                 continue
-            out.append({**stats[p], **{k: v[p] for k, v in extra.items()}, "learning_rate": lrs[p]})
+            if self.kind == "ppo":
+                stats["epochs"] = epochs
+            out.append({**stats, **{k: v[p] for k, v in extra.items()}, "learning_rate": lrs[p]})
         return out
 
     def _ppo_stats(self, data: dict[str, torch.Tensor]) -> dict[str, list[float]]:
@@ -595,143 +588,6 @@ class Population:
             terms["approx_ref_kl"] = torch.where(self._no_reference, 0.0, terms["approx_ref_kl"])
         return terms
 
-    def _optimise(self, samples: dict[str, torch.Tensor]) -> list[dict[str, float]]:
-        """``n_epochs`` of each member's own seeded minibatches, one masked Adam step each (see the module
-        docstring); the adaptive schedules, the KL stop and the fault masks per member. The samples are staged in
-        fixed buffers and each minibatch is one call of :attr:`step` (eager, compiled or captured)."""
-        cfg, p_count = self.scalars.base, self.members
-        self._stage(samples)
-        self._schedule_before_update()
-        active = ~self.stopped
-        for buffer in (self._totals, self._counts, self._epochs_run, self._fault, self._fault_value):
-            buffer.zero_()
-        self._running.copy_(active)
-        stop_kl = cfg.target_kl is not None and getattr(cfg, "stop_at_target_kl", False)
-        target_kl = self.scalars.tensor("target_kl", p_count, self.device) if cfg.target_kl is not None else None
-        size = self._order.shape[2]
-        for _ in range(cfg.n_epochs):
-            going = self._running.tolist()
-            for p, (algorithm, go) in enumerate(zip(self.algorithms, going)):
-                if go:  # a stopped member's generator stays where it stopped, as its solo run's does
-                    self._order[p].copy_(minibatch_order(self._samples, size, algorithm.updater.generator))
-            self._position.zero_()
-            for _ in range(self._order.shape[1]):
-                self.step()
-            self._epochs_run += self._running.double()
-            if stop_kl:
-                self._running &= ~(self._last_kl > target_kl)
-        if cfg.lr_schedule == "adaptive":
-            self._adapt_lr(self._update_kl(samples), active)
-        self.updates.add_(1)
-        return self._finish()
-
-    def _stage(self, samples: dict[str, torch.Tensor]) -> None:
-        """Copy the update's samples (``[P, B, ...]`` each) into :attr:`_staged`, whose addresses stay from update
-        to update (new buffers only where the keys or shapes change, with the minibatch order's)."""
-        staged = self._staged
-        if (
-            staged is None
-            or staged.keys() != samples.keys()
-            or any(staged[k].shape != v.shape for k, v in samples.items())
-        ):
-            self._staged = {k: v.clone() for k, v in samples.items()}
-            self._samples = next(iter(samples.values())).shape[1]
-            size = min(self.scalars.base.batch_size, self._samples)
-            self._order = torch.zeros(self.members, self._samples // size, size, dtype=torch.int64, device=self.device)
-            return
-        for key, value in samples.items():
-            staged[key].copy_(value)
-
-    def _indexed_step(self) -> None:
-        """One minibatch step of every member (:meth:`_train_step`) on its minibatch of the staged samples (column
-        :attr:`_position` of :attr:`_order`), its terms added to the update's sums, the position moved on: all on
-        the device, the same call every minibatch, so that it compiles once and replays as one CUDA graph."""
-        # A copy of the position: the joint graph's backward must not see the position it moves on.
-        indices = self._order.index_select(1, self._position.clone()).squeeze(1)  # [P, size]
-        batch = {k: v[self._rows, indices] for k, v in self._staged.items()}
-        running = self._running
-        terms, grad_norm = self._train_step(batch, running, self._fault, self._fault_value)
-        row = torch.stack([*(terms[n].detach() for n in self.template.term_names), grad_norm], -1).double()
-        self._totals.add_(torch.where(running[:, None], row, 0.0))
-        self._counts.add_(running.double())
-        self._last_kl.copy_(terms["approx_kl"].detach())
-        self._position.add_(1)
-
-    def _train_step(
-        self, batch: dict[str, torch.Tensor], running: torch.Tensor, fault: torch.Tensor, fault_value: torch.Tensor
-    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """One minibatch step of every member whose ``running`` is set: its loss, gradients, their clip by its own
-        norm to its ``max_grad_norm``, under ``adaptive_minibatch`` its rate from its minibatch KL, and its Adam
-        step; a member whose loss or gradient norm is not finite is recorded in ``fault`` (1 the loss, 2 the
-        gradient norm) and moves no more. Returns the members' terms and gradient norms (before the clip), ``[P]``."""
-        terms = self._loss(batch)
-        loss = terms["loss"]
-        grads = torch.autograd.grad(loss.sum(), self._params, allow_unused=True)
-        grads = torch.cat(
-            [
-                p.new_zeros(p.shape[0], n) if g is None else g.flatten(1)
-                for p, g, n in zip(self._params, grads, self._sizes)
-            ],
-            1,
-        )  # [P, D]
-        per_member = grads.square().sum(1).sqrt()  # [P]
-        max_norm = self.scalars.tensor("max_grad_norm", self.members, self.device)
-        scale = (max_norm / (per_member + 1e-6)).clamp_max(1.0)
-        loss = loss.detach()
-        code = torch.where(~torch.isfinite(loss), 1, torch.where(~torch.isfinite(per_member), 2, 0))
-        code = torch.where(running, code, 0)
-        first = (fault == 0) & (code != 0)
-        fault_value.copy_(torch.where(first, torch.where(code == 1, loss, per_member), fault_value))
-        fault.copy_(torch.where(fault == 0, code, fault))
-        ok = running & (fault == 0)
-        if self.scalars.base.lr_schedule == "adaptive_minibatch":
-            self._adapt_lr(terms["approx_kl"].detach(), ok)
-        self._adam_step(grads, scale, ok)
-        return terms, per_member
-
-    @torch.no_grad()
-    def _adam_step(self, grads: torch.Tensor, scale: torch.Tensor, ok: torch.Tensor) -> None:
-        """Adam (Kingma and Ba 2015; ``torch.optim.Adam``'s formula, ``eps=1e-5``, betas (0.9, 0.999)) of each
-        member whose ``ok`` is set, on its flat gradient (a row of ``grads``, ``[P, D]``), with its clip ``scale``
-        and rate :attr:`lr`; the others' weights and moments stay. One set of ops on the flat moments for every
-        parameter, then the subtraction from each parameter (one ``foreach`` op eager; one op each compiled)."""
-        beta1, beta2, eps = 0.9, 0.999, 1e-5
-        on = ok.float()
-        self._adam_steps.add_(on)
-        bias1 = 1 - beta1**self._adam_steps
-        bias2_sqrt = (1 - beta2**self._adam_steps).sqrt()
-        # Per member: the moments' weights and the step are 0 where it does not step (its state stays as it is).
-        w1, w2 = ((1 - beta1) * on).unsqueeze(1), ((1 - beta2) * on).unsqueeze(1)
-        step_size = torch.where(ok, self.lr / bias1.clamp_min(1e-30), 0.0).unsqueeze(1)
-        g = torch.where(ok.unsqueeze(1), grads * scale.unsqueeze(1), 0.0)  # a stopped member's NaN stays out
-        m, v = self._exp_avg_flat, self._exp_avg_sq_flat
-        m.lerp_(g, w1)
-        v.mul_(1 - w2).addcmul_(g, g * w2)
-        denom = (v.sqrt() / bias2_sqrt.unsqueeze(1)).add_(eps)
-        steps = self._per_parameter(step_size * m / denom)
-        if torch.compiler.is_compiling():  # a compiled step takes no foreach op (see rlchain.core.compiling)
-            for param, step in zip(self._params, steps):
-                param.sub_(step)
-        else:
-            torch._foreach_sub_(self._params, steps)
-
-    # ---------------------------------------------------------------- schedule
-    def _schedule_before_update(self) -> None:
-        cfg = self.scalars.base
-        if cfg.lr_schedule in ADAPTIVE:
-            return
-        base = self.scalars.tensor("learning_rate", self.members, self.device)
-        if cfg.lr_schedule == "linear":
-            total = self.scalars.tensor("total_iterations", self.members, self.device)
-            base = base * (1.0 - self.updates / total).clamp_min(0.0)
-        self.lr.copy_(base)
-
-    def _adapt_lr(self, kl: torch.Tensor, mask: torch.Tensor) -> None:
-        """rsl_rl's adaptive rule (:func:`~rlchain.core.algorithms.update.adapted_lr`) per member (``[P]`` KLs),
-        where ``mask`` is set."""
-        new = adapted_lr(self.lr, kl, self.scalars.tensor("target_kl", self.members, self.device))
-        self.lr.copy_(torch.where(mask, new, self.lr))
-
     @torch.no_grad()
     def _update_kl(self, samples: dict[str, torch.Tensor]) -> torch.Tensor:
         """Each member's mean KL(rollout policy || updated policy) over its samples (GRPO: its live ones), ``[P]``."""
@@ -750,51 +606,11 @@ class Population:
         return self.policy.vmap(kl, b, weight, in_dims=(0, None if weight is None else 0))
 
     # ------------------------------------------------------------------ faults
-    def _finish(self) -> list[dict[str, float]]:
-        """Read the update's sums and fault records once: each member's means, its epochs, its fault (a member that
-        went non-finite is stopped for good, with its :class:`~rlchain.core.algorithms.update.NonFiniteError`)."""
-        names = self.template.term_names
-        finite = torch.stack([torch.isfinite(p.flatten(1)).all(1) for p in self._params]).all(0)
-        means = self._totals / self._counts.clamp_min(1.0)[:, None]
-        host = torch.cat(
-            [
-                means,
-                self._epochs_run[:, None],
-                self._fault[:, None].double(),
-                self._fault_value[:, None].double(),
-                finite[:, None].double(),
-                self.updates[:, None].double(),
-            ],
-            1,
-        ).tolist()
-        out = []
-        for p, row in enumerate(host):
-            *values, epochs, code, value, params_finite, updates = row
-            update = int(updates)
-            stats = dict(zip((*names, "grad_norm"), values))
-            if self.kind == "ppo":
-                stats["epochs"] = epochs
-            if p in self.faults:
-                out.append({})
-                continue
-            error = None
-            if code:
-                error = NonFiniteError("loss" if code == 1 else "grad_norm", value, update)
-            elif not all(math.isfinite(v) for v in values):
-                name = next(n for n, v in stats.items() if not math.isfinite(v))
-                error = NonFiniteError(name, stats[name], update)
-            elif not params_finite:
-                error = NonFiniteError("parameter", math.nan, update)
-            if error is not None:
-                self.stop(p, error)
-            out.append(stats)
-        return out
-
     def stop(self, member: int, why: Exception | str) -> None:
         """Stop ``member`` for good (masked: its steps move nothing from now on; no recompile), for ``why``: a
         non-finite update, actions its envs rejected, a failed iteration (the error), a pruned trial or a run that
         ended (a string)."""
-        self.stopped[member] = True
+        self.updater.stop(member)
         self.faults[member] = why
 
     # --------------------------------------------------------------- members

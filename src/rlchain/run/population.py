@@ -155,29 +155,26 @@ class PopulationRun:
             ]
         if resumed:
             self.collector.load_state_dict({key: _joined([s[key] for s in states]) for key in _EPISODES})
+        shared = engine.updater
         for p, trainer in enumerate(self.trainers):
-            updater = trainer.algorithm.updater
-            exp_avg, exp_avg_sq, steps = updater._adam_state
-            for j in range(len(engine._params)):
-                engine._exp_avg[j][p].copy_(exp_avg[j])
-                engine._exp_avg_sq[j][p].copy_(exp_avg_sq[j])
-            engine._adam_steps[p] = steps[0]
-            engine.lr[p] = updater.lr
-            engine.updates[p] = updater.iteration
+            own = trainer.algorithm.updater  # its Adam state, rate and count, in the same flat layout
+            shared._exp_avg_flat[p].copy_(own._exp_avg_flat[0])
+            shared._exp_avg_sq_flat[p].copy_(own._exp_avg_sq_flat[0])
+            shared._adam_steps[p] = own._adam_steps[0]
+            shared.lr[p] = own.lr[0]
+            shared.updates[p] = own.updates[0]
 
     @torch.no_grad()
     def _sync_out(self, p: int) -> None:
         """Write member ``p``'s state into its trainer's parts: what its logs, evaluations and checkpoints read."""
         engine, trainer = self.engine, self.trainers[p]
         engine.write_back(p)
-        updater = trainer.algorithm.updater
-        exp_avg, exp_avg_sq, steps = updater._adam_state
-        for j in range(len(engine._params)):
-            exp_avg[j].copy_(engine._exp_avg[j][p])
-            exp_avg_sq[j].copy_(engine._exp_avg_sq[j][p])
-            steps[j].copy_(engine._adam_steps[p])
-        updater.lr.copy_(engine.lr[p])
-        updater.iteration = int(engine.updates[p])
+        shared, own = engine.updater, trainer.algorithm.updater
+        own._exp_avg_flat[0].copy_(shared._exp_avg_flat[p])
+        own._exp_avg_sq_flat[0].copy_(shared._exp_avg_sq_flat[p])
+        own._adam_steps[0] = shared._adam_steps[p]
+        own.lr[0] = shared.lr[p]
+        own.updates[0] = shared.updates[p]
         block = self._block(p)
         trainer.env.set_state({name: value[block] for name, value in self.env.get_state().items()})
         trainer.env._rng.state.copy_(self.env._rng.state[p])
