@@ -76,6 +76,8 @@ OWN = {
     "reference_kl": [{"kl_coef": k} for k in (0.1, 0.0, 0.05, 0.2)],
     # One std pooled over each member's own rollout (its own eps).
     "rollout_std": [{"advantage_norm": "rollout_std", "eps": e} for e in (1e-8, 1e-6, 1e-8, 1e-4)],
+    # Each member's rate from the KL its update caused, to its own target (update_kl reported, as a solo run's).
+    "adaptive": [{"lr_schedule": "adaptive", "target_kl": k} for k in (0.01, 0.002, 0.005, 0.02)],
 }
 
 
@@ -87,6 +89,7 @@ OWN = {
         ("push_cube", "grpo", None),
         ("cart_pole", "grpo", None),
         ("cart_pole", "grpo", "rollout_std"),
+        ("cart_pole", "ppo", "adaptive"),
         ("push_cube", "ppo", "reward_norm"),
         ("push_cube", "grpo", "reference_kl"),
         ("push_cube_privileged", "ppo", None),
