@@ -366,14 +366,15 @@ class MinibatchUpdate:
         fault_value.copy_(torch.where(first, torch.where(code == 1, loss, grad_norm), fault_value))
         fault.copy_(torch.where(fault == 0, code, fault))
         ok = running & (fault == 0)
-        kl = terms["approx_kl"].detach()
+        kl = terms["approx_kl"].detach() if "approx_kl" in terms else None  # an algorithm may report none
         if self.cfg.lr_schedule == "adaptive_minibatch":  # rsl_rl's rule: this step's rate from this minibatch's KL
             self._adapt_lr(world().mean(kl, "the all-reduce of the minibatch KL"), ok)
         self._adam_step(flat, scale, ok)
         row = torch.stack([*(terms[name].detach() for name in self.term_names), grad_norm], -1).double()
         self._totals.add_(torch.where(running[..., None], row, 0.0))
         self._counts.add_(running.double())
-        self._last_kl.copy_(kl)
+        if kl is not None:
+            self._last_kl.copy_(kl)
         return row
 
     @torch.no_grad()
