@@ -249,3 +249,12 @@ def test_one_evaluation_of_a_population_is_each_members_solo_evaluation():
         np.testing.assert_array_equal(result.successes, want.successes)
         for name, values in want.metrics.items():
             np.testing.assert_allclose(result.metrics[name], values, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_members_rate_is_its_configured_rate_to_the_last_bit():
+    """Each member's rate is its own ``learning_rate`` exactly (float64, as its solo run holds it), so that its
+    checkpoint records it and a solo resume finds the configured rate (in float32, 3e-4 came back as
+    3.0000001e-4, and the resume said that the config replaced the checkpoint's rate)."""
+    engine, collector = population("cart_pole", "ppo")
+    engine.update(collector.collect().data)
+    assert engine.lr.tolist() == RATES

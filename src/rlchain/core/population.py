@@ -374,12 +374,21 @@ class Population:
             False,
             members=self.members,
             params=self._params,
-            varying=self.scalars.varying,
+            # The rates in float64, as each member's solo run holds its own: a member's checkpoint records its rate
+            # to the last bit (float32, 3e-4 would come back as 3.0000001e-4).
+            varying={**self.scalars.varying, **self._exact_rates(algorithms)},
             generators=[a.updater.generator for a in algorithms],
         )
         self.faults: dict[int, Exception | str] = {}
         #: The minibatch step (:meth:`update_step` gives it its warm-up): what ``trainer.compile`` compiles.
         self.step = self.updater.step
+
+    def _exact_rates(self, algorithms: Sequence[Algorithm]) -> dict[str, torch.Tensor]:
+        """``learning_rate`` as a float64 ``[P]`` tensor where the members' rates differ, else nothing."""
+        if "learning_rate" not in self.scalars.varying:
+            return {}
+        rates = [a.cfg.learning_rate for a in algorithms]
+        return {"learning_rate": torch.tensor(rates, dtype=torch.float64, device=self.device)}
 
     @property
     def lr(self) -> torch.Tensor:
@@ -528,8 +537,8 @@ class Population:
 
         Returns:
             per member, what its algorithm's ``update`` returns (the means of its terms over the minibatches it
-            ran, ``grad_norm``, ``learning_rate``, and PPO's ``explained_variance`` and ``epochs``, GRPO's
-            ``live_fraction``); ``{}`` for a stopped member.
+            ran, ``grad_norm``, ``learning_rate``, ``update_kl`` under ``lr_schedule='adaptive'``, and PPO's
+            ``explained_variance`` and ``epochs``, GRPO's ``live_fraction``); ``{}`` for a stopped member.
         """
         computed = self._ppo_samples(rollout) if self.kind == "ppo" else self._grpo_samples(rollout)
         keys = ("obs", "action", "sample_log_prob") + (("value",) if self.kind == "ppo" else ())

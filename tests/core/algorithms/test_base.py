@@ -15,6 +15,7 @@ from rlchain.core.algorithms.functional import compute_gae
 from rlchain.core.collector import SyncCollector
 from rlchain.core.envs.push_cube import PushCubeEnv
 from rlchain.core.policies import ActorCritic, ActorOnly
+from rlchain.settings import SettingError
 from tests.helpers.toy_env import LineEnv
 
 #: A small encoder for image observations (push_cube's 16 x 16 camera).
@@ -220,3 +221,79 @@ def test_an_update_moves_every_parameter_as_torch_adam_moves_it(obs_mode):
     for (name, mine), want, before in zip(policy.named_parameters(), reference.parameters(), start.parameters()):
         torch.testing.assert_close(mine, want, rtol=0, atol=1e-6, msg=name)
         assert not torch.equal(mine, before), name  # every parameter took its step
+
+
+def _line_ppo(**settings):
+    """A small PPO on the line task, its first rollout, and the rollout's collector."""
+    torch.manual_seed(0)
+    env = LineEnv(num_envs=8)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    collector = SyncCollector(env, policy, 4)
+    return PPO(policy, batch_size=16, n_epochs=2, **settings), collector
+
+
+class _NoKL(PPO):
+    """An algorithm whose reported terms leave out approx_kl (a user's may: docs/examples' VPG reports none)."""
+
+    term_names = ("policy_loss", "value_loss", "entropy")
+
+
+def test_a_schedule_or_stop_that_reads_the_minibatch_kl_is_refused_where_no_kl_is_reported():
+    torch.manual_seed(0)
+    env = LineEnv(num_envs=8)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[8])
+    with pytest.raises(SettingError, match=r"lr_schedule.*adaptive_minibatch.*approx_kl"):
+        _NoKL(policy, lr_schedule="adaptive_minibatch", target_kl=0.01)
+    stopping = _NoKL(policy, stop_at_target_kl=True, target_kl=0.01, batch_size=16)
+    with pytest.raises(ValueError, match="approx_kl"):
+        stopping.update(SyncCollector(env, policy, 4).collect().data)
+
+
+def test_a_checkpoints_adam_state_is_torch_adams_a_step_count_per_parameter():
+    """The update steps one count for every parameter; the checkpoint gives each parameter its own, so that a plain
+    ``torch.optim.Adam`` that loads it counts each once per step."""
+    algorithm, collector = _line_ppo()
+    algorithm.update(collector.collect().data)
+    state = algorithm.state_dict()["optimizer"]
+    steps = [s["step"] for s in state["state"].values()]
+    assert len({s.data_ptr() for s in steps}) == len(steps) and all(float(s) == 4 for s in steps)  # 2 epochs of 2
+    plain = torch.optim.Adam(algorithm.policy.parameters())
+    plain.load_state_dict(copy.deepcopy(state))
+    for p in algorithm.policy.parameters():
+        p.grad = torch.ones_like(p)
+    plain.step()
+    assert all(float(s["step"]) == 5 for s in plain.state.values())
+
+
+def test_a_checkpoint_without_state_for_some_parameters_keeps_the_step_count_of_the_others():
+    """A checkpoint written before Adam's state was made at once has none for a parameter that had no gradient
+    yet: that parameter's moments start at 0, and the step count is the others' (not reset, which would restart
+    the bias correction with the moments kept)."""
+    algorithm, collector = _line_ppo()
+    algorithm.update(collector.collect().data)
+    state = algorithm.state_dict()
+    last = max(state["optimizer"]["state"])
+    del state["optimizer"]["state"][last]
+    fresh, _ = _line_ppo()
+    fresh.load_state_dict(state)
+    updater = fresh.updater
+    assert float(updater._adam_steps[0]) == 4
+    assert not updater._exp_avg[-1].any() and updater._exp_avg[0].any()
+
+
+def test_a_policy_with_a_frozen_parameter_keeps_the_checkpoints_parameter_group():
+    """The checkpoint's parameter group holds every parameter of the policy (a frozen one without state), as
+    checkpoints always have: a custom policy's older checkpoint loads."""
+    algorithm, collector = _line_ppo()
+    frozen = next(algorithm.policy.parameters())
+    frozen.requires_grad_(False)
+    algorithm, collector = PPO(algorithm.policy, batch_size=16, n_epochs=2), collector
+    algorithm.update(collector.collect().data)
+    state = algorithm.state_dict()["optimizer"]
+    assert len(state["param_groups"][0]["params"]) == len(list(algorithm.policy.parameters()))
+    assert len(state["state"]) == len(list(algorithm.policy.parameters())) - 1
+    before = frozen.clone()
+    again = PPO(algorithm.policy, batch_size=16, n_epochs=2)
+    again.load_state_dict(algorithm.state_dict())
+    again.update(collector.collect().data)
+    assert torch.equal(frozen, before)

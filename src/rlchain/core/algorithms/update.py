@@ -31,6 +31,7 @@ from rlchain.core.algorithms.config import ADAPTIVE, AlgorithmConfig
 from rlchain.core.buffer import minibatch_order, sequence_minibatches
 from rlchain.core.compiling import Step
 from rlchain.distributed import world
+from rlchain.settings import SettingError
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -111,6 +112,9 @@ class MinibatchUpdate:
             (:class:`~rlchain.core.population.Scalars`); the others are read from ``cfg``.
         generators: a population's members' minibatch generators, one each (None: one seeded from ``cfg.seed``).
 
+    Raises:
+        SettingError: ``lr_schedule='adaptive_minibatch'`` where ``term_names`` has no ``approx_kl``.
+
     Attributes:
         optimizer: a solo run's ``torch.optim.Adam``: its ``state_dict`` is the checkpoint's; its state tensors
             are views of the flat moments this class steps (:meth:`_adam_step`). None for a population.
@@ -137,6 +141,13 @@ class MinibatchUpdate:
         generators: list[torch.Generator] | None = None,
     ) -> None:
         self.policy, self.cfg, self.loss, self.term_names, self.recurrent = policy, cfg, loss, term_names, recurrent
+        if cfg.lr_schedule == "adaptive_minibatch" and "approx_kl" not in term_names:
+            raise SettingError(
+                "lr_schedule",
+                cfg.lr_schedule,
+                f" needs each minibatch's approx_kl, which this algorithm does not report (its terms: "
+                f"{', '.join(term_names)}); expected 'constant', 'linear' or 'adaptive'",
+            )
         self.members, self.varying = members, dict(varying or {})
         shape = self._shape = (1,) if members is None else (members,)
         self._params = params if params is not None else [p for p in policy.parameters() if p.requires_grad]
@@ -152,7 +163,8 @@ class MinibatchUpdate:
         self._adam_steps = torch.zeros(shape, dtype=torch.float32, device=device)
         self.optimizer: torch.optim.Adam | None = None
         if members is None:
-            self.optimizer = torch.optim.Adam(self._params, lr=cfg.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS)
+            # Every parameter, as the checkpoint's group has always held (a frozen one without state).
+            self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS)
             for p, m, v in zip(self._params, self._exp_avg, self._exp_avg_sq):
                 self.optimizer.state[p].update(step=self._adam_steps[0], exp_avg=m, exp_avg_sq=v)
             generator = torch.Generator(device=device)
@@ -260,6 +272,7 @@ class MinibatchUpdate:
         Raises:
             NonFiniteError: the first non-finite loss or gradient norm of the update, else a non-finite reported
                 term, else a non-finite parameter (named).
+            ValueError: a ``stop_kl`` where the loss reports no ``approx_kl``.
         """
         samples = data if self.recurrent else data.reshape(-1)
         [(stats, epochs, error)] = self.run_members(samples, stop_kl, lambda: self.update_kl(data, weight))
@@ -290,6 +303,8 @@ class MinibatchUpdate:
             under the adaptive schedule), its epochs run, and its :class:`NonFiniteError` (a ``parameter`` one not
             named) or None.
         """
+        if stop_kl is not None and "approx_kl" not in self.term_names:
+            raise ValueError(f"a KL stop needs each minibatch's approx_kl; this loss reports {self.term_names}")
         self._schedule_before_update()
         for buffer in (self._totals, self._counts, self._epochs_run, self._fault, self._fault_value):
             buffer.zero_()
@@ -559,8 +574,12 @@ class MinibatchUpdate:
         """A solo run's optimiser (``torch.optim.Adam``'s format), schedule (the configured ``learning_rate``
         too) and minibatch generator state."""
         self.optimizer.param_groups[0]["lr"] = self.current_lr  # the checkpoint's record of the rate in use
+        optimizer = self.optimizer.state_dict()
+        # torch's format: a step count per parameter (here one tensor for all, which a plain torch.optim.Adam that
+        # loaded the file would count once per parameter at each step).
+        optimizer["state"] = {i: {**state, "step": state["step"].clone()} for i, state in optimizer["state"].items()}
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer,
             "iteration": self.iteration,
             "generator": self.generator.get_state(),
             "learning_rate": self.cfg.learning_rate,
@@ -630,14 +649,21 @@ def _reinstall_adam_state(
 ) -> None:
     """After ``optimizer.load_state_dict``: copy the loaded state into the tensors of ``state`` (the views of the
     flat moments, per parameter, and the one step count) and put those back in the optimiser, so that their
-    addresses stay those the step was compiled or captured with."""
-    exp_avgs, exp_avg_sqs, steps = state
+    addresses stay those the step was compiled or captured with. The step count is the largest of the loaded
+    parameters' (an older checkpoint may hold no state for a parameter that had no gradient yet: its moments
+    start at 0); 0 where none has state."""
+    exp_avgs, exp_avg_sqs, step = state
     with torch.no_grad():
+        loaded_steps = [optimizer.state[p]["step"] for p in params if "step" in optimizer.state[p]]
+        if loaded_steps:
+            step.copy_(torch.stack([s.reshape(()).float() for s in loaded_steps]).max())
+        else:
+            step.zero_()
         for p, exp_avg, exp_avg_sq in zip(params, exp_avgs, exp_avg_sqs):
             loaded = optimizer.state[p]
-            for key, mine in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq), ("step", steps)):
+            for key, mine in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
                 if key in loaded:
                     mine.copy_(loaded[key])
                 else:
                     mine.zero_()
-            optimizer.state[p].update(step=steps, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+            optimizer.state[p].update(step=step, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
