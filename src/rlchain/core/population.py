@@ -418,17 +418,7 @@ class Population:
     def _updated_tensors(self) -> list[torch.Tensor]:
         """The tensors an update writes: weights, observation statistics, Adam's moments and steps, rates, stops,
         update counts."""
-        u = self.updater
-        return [
-            *self._params,
-            *self.policy.buffers_.values(),
-            u._exp_avg_flat,
-            u._exp_avg_sq_flat,
-            u._adam_steps,
-            u.lr,
-            u.stopped,
-            u.updates,
-        ]
+        return [*self._params, *self.policy.buffers_.values(), *self.updater.member_state(), self.updater.stopped]
 
     def _snapshot(self) -> tuple[Any, ...]:
         """What an update changes: :meth:`_updated_tensors`, the stops' reasons, the members' minibatch generators

@@ -155,26 +155,17 @@ class PopulationRun:
             ]
         if resumed:
             self.collector.load_state_dict({key: _joined([s[key] for s in states]) for key in _EPISODES})
-        shared = engine.updater
-        for p, trainer in enumerate(self.trainers):
-            own = trainer.algorithm.updater  # its Adam state, rate and count, in the same flat layout
-            shared._exp_avg_flat[p].copy_(own._exp_avg_flat[0])
-            shared._exp_avg_sq_flat[p].copy_(own._exp_avg_sq_flat[0])
-            shared._adam_steps[p] = own._adam_steps[0]
-            shared.lr[p] = own.lr[0]
-            shared.updates[p] = own.updates[0]
+        for p, trainer in enumerate(self.trainers):  # its Adam state, rate and count, in the same flat layout
+            for shared, own in zip(engine.updater.member_state(), trainer.algorithm.updater.member_state()):
+                shared[p].copy_(own[0])
 
     @torch.no_grad()
     def _sync_out(self, p: int) -> None:
         """Write member ``p``'s state into its trainer's parts: what its logs, evaluations and checkpoints read."""
         engine, trainer = self.engine, self.trainers[p]
         engine.write_back(p)
-        shared, own = engine.updater, trainer.algorithm.updater
-        own._exp_avg_flat[0].copy_(shared._exp_avg_flat[p])
-        own._exp_avg_sq_flat[0].copy_(shared._exp_avg_sq_flat[p])
-        own._adam_steps[0] = shared._adam_steps[p]
-        own.lr[0] = shared.lr[p]
-        own.updates[0] = shared.updates[p]
+        for shared, own in zip(engine.updater.member_state(), trainer.algorithm.updater.member_state()):
+            own[0].copy_(shared[p])
         block = self._block(p)
         trainer.env.set_state({name: value[block] for name, value in self.env.get_state().items()})
         trainer.env._rng.state.copy_(self.env._rng.state[p])

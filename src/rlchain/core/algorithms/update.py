@@ -152,8 +152,7 @@ class MinibatchUpdate:
         shape = self._shape = (1,) if members is None else (members,)
         self._params = params if params is not None else [p for p in policy.parameters() if p.requires_grad]
         device = self._params[0].device
-        count = math.prod(shape)
-        self._sizes = [p.numel() // count for p in self._params]
+        self._sizes = [p.numel() // shape[0] for p in self._params]  # a solo run's parameters have no member dim
         # Adam's moments, each one flat [P, D] buffer (one set of ops per step for every parameter), and per
         # parameter views of it shaped as the parameter.
         self._exp_avg_flat = torch.zeros(*shape, sum(self._sizes), device=device)
@@ -200,7 +199,7 @@ class MinibatchUpdate:
         each member's from its own generator), a view of ``_order_buffer``."""
         self._position = torch.zeros(1, dtype=torch.int64, device=device)
         """The minibatch of the epoch that the next :meth:`_indexed_step` takes, on the device."""
-        self._rows = () if members is None else (torch.arange(members, device=device)[:, None],)
+        self._rows = torch.arange(shape[0], device=device)[:, None]  # a population's staged samples' member rows
         self.step: Step = self.make_step(lambda: None, lambda: None, lambda _: None)
 
     def _setting(self, name: str) -> float | torch.Tensor:
@@ -210,6 +209,12 @@ class MinibatchUpdate:
     def _per_parameter(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """A flat ``[P, D]`` tensor as views shaped as the parameters."""
         return [part.view(p.shape) for part, p in zip(flat.split(self._sizes, -1), self._params)]
+
+    def member_state(self) -> tuple[torch.Tensor, ...]:
+        """The tensors that hold each member's own optimiser state, each ``[P, ...]``: Adam's flat moments and step
+        counts, the rates and the update counts (what a population's member takes from, and gives back to, its solo
+        run's updater)."""
+        return self._exp_avg_flat, self._exp_avg_sq_flat, self._adam_steps, self.lr, self.updates
 
     @property
     def iteration(self) -> int:
@@ -322,8 +327,7 @@ class MinibatchUpdate:
                 for batch in self.minibatches(samples):
                     self.train_step(batch)
             else:  # fixed buffers: each order written in place, the step takes its minibatch on the device
-                rows = self._order_buffer.view(-1, self._order_buffer.shape[-1])
-                for row, generator, go in zip(rows, self.generators, going):
+                for row, generator, go in zip(self._order_buffer, self.generators, going):
                     if go:
                         minibatch_order(self._samples, self.cfg.batch_size, generator, out=row)
                 self._position.zero_()
@@ -461,7 +465,7 @@ class MinibatchUpdate:
         if self.members is None:
             batch = self._staged[indices[0]]
         else:
-            batch = {k: v[(*self._rows, indices)] for k, v in self._staged.items()}
+            batch = {k: v[self._rows, indices] for k, v in self._staged.items()}
         row = self.train_step(batch)
         self._position.add_(1)
         return row
